@@ -1,0 +1,40 @@
+# Two commands from a fresh clone: `make demo` (the quickstart pipeline) and `make test`.
+# Every target bootstraps .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# torch is installed first and pinned: 2.13.0 has a local CPU wheel on our machines, and any
+# later pip step sees it satisfied instead of pulling CUDA packages.
+TORCH ?= torch==2.13.0
+
+.PHONY: venv demo test test-all test-slow bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tfm run configs/quickstart.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m "not gpu"
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

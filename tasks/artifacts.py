@@ -1,0 +1,188 @@
+"""The stage contract: one output folder per stage, a manifest, fingerprints, atomic writes.
+
+A stage writes into a temporary sibling folder; ``manifest.json`` is written last and the folder
+is then renamed into place, so a crash never leaves a folder that looks complete. A stage whose
+folder holds a manifest with the same fingerprint, and whose files are all there with the
+recorded sizes, is up to date and is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tasks.config import fingerprint, to_dict
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+class StageError(RuntimeError):
+    """A stage cannot run: a missing input, bad data, a failed download. The message says why."""
+
+
+def code_version() -> str:
+    """The installed project version (part of every stage fingerprint)."""
+    try:
+        return metadata.version("attention-pipeline")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest, or None if it has none (or an unreadable one)."""
+    try:
+        return json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def input_fingerprint(folder: Path, name: str) -> str:
+    """The fingerprint of a finished input folder; a clear error if it is missing or unfinished."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise StageError(
+            f"input {name!r} is missing: {folder} has no {MANIFEST} "
+            f"(run `tfm stage {name}` first)"
+        )
+    return manifest["fingerprint"]
+
+
+def stage_fingerprint(stage: str, config: Any, inputs: Mapping[str, str]) -> str:
+    """hash(stage, config, input fingerprints, code version)."""
+    return fingerprint(
+        {"stage": stage, "config": to_dict(config), "inputs": dict(inputs), "code": code_version()}
+    )
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where a stage's output folder stands."""
+
+    state: str
+    """'up to date', 'stale' or 'missing'."""
+    reason: str
+    """Why, in a few words."""
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.state == "up to date"
+
+
+def check(folder: Path, expected_fingerprint: str) -> Status:
+    """Is ``folder`` a complete output with this fingerprint? Checks every file's size."""
+    folder = Path(folder)
+    if not folder.exists():
+        return Status("missing", f"{folder} does not exist")
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return Status("stale", f"{folder} has no readable {MANIFEST}")
+    if manifest.get("fingerprint") != expected_fingerprint:
+        return Status("stale", "config, inputs or code changed since it was written")
+    for rel, info in manifest.get("files", {}).items():
+        path = folder / rel
+        if not path.is_file():
+            return Status("stale", f"{rel} is missing")
+        if path.stat().st_size != info["bytes"]:
+            return Status("stale", f"{rel} has {path.stat().st_size} bytes, manifest says {info['bytes']}")
+    return Status("up to date", f"fingerprint {expected_fingerprint[:12]} matches")
+
+
+def describe_files(folder: Path, hash_files: bool = True) -> dict[str, dict[str, Any]]:
+    """Size (and sha256) of every file under ``folder`` except the manifest, by relative path."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and path.name != MANIFEST:
+            info: dict[str, Any] = {"bytes": path.stat().st_size}
+            if hash_files:
+                info["sha256"] = sha256_file(path)
+            files[path.relative_to(folder).as_posix()] = info
+    return files
+
+
+def run_stage(
+    stage: str,
+    out_dir: Path,
+    config: Any,
+    inputs: Mapping[str, Path],
+    build: Callable[[Path], Mapping[str, Any] | None],
+    *,
+    force: bool = False,
+    hash_files: bool = True,
+) -> Path:
+    """Run ``build(tmp_dir) -> stats`` unless ``out_dir`` is up to date; publish atomically.
+
+    ``config`` is the stage's own config (a dataclass or plain data); ``inputs`` maps input
+    names to finished artifact folders. Returns ``out_dir``.
+    """
+    out_dir = Path(out_dir)
+    input_fps = {name: input_fingerprint(Path(path), name) for name, path in inputs.items()}
+    fp = stage_fingerprint(stage, config, input_fps)
+    status = check(out_dir, fp)
+    if status.up_to_date and not force:
+        log.info("stage %s: up to date, skipped (%s)", stage, out_dir)
+        return out_dir
+    log.info("stage %s: running (%s)", stage, "forced" if force else status.reason)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    started = time.time()
+    try:
+        stats = build(tmp) or {}
+        manifest = {
+            "stage": stage,
+            "fingerprint": fp,
+            "config": to_dict(config),
+            "inputs": {n: {"path": str(Path(p).resolve()), "fingerprint": input_fps[n]} for n, p in inputs.items()},
+            "code_version": code_version(),
+            "started": started,
+            "seconds": round(time.time() - started, 3),
+            "stats": to_dict(dict(stats)),
+            "files": describe_files(tmp, hash_files=hash_files),
+        }
+        write_json_atomic(tmp / MANIFEST, manifest)
+        publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("stage %s: done in %.1fs -> %s", stage, time.time() - started, out_dir)
+    return out_dir
+
+
+def publish(tmp: Path, out_dir: Path) -> None:
+    """Move a finished temporary folder into place, replacing any older output."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` via a temporary file and a rename."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

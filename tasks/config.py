@@ -1,0 +1,440 @@
+"""Run configs: YAML files loaded into frozen, typed dataclasses.
+
+Every section is a keyword-only dataclass with a one-line doc per field. Loading checks types,
+rejects unknown keys, and runs each section's own validation; any failure is one
+``ConfigError`` whose message starts with the dotted key path (``model.n_heads: ...``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from transformer_core import presets
+from transformer_core.config import ConfigError, ModelConfig
+
+__all__ = ["ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict"]
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the parallel corpus comes from (download stage)."""
+
+    source: Literal["synthetic", "wmt14", "local", "treebank"] = "synthetic"
+    """synthetic: the offline grammar corpus; wmt14: statmt.org or a mirror; local: files on disk; treebank: PTB files."""
+    pair: str = "en-de"
+    """Language pair as src-tgt, e.g. en-de or en-fr."""
+    corpora: tuple[str, ...] = ()
+    """Training corpora names from the source registry; empty means the registry's default set."""
+    dev: str = "newstest2013"
+    """Development set name."""
+    test: str = "newstest2014"
+    """Test set name (newstest2014: the full 3,003-segment release unless test_variant says otherwise)."""
+    test_variant: Literal["full", "filtered"] = "full"
+    """newstest2014 release: full (3,003 segments) or filtered (2,737)."""
+    mirror: str | None = None
+    """A file:// folder or http(s):// base that replaces statmt.org (offline clusters, tests)."""
+    local_dir: str | None = None
+    """For source=local: a folder with train/dev/test .<lang> files (or treebank files)."""
+    max_retries: int = 5
+    """Download attempts per file before giving up (exponential backoff between them)."""
+    synthetic_train: int = 20000
+    """For source=synthetic: number of training pairs."""
+    synthetic_dev: int = 500
+    """For source=synthetic: number of dev pairs."""
+    synthetic_test: int = 500
+    """For source=synthetic: number of test pairs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CleanConfig:
+    """Filters of the clean stage."""
+
+    min_len: int = 1
+    """Fewest whitespace tokens per side."""
+    max_len: int = 250
+    """Most whitespace tokens per side."""
+    max_ratio: float = 1.5
+    """Largest allowed token-count ratio between the longer and the shorter side."""
+    dedup: bool = True
+    """Drop exact duplicate pairs."""
+    drop_identical: bool = True
+    """Drop pairs whose source equals their target."""
+    decontaminate: bool = True
+    """Drop training pairs whose source or target occurs in the dev or test sets."""
+    batch_size: int = 4096
+    """Rows per Ray Data batch."""
+
+    def __post_init__(self) -> None:
+        if self.min_len < 0 or self.max_len < max(1, self.min_len):
+            raise ConfigError("max_len", f"{self.max_len} must be >= min_len {self.min_len} and >= 1")
+        if self.max_ratio < 1.0:
+            raise ConfigError("max_ratio", f"{self.max_ratio} must be >= 1.0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    """The sentencepiece model."""
+
+    kind: Literal["bpe", "wordpiece"] = "bpe"
+    """bpe: joint BPE (En-De); wordpiece: sentencepiece unigram, the open stand-in for GNMT word-pieces."""
+    vocab_size: int = 37000
+    """Vocabulary size (37,000 for En-De BPE, 32,000 for En-Fr word-pieces)."""
+    sample_size: int = 2_000_000
+    """Sentences sampled (seeded) from the clean corpus to train on."""
+    threads: int = 2
+    """Training threads."""
+    character_coverage: float = 1.0
+    """Share of characters covered by the model."""
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 8:
+            raise ConfigError("vocab_size", f"{self.vocab_size} is too small")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardConfig:
+    """Parquet shards written through Ray Data."""
+
+    rows_per_shard: int = 200_000
+    """Rows per Parquet file."""
+    num_actors: int = 2
+    """Encoding actors (each loads the tokenizer once)."""
+    batch_size: int = 4096
+    """Rows per encoding batch."""
+
+    def __post_init__(self) -> None:
+        if self.rows_per_shard < 1:
+            raise ConfigError("rows_per_shard", f"{self.rows_per_shard} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The training recipe (paper section 5) and its Ray Train scaling."""
+
+    steps: int = 100_000
+    """Optimizer steps (base 100k, big 300k)."""
+    tokens_per_step: int = 25_000
+    """Target tokens per optimizer step (the paper: ~25k source + ~25k target)."""
+    max_tokens_per_batch: int = 4096
+    """Padded tokens per device micro-batch; accumulation reaches tokens_per_step."""
+    warmup_steps: int = 4000
+    """Linear warmup steps of the inverse-square-root schedule."""
+    lr_scale: float = 1.0
+    """Multiplier on the paper's learning-rate formula."""
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    """Adam beta1, beta2."""
+    adam_eps: float = 1e-9
+    """Adam epsilon."""
+    clip_norm: float | None = None
+    """Gradient clipping norm; null disables."""
+    num_workers: int = 1
+    """Ray Train workers (one per GPU on a cluster)."""
+    use_gpu: bool = False
+    """Train on GPUs (bf16 autocast)."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per worker; fractional on small machines so Ray Data is never starved."""
+    eval_every: int = 1000
+    """Validation loss and perplexity every N steps."""
+    checkpoint_every: int = 1000
+    """Checkpoint every N steps (0 disables the step trigger)."""
+    checkpoint_minutes: float = 10.0
+    """Checkpoint every M minutes as well (the paper: 10); 0 disables the time trigger."""
+    keep_checkpoints: int = 20
+    """Checkpoints kept (at least what averaging needs)."""
+    max_failures: int = 3
+    """Restarts after a worker dies."""
+    log_every: int = 100
+    """Metrics to MLflow every N steps."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "tokens_per_step", "max_tokens_per_batch", "num_workers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
+        if self.warmup_steps < 1:
+            raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
+        if self.cpus_per_worker <= 0:
+            raise ConfigError("cpus_per_worker", f"{self.cpus_per_worker} must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AverageConfig:
+    """Checkpoint averaging (paper section 6.1)."""
+
+    last: int = 5
+    """Number of checkpoints averaged (base 5, big 20)."""
+    spacing: Literal["step", "time"] = "step"
+    """Pick the last N by step, or the last N spaced by checkpoint_minutes (the paper's way)."""
+
+    def __post_init__(self) -> None:
+        if self.last < 1:
+            raise ConfigError("last", f"{self.last} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+    """Beam search settings (paper section 6.1)."""
+
+    beam_size: int = 4
+    """Beam width."""
+    alpha: float = 0.6
+    """Length penalty exponent of ((5+len)/6)^alpha."""
+    max_len_offset: int = 50
+    """Maximum output length = source length + this."""
+    max_tokens_per_batch: int = 4096
+    """Source tokens per decoding batch."""
+    num_actors: int = 1
+    """Ray Data decoding actors."""
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ConfigError("beam_size", f"{self.beam_size} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegisterConfig:
+    """The MLflow model registry."""
+
+    model_name: str = "transformer-translator"
+    """Registered model name."""
+    metric: str = "bleu_sacre"
+    """Metric that decides whether a new version takes the champion alias."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlflowConfig:
+    """Experiment tracking."""
+
+    tracking_uri: str | None = None
+    """Tracking server; null means sqlite:///<workdir>/mlflow.db."""
+    experiment: str = "transformer"
+    """Experiment name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    """Where Ray runs."""
+
+    address: str | None = None
+    """Cluster address; null means RAY_ADDRESS or a local Ray started by the stage."""
+    num_cpus: int | None = None
+    """CPUs for a local Ray (null: all)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One run of the pipeline: every stage's settings, the model, and where things go."""
+
+    name: str
+    """Run name; names the work directory and MLflow runs."""
+    seed: int = 1234
+    """Seed for sampling, shuffling and initialisation."""
+    workdir: str = "runs/{name}"
+    """Artifact root; ``{name}`` is replaced by the run name. Relative paths are from the CWD."""
+    model: ModelConfig = field(default_factory=presets.base)
+    """Architecture: ``preset: <name>`` plus any ModelConfig fields to override."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Download stage."""
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    """Clean stage."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Tokenizer stage."""
+    shard: ShardConfig = field(default_factory=ShardConfig)
+    """Shard stage."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Train stage."""
+    average: AverageConfig = field(default_factory=AverageConfig)
+    """Average stage."""
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    """Translate stage."""
+    register: RegisterConfig = field(default_factory=RegisterConfig)
+    """Register stage."""
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    """Tracking."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Ray runtime."""
+
+    @property
+    def root(self) -> Path:
+        """The run's artifact root folder."""
+        return Path(self.workdir.format(name=self.name))
+
+    @property
+    def tracking_uri(self) -> str:
+        """MLflow tracking URI (SQLite in the work dir unless configured)."""
+        if self.mlflow.tracking_uri:
+            return self.mlflow.tracking_uri
+        return f"sqlite:///{(self.root / 'mlflow.db').resolve()}"
+
+    def section(self, name: str) -> dict[str, Any]:
+        """One section as a plain dict (what a stage fingerprints)."""
+        return to_dict(getattr(self, name))
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some sections or fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML run config; errors name the file and the key path."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("", f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{path}: top level must be a mapping, got {type(data).__name__}")
+    data.setdefault("name", path.stem)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(exc.key, f"{exc.message} (in {path})") from None
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Build a RunConfig from plain data (as YAML gives it)."""
+    data = dict(data)
+    model = data.pop("model", None)
+    config = _build(RunConfig, data, "")
+    if model is not None:
+        config = dataclasses.replace(config, model=_build_model(model))
+    return config
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain, JSON-ready data for a config or section (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def fingerprint(data: Any) -> str:
+    """A stable sha256 of JSON-ready data (sorted keys)."""
+    blob = json.dumps(to_dict(data), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _build_model(data: Any) -> ModelConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("model", f"must be a mapping, got {type(data).__name__}")
+    data = dict(data)
+    preset_name = data.pop("preset", "base")
+    try:
+        preset = presets.get(str(preset_name))
+    except ConfigError as exc:
+        raise exc.under("model") from None
+    names = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    hints = typing.get_type_hints(ModelConfig)
+    changes = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(f"model.{key}", f"unknown key (known: preset, {', '.join(names)})")
+        changes[key] = _coerce(value, hints[key], f"model.{key}")
+    try:
+        return preset.replace(**changes)
+    except ConfigError as exc:
+        raise exc.under("model") from None
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"must be a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            raise ConfigError(where, f"unknown key (known: {', '.join(fields)})")
+        kwargs[key] = _coerce(value, hints[key], where)
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        where = f"{path}.{missing[0]}" if path else missing[0]
+        raise ConfigError(where, "is required")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise exc.under(path) if path else exc from None
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Check ``value`` against a type hint, converting lists to tuples and ints to floats."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(exc.message)
+        raise ConfigError(where, "; ".join(errors))
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(where, f"{value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(where, f"{value!r} must be a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(where, f"{value!r} must have {len(args)} items")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"{value!r} must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(where, f"{value!r} must be an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(where, f"{value!r} must be a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(where, f"{value!r} must be a string")
+        return value
+    return value
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(dotted, "cannot override inside a non-mapping")
+    node[keys[-1]] = value

@@ -1,0 +1,68 @@
+"""Starting the runtimes a stage needs: Ray (local or a cluster) and MLflow tracking."""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from collections.abc import Iterator
+from typing import Any
+
+from tasks.config import RayConfig, RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def ensure_ray(config: RayConfig | None = None) -> None:
+    """Connect to ``config.address`` / ``RAY_ADDRESS``, or start a local Ray; no-op if connected."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    config = config or RayConfig()
+    address = config.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        log.info("connecting to Ray at %s", address)
+        ray.init(address=address, log_to_driver=True)
+        return
+    # A local Ray: no dashboard server unless asked, bound to loopback, quiet logs.
+    ray.init(
+        num_cpus=config.num_cpus,
+        include_dashboard=False,
+        dashboard_host="127.0.0.1",
+        log_to_driver=True,
+        logging_level=logging.WARNING,
+        configure_logging=True,
+    )
+    try:
+        from ray.data import DataContext
+
+        # Progress bars are for people at a terminal, not for logs and tests.
+        DataContext.get_current().enable_progress_bars = os.environ.get("CI") != "true"
+    except ImportError:  # pragma: no cover - ray[data] is a dependency
+        pass
+
+
+def setup_mlflow(config: RunConfig) -> str:
+    """Point MLflow at the run's tracking URI and experiment; returns the experiment id."""
+    import mlflow
+
+    config.root.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(config.tracking_uri)
+    experiment = mlflow.set_experiment(config.mlflow.experiment)
+    return experiment.experiment_id
+
+
+@contextmanager
+def stage_run(config: RunConfig, stage: str, tags: dict[str, Any] | None = None) -> Iterator[Any]:
+    """An MLflow run for one stage: nested under the active run (a flow) if there is one."""
+    import mlflow
+
+    setup_mlflow(config)
+    parent = mlflow.active_run()
+    with mlflow.start_run(
+        run_name=f"{config.name}/{stage}",
+        nested=parent is not None,
+        tags={"stage": stage, "pipeline.run": config.name, **(tags or {})},
+    ) as run:
+        yield run

@@ -1,0 +1,1 @@
+"""transformer_core."""

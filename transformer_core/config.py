@@ -1,0 +1,109 @@
+"""The model's configuration: one frozen, keyword-only dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``key`` is the dotted path of the offending field."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        self.message = message
+        super().__init__(f"{key}: {message}" if key else message)
+
+    def under(self, prefix: str) -> ConfigError:
+        """The same error with ``prefix.`` prepended to its key path."""
+        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.message)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Architecture of the encoder-decoder Transformer (paper section 3, Table 3 columns)."""
+
+    n_layers: int = 6
+    """N: number of layers in the encoder and in the decoder."""
+    d_model: int = 512
+    """Width of every residual stream, embedding and sub-layer output."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward network."""
+    n_heads: int = 8
+    """h: number of attention heads."""
+    d_k: int | None = None
+    """Per-head query/key width; None means d_model // n_heads."""
+    d_v: int | None = None
+    """Per-head value width; None means d_model // n_heads."""
+    dropout: float = 0.1
+    """P_drop: on embeddings+positions and on every sub-layer output before the residual add."""
+    attention_dropout: float = 0.0
+    """Dropout on attention weights (the paper does not use it; tensor2tensor's base has 0)."""
+    label_smoothing: float = 0.1
+    """epsilon_ls of the training objective (Table 3 row D varies it)."""
+    positional: Literal["sinusoidal", "learned"] = "sinusoidal"
+    """Positional encoding: the paper's sinusoids, or learned embeddings (Table 3 row E)."""
+    max_len: int = 1024
+    """Longest sequence the positional table covers."""
+    share_embeddings: bool = True
+    """Tie source embedding, target embedding and pre-softmax projection (joint vocabulary)."""
+    pad_id: int = PAD_ID
+    """Padding token id (ignored by attention and by the loss)."""
+    bos_id: int = BOS_ID
+    """Beginning-of-sentence id: the decoder's first input."""
+    eos_id: int = EOS_ID
+    """End-of-sentence id: ends a hypothesis."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "d_ff", "n_heads", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, f"{value!r} must be a positive integer")
+        for name in ("d_k", "d_v"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(name, f"{value!r} must be a positive integer or null")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
+            raise ConfigError("n_heads", f"{self.n_heads} does not divide d_model {self.d_model}")
+        for name in ("dropout", "attention_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ConfigError(name, f"{value!r} must be in [0, 1)")
+        if self.positional not in ("sinusoidal", "learned"):
+            raise ConfigError("positional", f"{self.positional!r} is not 'sinusoidal' or 'learned'")
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        if len(set(ids.values())) != len(ids):
+            raise ConfigError("pad_id", f"special ids must differ, got {ids}")
+
+    @property
+    def head_dim_k(self) -> int:
+        """Per-head query/key width actually used."""
+        return self.d_k if self.d_k is not None else self.d_model // self.n_heads
+
+    @property
+    def head_dim_v(self) -> int:
+        """Per-head value width actually used."""
+        return self.d_v if self.d_v is not None else self.d_model // self.n_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form, as stored next to every checkpoint."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Rebuild from ``to_dict`` output; unknown keys are an error naming the key."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in names:
+                raise ConfigError(str(key), "unknown key")
+        return cls(**data)
