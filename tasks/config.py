@@ -233,6 +233,42 @@ class RayConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ParsingConfig:
+    """English constituency parsing (paper section 6.3): treebank, splits, target form, decoding."""
+
+    treebank_dir: str | None = None
+    """Treebank root, e.g. a licensed LDC99T42 copy's parsed/mrg/wsj (holding 00/ ... 24/)."""
+    train_files: tuple[str, ...] = ("0[2-9]/*.mrg", "1[0-9]/*.mrg", "2[01]/*.mrg")
+    """Glob patterns under treebank_dir for training trees (default: WSJ sections 02-21)."""
+    dev_files: tuple[str, ...] = ("22/*.mrg",)
+    """Glob patterns for development trees (default: WSJ section 22); empty for none."""
+    test_files: tuple[str, ...] = ("23/*.mrg",)
+    """Glob patterns for test trees (default: WSJ section 23)."""
+    form: Literal["t2t", "vinyals"] = "t2t"
+    """Target form: t2t (tags kept, closing brackets labelled, as the paper) or vinyals (tags as XX)."""
+    beam_size: int = 21
+    """Beam width for parsing (the paper: 21)."""
+    alpha: float = 0.3
+    """Length penalty exponent for parsing (the paper: 0.3)."""
+    max_len_offset: int = 300
+    """Maximum output length = input length + this (the paper: 300)."""
+    silver_corpus: str | None = None
+    """Semi-supervised setting: a file of extra (silver) trees added to the training split."""
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ConfigError("beam_size", f"{self.beam_size} must be >= 1")
+        if self.alpha < 0:
+            raise ConfigError("alpha", f"{self.alpha} must be >= 0")
+        if self.max_len_offset < 0:
+            raise ConfigError("max_len_offset", f"{self.max_len_offset} must be >= 0")
+        for name in ("train_files", "dev_files", "test_files"):
+            for pattern in getattr(self, name):
+                if not pattern or pattern.startswith("/") or ".." in pattern.split("/"):
+                    raise ConfigError(name, f"{pattern!r} must be a glob relative to treebank_dir")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One run of the pipeline: every stage's settings, the model, and where things go."""
 
@@ -264,6 +300,8 @@ class RunConfig:
     """Tracking."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Ray runtime."""
+    parsing: ParsingConfig = field(default_factory=ParsingConfig)
+    """Constituency parsing (the parsing pipeline only)."""
 
     @property
     def root(self) -> Path:

@@ -1,0 +1,218 @@
+"""``tfm``: the command line for runs, single stages, status, translation, deployments and UIs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tasks.artifacts import StageError
+from tasks.config import ConfigError
+
+PROG = "tfm"
+
+
+def _prefect_env(config_root: Path | None = None) -> None:
+    """A project-local PREFECT_HOME and an ephemeral API unless the user set up a server."""
+    os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+
+
+def _load(path: str, overrides: list[str] | None = None):
+    from tasks.config import load_config
+
+    parsed = {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(item, "an override must look like key.path=value")
+        key, value = item.split("=", 1)
+        import yaml
+
+        parsed[key] = yaml.safe_load(value)
+    return load_config(path, parsed)
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    from tasks.artifacts import code_version
+
+    print(f"{PROG} {code_version()}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.set)
+    _prefect_env()
+    from pipelines.flows import flow_for
+
+    flow = flow_for(config)
+    outcomes = flow(config_path=str(Path(args.config).resolve()), force=list(args.force or []))
+    _print_summary(config, outcomes)
+    return 0
+
+
+def _print_summary(config, outcomes) -> None:
+    from tasks.artifacts import read_manifest
+
+    print(f"\n{'stage':<12} {'result':<22} {'seconds':>8}  folder")
+    for o in outcomes:
+        result = "ran" if o.ran else "up to date (skipped)"
+        print(f"{o.name:<12} {result:<22} {o.seconds:>8.1f}  {o.path}")
+    scores = read_manifest(config.root / "score") or read_manifest(config.root / "parse_score")
+    if scores:
+        stats = scores.get("stats", {})
+        shown = {k: v for k, v in stats.items() if isinstance(v, (int, float, str)) and k != "signature"}
+        print("\nscores: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    reg = read_manifest(config.root / "register")
+    if reg:
+        print("registry: " + json.dumps(reg.get("stats", {})))
+    print(f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {config.tracking_uri} --host 127.0.0.1")
+    print(f"or:         {PROG} ui <config> --start")
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.set)
+    from tasks import stages
+    from tasks.runtime import stage_run
+
+    stages.spec(config, args.name)
+    with stage_run(config, args.name):
+        path = stages.run_one(config, args.name, force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.set)
+    from tasks import stages
+
+    rows = stages.status(config)
+    print(f"{'stage':<12} {'state':<11} why")
+    for name, st in rows:
+        print(f"{name:<12} {st.state:<11} {st.reason}")
+    return 0
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from tasks.register import translate_stream
+
+    tracking = args.tracking_uri
+    if tracking is None and args.config:
+        tracking = _load(args.config).tracking_uri
+    translate_stream(args.model, sys.stdin, sys.stdout, tracking_uri=tracking)
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    _prefect_env()
+    from pipelines.deploy import deploy
+
+    deploy(Path(args.config).resolve(), config, cron=args.cron, work_pool=args.work_pool, stage=args.stage)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    config = _load(args.config) if args.config else None
+    tracking = config.tracking_uri if config else "sqlite:///mlflow.db"
+    mlflow_cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking,
+                  "--host", args.host, "--port", str(args.mlflow_port)]
+    prefect_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", args.host,
+                   "--port", str(args.prefect_port)]
+    if not args.start:
+        print("MLflow:  " + " ".join(mlflow_cmd))
+        print("Prefect: " + " ".join(prefect_cmd))
+        print(f"then open http://{args.host}:{args.mlflow_port} and http://{args.host}:{args.prefect_port}")
+        return 0
+    import subprocess
+
+    _prefect_env()
+    procs = [subprocess.Popen(mlflow_cmd), subprocess.Popen(prefect_cmd)]
+    print(f"MLflow on http://{args.host}:{args.mlflow_port}, Prefect on http://{args.host}:{args.prefect_port}; Ctrl-C stops both")
+    try:
+        for p in procs:
+            p.wait()
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Attention Is All You Need, as a Prefect + Ray + MLflow pipeline.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=cmd_version)
+
+    def add_set(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set train.steps=200 (repeatable)")
+
+    p = sub.add_parser("run", help="run the whole pipeline of a config as a Prefect flow")
+    p.add_argument("config", help="YAML run config, e.g. configs/quickstart.yaml")
+    p.add_argument("--force", action="append", metavar="STAGE",
+                   help="rerun STAGE and everything downstream (repeatable)")
+    add_set(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("stage", help="run one stage (its inputs must exist)")
+    p.add_argument("name", help="stage name, e.g. download, clean, tokenizer, shard, train")
+    p.add_argument("--config", required=True, help="YAML run config")
+    p.add_argument("--force", action="store_true", help="rerun even if up to date")
+    add_set(p)
+    p.set_defaults(func=cmd_stage)
+
+    p = sub.add_parser("status", help="each stage: up to date, stale or missing, and why")
+    p.add_argument("config", help="YAML run config")
+    add_set(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("translate", help="translate stdin to stdout with a registered model")
+    p.add_argument("--model", required=True, help="model URI, e.g. models:/transformer-translator@champion")
+    p.add_argument("--config", help="run config whose MLflow tracking URI to use")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("deploy", help="create Prefect deployments with a schedule on a Prefect server")
+    p.add_argument("config", help="YAML run config")
+    p.add_argument("--cron", help='cron schedule, e.g. "0 3 * * 1"')
+    p.add_argument("--work-pool", default="transformer", help="Prefect work pool")
+    p.add_argument("--stage", help="deploy the single-stage flow for this stage instead")
+    p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("ui", help="print (or --start) the local MLflow and Prefect UIs on 127.0.0.1")
+    p.add_argument("config", nargs="?", help="run config whose tracking store to show")
+    p.add_argument("--start", action="store_true", help="start both servers")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--mlflow-port", type=int, default=5000)
+    p.add_argument("--prefect-port", type=int, default=4200)
+    p.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"{PROG}: config error: {exc}", file=sys.stderr)
+        return 2
+    except StageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Prefect deployments: the whole flow and the single-stage flow, on a work pool, with a schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks import stages
+from tasks.config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def deploy(
+    config_path: Path,
+    config: RunConfig,
+    *,
+    cron: str | None,
+    work_pool: str,
+    stage: str | None = None,
+) -> str:
+    """Register a deployment on the Prefect server named by PREFECT_API_URL; returns its id.
+
+    The flow code is read from this checkout (``from_source``), so a process worker on the
+    same machine or a shared filesystem runs it; see infra/prefect/prefect.yaml for images.
+    """
+    from prefect import flow as prefect_flow
+
+    if stage is not None:
+        stages.spec(config, stage)
+        entrypoint = "pipelines/flows.py:stage_flow"
+        parameters = {"config_path": str(config_path), "stage": stage, "force": True}
+        name = f"{config.name}-{stage}"
+    else:
+        flow_name = "parsing_flow" if stages.pipeline_name(config) == "parsing" else "wmt14_flow"
+        entrypoint = f"pipelines/flows.py:{flow_name}"
+        parameters = {"config_path": str(config_path)}
+        name = config.name
+    remote = prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint)
+    deployment_id = remote.deploy(
+        name=name,
+        work_pool_name=work_pool,
+        cron=cron,
+        parameters=parameters,
+        tags=["transformer", stages.pipeline_name(config)],
+        build=False,
+        push=False,
+    )
+    print(f"deployment {name} ({deployment_id}) on work pool {work_pool!r}"
+          + (f", schedule {cron!r}" if cron else ""))
+    print(f"start a worker: prefect worker start --pool {work_pool}")
+    return str(deployment_id)

@@ -1,0 +1,119 @@
+"""The stage contract: manifests, fingerprints, skipping, forcing, atomic publication."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.artifacts import (
+    MANIFEST,
+    StageError,
+    check,
+    input_fingerprint,
+    read_manifest,
+    run_stage,
+    sha256_file,
+    stage_fingerprint,
+)
+
+
+def _writer(calls: list[str], text: str = "hello\n"):
+    def build(tmp: Path) -> dict:
+        calls.append(str(tmp))
+        (tmp / "sub").mkdir()
+        (tmp / "out.txt").write_text(text)
+        (tmp / "sub" / "more.txt").write_text("x")
+        return {"rows": 2}
+
+    return build
+
+
+def test_run_writes_manifest_with_files_and_stats(tmp_path: Path):
+    calls: list[str] = []
+    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    manifest = read_manifest(out)
+    assert manifest["stage"] == "demo"
+    assert manifest["config"] == {"k": 1}
+    assert manifest["stats"] == {"rows": 2}
+    assert set(manifest["files"]) == {"out.txt", "sub/more.txt"}
+    assert manifest["files"]["out.txt"] == {"bytes": 6, "sha256": sha256_file(out / "out.txt")}
+    assert manifest["fingerprint"] == stage_fingerprint("demo", {"k": 1}, {})
+    # Nothing temporary is left beside the output.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]
+
+
+def test_rerun_skips_and_force_reruns(tmp_path: Path):
+    calls: list[str] = []
+    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    first = read_manifest(out)["started"]
+    run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    assert len(calls) == 1 and read_manifest(out)["started"] == first
+    run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls), force=True)
+    assert len(calls) == 2
+    run_stage("demo", tmp_path / "demo", {"k": 2}, {}, _writer(calls))
+    assert len(calls) == 3
+
+
+def test_changed_or_missing_file_makes_the_stage_stale(tmp_path: Path):
+    calls: list[str] = []
+    out = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls))
+    fp = read_manifest(out)["fingerprint"]
+    assert check(out, fp).up_to_date
+    (out / "out.txt").write_text("truncated")
+    assert check(out, fp).state == "stale"
+    (out / "out.txt").unlink()
+    assert "out.txt is missing" in check(out, fp).reason
+    run_stage("demo", out, {}, {}, _writer(calls))
+    assert len(calls) == 2 and check(out, fp).up_to_date
+    assert check(tmp_path / "other", fp).state == "missing"
+
+
+def test_a_failing_build_leaves_nothing_that_looks_complete(tmp_path: Path):
+    def build(tmp: Path) -> dict:
+        (tmp / "half.txt").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        run_stage("demo", tmp_path / "demo", {}, {}, build)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failing_rerun_keeps_the_previous_output(tmp_path: Path):
+    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer([]))
+
+    def broken(tmp: Path) -> dict:
+        raise ValueError("bad row")
+
+    with pytest.raises(ValueError):
+        run_stage("demo", out, {"k": 2}, {}, broken)
+    assert (out / "out.txt").read_text() == "hello\n"
+    assert read_manifest(out)["config"] == {"k": 1}
+
+
+def test_inputs_are_fingerprinted_and_must_exist(tmp_path: Path):
+    up = run_stage("up", tmp_path / "up", {"v": 1}, {}, _writer([]))
+    calls: list[str] = []
+    down = run_stage("down", tmp_path / "down", {}, {"up": up}, _writer(calls))
+    manifest = read_manifest(down)
+    assert manifest["inputs"]["up"]["fingerprint"] == input_fingerprint(up, "up")
+    # A changed upstream changes the downstream fingerprint: it reruns.
+    run_stage("up", up, {"v": 2}, {}, _writer([]))
+    run_stage("down", down, {}, {"up": up}, _writer(calls))
+    assert len(calls) == 2
+    with pytest.raises(StageError, match="input 'nothing' is missing"):
+        run_stage("down", tmp_path / "d2", {}, {"nothing": tmp_path / "absent"}, _writer([]))
+
+
+def test_manifest_is_valid_json_and_written_last(tmp_path: Path):
+    seen: dict[str, bool] = {}
+
+    def build(tmp: Path) -> dict:
+        (tmp / "a").write_text("a")
+        seen["manifest_during_build"] = (tmp / MANIFEST).exists()
+        return {}
+
+    out = run_stage("demo", tmp_path / "demo", {}, {}, build)
+    assert seen["manifest_during_build"] is False
+    json.loads((out / MANIFEST).read_text())

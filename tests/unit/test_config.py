@@ -1,0 +1,120 @@
+"""Run configs: every shipped YAML loads; bad keys and values fail naming the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.config import ConfigError, RunConfig, config_from_dict, load_config, to_dict
+from transformer_core import presets
+from transformer_core.config import ModelConfig
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_configs_folder_is_not_empty():
+    names = {p.stem for p in CONFIGS}
+    assert {"quickstart", "wmt14_en_de_base", "wmt14_en_de_big", "wmt14_en_fr_big"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path):
+    config = load_config(path)
+    assert isinstance(config, RunConfig)
+    assert isinstance(config.model, ModelConfig)
+    # The plain-dict form round-trips through the loader.
+    data = to_dict(config)
+    data["model"] = {"preset": "base", **data["model"]}
+    assert config_from_dict(data) == config
+
+
+def test_paper_presets_in_shipped_configs():
+    base = load_config(Path(CONFIGS[0]).parent / "wmt14_en_de_base.yaml")
+    assert base.model == presets.base()
+    assert base.tokenizer.vocab_size == 37000 and base.tokenizer.kind == "bpe"
+    big = load_config(Path(CONFIGS[0]).parent / "wmt14_en_de_big.yaml")
+    assert big.model == presets.big() and big.model.dropout == 0.3
+    assert big.average.last == 20
+    fr = load_config(Path(CONFIGS[0]).parent / "wmt14_en_fr_big.yaml")
+    assert fr.model.dropout == 0.1 and fr.tokenizer.kind == "wordpiece"
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_heads_must_divide_width(tmp_path: Path):
+    path = _write(tmp_path, {"name": "x", "model": {"preset": "base", "n_heads": 7}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.key == "model.n_heads"
+    assert str(err.value).startswith("model.n_heads: 7 does not divide d_model 512")
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"model": {"nheads": 8}}, "model.nheads"),
+        ({"trian": {}}, "trian"),
+        ({"train": {"stepz": 3}}, "train.stepz"),
+        ({"train": {"steps": "many"}}, "train.steps"),
+        ({"train": {"steps": 0}}, "train.steps"),
+        ({"tokenizer": {"kind": "chars"}}, "tokenizer.kind"),
+        ({"model": {"dropout": 1.5}}, "model.dropout"),
+        ({"model": {"preset": "huge"}}, "model.preset"),
+        ({"train": {"adam_betas": [0.9]}}, "train.adam_betas"),
+        ({"clean": {"max_ratio": 0.5}}, "clean.max_ratio"),
+        ({"train": {"use_gpu": "yes"}}, "train.use_gpu"),
+    ],
+)
+def test_bad_keys_and_values_name_the_key_path(tmp_path: Path, data: dict, key: str):
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, {"name": "x", **data}))
+    assert err.value.key == key
+    assert str(err.value).startswith(key + ":")
+    assert str(tmp_path / "run.yaml") in str(err.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(top)
+
+
+def test_name_defaults_to_file_stem_and_overrides_apply(tmp_path: Path):
+    path = tmp_path / "my_run.yaml"
+    path.write_text(yaml.safe_dump({"model": {"preset": "debug"}}))
+    config = load_config(path, {"train.steps": 7, "model.dropout": 0.0})
+    assert config.name == "my_run"
+    assert config.train.steps == 7
+    assert config.model == presets.debug().replace(dropout=0.0)
+    assert config.root == Path("runs/my_run")
+
+
+def test_preset_table3_rows_load(tmp_path: Path):
+    config = load_config(_write(tmp_path, {"name": "x", "model": {"preset": "table3:A16"}}))
+    assert config.model.n_heads == 16 and config.model.head_dim_k == 32
+
+
+def test_tracking_uri_defaults_to_sqlite_in_workdir(tmp_path: Path):
+    config = config_from_dict({"name": "r", "workdir": str(tmp_path / "{name}")})
+    assert config.tracking_uri == f"sqlite:///{tmp_path / 'r' / 'mlflow.db'}"
+    config = config_from_dict({"name": "r", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}})
+    assert config.tracking_uri == "http://127.0.0.1:5000"
+
+
+def test_name_is_required():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({})
+    assert err.value.key == "name"
