@@ -1,0 +1,150 @@
+"""The score stage on tiny files: outputs, manifest, skipping, bad inputs, MLflow logging."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks import score
+from tasks.artifacts import StageError, read_manifest, run_stage
+from tasks.config import DataConfig, MlflowConfig, RunConfig
+
+pytestmark = pytest.mark.integration
+
+SOURCES = [
+    "The board chairman said: we are growing.",
+    "It is raining in Berlin today.",
+    "The e-mail address is new.",
+    "Short.",
+]
+REFERENCES = [
+    "Der Vorstands-Vorsitzende sagte: Wir wachsen.",
+    "Heute regnet es in Berlin.",
+    "Die E-Mail-Adresse ist neu.",
+    "Kurz.",
+]
+HYPOTHESES = [
+    "Der Vorstands-Chef sagte: Wir wachsen.",
+    "Es regnet heute in Berlin.",
+    "Die E-Mail-Adresse ist neu.",
+    "Kurz.",
+]
+
+
+def _folder(root: Path, stage: str, files: dict[str, list[str]]) -> Path:
+    """A finished stage folder (with a manifest) holding the given text files."""
+
+    def build(tmp: Path) -> dict:
+        for name, lines in files.items():
+            (tmp / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        return {}
+
+    return run_stage(stage, root / stage, {"files": files}, {}, build)
+
+
+def _config(root: Path, **data) -> RunConfig:
+    return RunConfig(
+        name="score-test",
+        workdir=str(root / "run"),
+        data=DataConfig(pair="en-de", test="newstest2014", test_variant="full", **data),
+        mlflow=MlflowConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}"),
+    )
+
+
+def _inputs(root: Path, hyps=HYPOTHESES, refs=REFERENCES, sources=SOURCES) -> dict[str, Path]:
+    download = _folder(root, "download", {"test.en": sources, "test.de": refs})
+    translate = _folder(root, "translate", {"hyp.de": hyps})
+    return {"translate": translate, "download": download}
+
+
+def test_stage_writes_scores_sentences_plot_and_manifest(tmp_path):
+    config = _config(tmp_path)
+    out = score.run(config, _inputs(tmp_path))
+    assert out == config.root / "score"
+
+    scores = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+    direct = score.score_texts(HYPOTHESES, REFERENCES, "de")
+    for key in ("bleu_sacre", "bleu_tok_compound", "chrf"):
+        assert scores[key] == pytest.approx(direct[key])
+    assert 0 < scores["bleu_sacre"] < 100
+    assert scores["bleu_tok_compound"] != scores["bleu_sacre"]
+    assert scores["test_set"] == "newstest2014" and scores["test_variant"] == "full"
+    assert scores["test_segments"] == 4
+    assert "tok:13a" in scores["bleu_sacre_signature"]
+    assert scores["signature"] == scores["bleu_sacre_signature"]
+    assert sum(row["segments"] for row in scores["bleu_by_length"]) == 4
+
+    rows = (out / "sentences.tsv").read_text(encoding="utf-8").splitlines()
+    assert rows[0].split("\t") == ["index", "source", "reference", "hypothesis", "sentence_bleu"]
+    assert len(rows) == 5
+    last = rows[4].split("\t")
+    assert last[1:4] == [SOURCES[3], REFERENCES[3], HYPOTHESES[3]]
+    assert float(last[4]) == pytest.approx(100.0)
+
+    assert (out / "bleu_by_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    manifest = read_manifest(out)
+    assert manifest["stage"] == "score"
+    assert set(manifest["files"]) == {"scores.json", "sentences.tsv", "bleu_by_length.png"}
+    assert set(manifest["inputs"]) == {"translate", "download"}
+    assert manifest["stats"]["test_segments"] == 4
+
+
+def test_second_run_is_skipped_and_force_reruns(tmp_path):
+    config = _config(tmp_path)
+    inputs = _inputs(tmp_path)
+    first = read_manifest(score.run(config, inputs))
+    assert read_manifest(score.run(config, inputs))["started"] == first["started"]
+    assert read_manifest(score.run(config, inputs, force=True))["started"] != first["started"]
+
+
+def test_empty_test_set_is_an_error(tmp_path):
+    with pytest.raises(StageError, match=r"test\.de is empty \(0 segments\)"):
+        score.run(_config(tmp_path), _inputs(tmp_path, hyps=[], refs=[], sources=[]))
+    assert not (tmp_path / "run" / "score").exists()
+
+
+def test_line_count_mismatch_names_both_files(tmp_path):
+    with pytest.raises(StageError) as info:
+        score.run(_config(tmp_path), _inputs(tmp_path, hyps=HYPOTHESES[:3]))
+    message = str(info.value)
+    assert "hyp.de has 3 lines" in message and "test.de has 4" in message
+    assert not (tmp_path / "run" / "score").exists()
+
+
+def test_missing_hypothesis_file(tmp_path):
+    inputs = _inputs(tmp_path)
+    (inputs["translate"] / "hyp.de").unlink()
+    with pytest.raises(StageError, match=r"hyp\.de does not exist"):
+        score.run(_config(tmp_path), inputs)
+
+
+def test_no_active_mlflow_run_means_no_logging(tmp_path):
+    assert not _active_run_exists()
+    out = score.run(_config(tmp_path), _inputs(tmp_path))
+    assert score.log_to_mlflow(out) is False
+
+
+def _active_run_exists() -> bool:
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    return mlflow is not None and mlflow.active_run() is not None
+
+
+def test_logs_to_the_active_mlflow_run(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    config = _config(tmp_path)
+    mlflow.set_tracking_uri(config.tracking_uri)
+    mlflow.set_experiment("score-test")
+    with mlflow.start_run() as run:
+        out = score.run(config, _inputs(tmp_path))
+    scores = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+    logged = mlflow.get_run(run.info.run_id).data
+    for key in ("bleu_sacre", "bleu_tok_compound", "chrf"):
+        assert logged.metrics[key] == pytest.approx(scores[key])
+    assert logged.params["test_set"] == "newstest2014"
+    assert logged.params["test_segments"] == "4"
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "score")}
+    assert {"score/sentences.tsv", "score/bleu_by_length.png"} <= artifacts
