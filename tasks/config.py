@@ -49,12 +49,29 @@ class DataConfig:
     """For source=local: a folder with train/dev/test .<lang> files (or treebank files)."""
     max_retries: int = 5
     """Download attempts per file before giving up (exponential backoff between them)."""
+    cache_dir: str | None = None
+    """Where downloaded archives are kept between runs; null means <workdir>/cache/downloads."""
+    lock_file: str | None = None
+    """JSON file pinning each download's sha256 and size when first seen; null means <workdir>/downloads.lock.json."""
+    local_train: tuple[str, ...] = ("train",)
+    """For source=local: training file prefixes in local_dir (each <prefix>.<lang>; the prefix names the corpus)."""
+    local_dev: str = "dev"
+    """For source=local: dev file prefix in local_dir (<prefix>.<lang>)."""
+    local_test: str = "test"
+    """For source=local: test file prefix in local_dir (<prefix>.<lang>)."""
     synthetic_train: int = 20000
     """For source=synthetic: number of training pairs."""
     synthetic_dev: int = 500
     """For source=synthetic: number of dev pairs."""
     synthetic_test: int = 500
     """For source=synthetic: number of test pairs."""
+
+    def __post_init__(self) -> None:
+        src, _, tgt = self.pair.partition("-")
+        if not src or not tgt or src == tgt or "-" in tgt:
+            raise ConfigError("pair", f"{self.pair!r} must be two different languages as src-tgt, e.g. en-de")
+        if self.max_retries < 1:
+            raise ConfigError("max_retries", f"{self.max_retries} must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,9 +91,13 @@ class CleanConfig:
     decontaminate: bool = True
     """Drop training pairs whose source or target occurs in the dev or test sets."""
     batch_size: int = 4096
-    """Rows per Ray Data batch."""
+    """Lines per Ray Data batch (one batch is one range of lines read from both files)."""
+    rows_per_file: int = 1_000_000
+    """Kept pairs per output Parquet file."""
 
     def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.rows_per_file < 1:
+            raise ConfigError("batch_size", f"batch_size {self.batch_size} and rows_per_file {self.rows_per_file} must be >= 1")
         if self.min_len < 0 or self.max_len < max(1, self.min_len):
             raise ConfigError("max_len", f"{self.max_len} must be >= min_len {self.min_len} and >= 1")
         if self.max_ratio < 1.0:
@@ -112,11 +133,17 @@ class ShardConfig:
     num_actors: int = 2
     """Encoding actors (each loads the tokenizer once)."""
     batch_size: int = 4096
-    """Rows per encoding batch."""
+    """Rows per encoding batch (also the row-group size of the shards)."""
+    cpus_per_actor: float = 1.0
+    """CPUs reserved per encoding actor; below 1 on small machines so read tasks still get a CPU."""
 
     def __post_init__(self) -> None:
         if self.rows_per_shard < 1:
             raise ConfigError("rows_per_shard", f"{self.rows_per_shard} must be >= 1")
+        if self.num_actors < 1 or self.batch_size < 1:
+            raise ConfigError("num_actors", f"num_actors {self.num_actors} and batch_size {self.batch_size} must be >= 1")
+        if self.cpus_per_actor <= 0:
+            raise ConfigError("cpus_per_actor", f"{self.cpus_per_actor} must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,8 +184,17 @@ class TrainConfig:
     """Restarts after a worker dies."""
     log_every: int = 100
     """Metrics to MLflow every N steps."""
+    storage_path: str | None = None
+    """Ray Train storage for resume (shared folder or s3://); null: <workdir>/train_ray."""
+    stop_after: int | None = None
+    """Stop after this step (checkpointed), publish a partial result; not in the resume key."""
+    fail_at_step: int | None = None
+    """Test hook: the last worker raises at this step, once per run folder; not in the resume key."""
 
     def __post_init__(self) -> None:
+        for name in ("stop_after", "fail_at_step"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= 1 or null")
         for name in ("steps", "tokens_per_step", "max_tokens_per_batch", "num_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
@@ -166,6 +202,11 @@ class TrainConfig:
             raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
         if self.cpus_per_worker <= 0:
             raise ConfigError("cpus_per_worker", f"{self.cpus_per_worker} must be > 0")
+        for name in ("eval_every", "log_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
+        if self.checkpoint_every < 0 or self.checkpoint_minutes < 0:
+            raise ConfigError("checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)

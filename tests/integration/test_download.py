@@ -1,0 +1,464 @@
+"""The download stage end to end against a local statmt.org mirror built by the test.
+
+A threaded HTTP server on 127.0.0.1 serves tiny tarballs in the real WMT14 layouts (it honours
+Range and If-Range, can drop a connection part-way, and records every request); the same folder
+also serves as a file:// mirror.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import re
+import sys
+import tarfile
+import threading
+import types
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+from xml.sax.saxutils import escape
+
+import pytest
+
+from tasks import download as download_stage
+from tasks import sources
+from tasks.archives import UnsafeArchiveError
+from tasks.artifacts import MANIFEST, StageError, read_manifest
+from tasks.config import RunConfig, config_from_dict
+from tasks.fetch import ChecksumError, download
+
+pytestmark = pytest.mark.integration
+
+SHARED_SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wmt14_ende_sample"
+
+
+# ----------------------------------------------------------------------------- the mirror server
+
+
+class MirrorServer:
+    """Serves ``root`` over HTTP with Range support; records (path, Range) of every request."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.requests: list[tuple[str, str | None]] = []
+        self.drop_after: dict[str, int] = {}
+        """path -> bytes sent before the connection is dropped (once)."""
+        self.ignore_range = False
+        self.replace_after_drop: dict[str, bytes] = {}
+        """path -> new content written right after a drop (the file changes upstream)."""
+        self.unavailable: dict[str, int] = {}
+        """path -> how many more requests get HTTP 503."""
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = unquote(urlsplit(self.path).path).lstrip("/")
+                server.requests.append((path, self.headers.get("Range")))
+                file = server.root / path
+                if server.unavailable.get(path, 0) > 0:
+                    server.unavailable[path] -= 1
+                    self.send_error(503)
+                    return
+                if not file.is_file():
+                    self.send_error(404)
+                    return
+                data = file.read_bytes()
+                etag = '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
+                start = 0
+                wanted = self.headers.get("Range")
+                if_range = self.headers.get("If-Range")
+                if wanted and not server.ignore_range and if_range in (None, etag):
+                    start = int(re.fullmatch(r"bytes=(\d+)-", wanted).group(1))
+                    if start >= len(data):
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(data)}")
+                        self.end_headers()
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(data) - start))
+                self.send_header("ETag", etag)
+                self.end_headers()
+                body = data[start:]
+                drop = server.drop_after.pop(path, None)
+                if drop is not None:
+                    self.wfile.write(body[:drop])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    if path in server.replace_after_drop:
+                        file.write_bytes(server.replace_after_drop.pop(path))
+                    return
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+# ----------------------------------------------------------------------------- archives in WMT layouts
+
+
+def lines(corpus: str, lang: str, n: int) -> list[str]:
+    return [f"{corpus} {lang} {i} Grüße & «quotes»" for i in range(n)]
+
+
+def text(segments: list[str]) -> bytes:
+    return ("\n".join(segments) + "\n").encode()
+
+
+def sgm(kind: str, lang: str, segments: list[str]) -> bytes:
+    """A WMT-style SGM file: two documents whose segment ids restart."""
+    half = len(segments) // 2
+    out = [f'<{kind}set setid="newstest2014" srclang="any" trglang="{lang}">']
+    for doc, chunk in enumerate((segments[:half], segments[half:])):
+        out.append(f'<doc sysid="ref" docid="doc{doc}" genre="news" origlang="en">')
+        out += [f'<seg id="{i + 1}">{escape(s)}</seg>' for i, s in enumerate(chunk)]
+        out.append("</doc>")
+    out.append(f"</{kind}set>")
+    return ("\n".join(out) + "\n").encode()
+
+
+TRAIN_SIZES = {"europarl-v7": 4, "commoncrawl": 3, "news-commentary-v9": 2, "un": 3, "giga-fren": 5}
+DEV_SIZE, FULL_SIZE, FILTERED_SIZE = 3, 6, 4
+
+
+def wmt_layout() -> dict[str, dict[str, bytes]]:
+    """archive path -> member -> bytes, as statmt.org lays them out (tiny contents)."""
+    europarl, cc, nc = {}, {}, {}
+    for pair in ("de-en", "fr-en"):
+        for lang in pair.split("-"):
+            europarl[f"training/europarl-v7.{pair}.{lang}"] = text(lines("europarl-v7", lang, 4))
+            cc[f"commoncrawl.{pair}.{lang}"] = text(lines("commoncrawl", lang, 3))
+            nc[f"training/news-commentary-v9.{pair}.{lang}"] = text(lines("news-commentary-v9", lang, 2))
+        cc[f"commoncrawl.{pair}.annotation"] = b"x\n" * 3
+    europarl["training/europarl-v7.cs-en.cs"] = text(["not wanted"])
+    dev = {f"dev/newstest2013.{lang}": text(lines("newstest2013", lang, DEV_SIZE)) for lang in ("de", "en", "fr")}
+    dev["dev/newstest2012.en"] = text(["older dev set"])
+    full, filtered = {}, {}
+    for pair in ("deen", "fren"):
+        other = pair[:2]
+        for lang in (other, "en"):
+            for kind in ("src", "ref"):
+                full[f"test-full/newstest2014-{pair}-{kind}.{lang}.sgm"] = sgm(kind, lang, lines("full", lang, FULL_SIZE))
+                filtered[f"test/newstest2014-{pair}-{kind}.{lang}.sgm"] = sgm(kind, lang, lines("filtered", lang, FILTERED_SIZE))
+    return {
+        "wmt13/training-parallel-europarl-v7.tgz": europarl,
+        "wmt13/training-parallel-commoncrawl.tgz": cc,
+        "wmt14/training-parallel-nc-v9.tgz": nc,
+        "wmt13/training-parallel-un.tgz": {
+            f"un/undoc.2000.fr-en.{lang}": text(lines("un", lang, 3)) for lang in ("fr", "en")
+        },
+        "wmt10/training-giga-fren.tar": {
+            f"giga-fren.release2.fixed.{lang}.gz": gzip.compress(text(lines("giga-fren", lang, 5)), mtime=0)
+            for lang in ("fr", "en")
+        },
+        "wmt14/dev.tgz": dev,
+        "wmt14/test-full.tgz": full,
+        "wmt14/test-filtered.tgz": filtered,
+    }
+
+
+def write_archive(path: Path, members: dict[str, bytes], extra: list[tarfile.TarInfo] = ()) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w" if path.suffix == ".tar" else "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info)
+
+
+def write_mirror(root: Path, layout: dict[str, dict[str, bytes]]) -> Path:
+    for archive, members in layout.items():
+        write_archive(root / archive, members)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _no_published_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny test archives are not statmt's: drop the registry's published md5s."""
+    for key, archive in list(sources.ARCHIVES.items()):
+        monkeypatch.setitem(sources.ARCHIVES, key, dataclasses.replace(archive, md5=None, sha256=None, bytes=None))
+
+
+@pytest.fixture
+def mirror_root(tmp_path: Path) -> Path:
+    return write_mirror(tmp_path / "mirror", wmt_layout())
+
+
+@pytest.fixture
+def server(mirror_root: Path) -> Iterator[MirrorServer]:
+    srv = MirrorServer(mirror_root)
+    yield srv
+    srv.close()
+
+
+def make_config(tmp_path: Path, **data: object) -> RunConfig:
+    return config_from_dict({"name": "dl", "workdir": str(tmp_path / "run"), "data": {"source": "wmt14", **data}})
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+# ----------------------------------------------------------------------------- the stage over HTTP
+
+
+def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: MirrorServer):
+    config = make_config(tmp_path, pair="en-de", mirror=server.url)
+    out = download_stage.run(config)
+
+    assert out == config.root / "download"
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == sorted(
+        [MANIFEST, "dev.de", "dev.en", "test.de", "test.en"]
+        + [f"train/{c}.{lang}" for c in ("europarl-v7", "commoncrawl", "news-commentary-v9") for lang in ("en", "de")]
+    )
+    assert read_lines(out / "train" / "commoncrawl.de") == lines("commoncrawl", "de", 3)
+    assert read_lines(out / "dev.en") == lines("newstest2013", "en", DEV_SIZE)
+    # newstest2014 full: the en-de source side is deen-src.en, the target deen-ref.de, unescaped.
+    assert read_lines(out / "test.en") == lines("full", "en", FULL_SIZE)
+    assert read_lines(out / "test.de") == lines("full", "de", FULL_SIZE)
+
+    manifest = read_manifest(out)
+    stats = manifest["stats"]
+    assert (stats["src"], stats["tgt"], stats["train_lines"]) == ("en", "de", 4 + 3 + 2)
+    europarl = stats["corpora"]["europarl-v7"]
+    served = (server.root / "wmt13/training-parallel-europarl-v7.tgz").read_bytes()
+    assert europarl["url"] == "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz"
+    assert (europarl["bytes"], europarl["sha256"]) == (len(served), hashlib.sha256(served).hexdigest())
+    assert europarl["lines"] == 4 and europarl["files"] == {"en": "train/europarl-v7.en", "de": "train/europarl-v7.de"}
+    assert stats["corpora"]["dev"]["name"] == "newstest2013" and stats["corpora"]["dev"]["lines"] == DEV_SIZE
+    assert stats["corpora"]["test"]["lines"] == FULL_SIZE
+
+    lock = json.loads((config.root / "downloads.lock.json").read_text())["files"]
+    assert lock[europarl["url"]] == {"bytes": len(served), "sha256": europarl["sha256"]}
+    assert len(lock) == 5  # three corpora, dev, test-full
+
+    # A rerun is skipped; a forced rerun reuses the download cache: no new requests either way.
+    n = len(server.requests)
+    download_stage.run(config)
+    download_stage.run(config, force=True)
+    assert len(server.requests) == n
+    assert read_manifest(out)["fingerprint"] == manifest["fingerprint"]
+
+    pairs = list(download_stage.read_parallel(out, "train", "en", "de"))
+    assert len(pairs) == 9 and pairs[0] == (lines("commoncrawl", "en", 1)[0], lines("commoncrawl", "de", 1)[0])
+
+
+def test_filtered_test_set_and_corpus_subset(tmp_path: Path, server: MirrorServer):
+    config = make_config(tmp_path, pair="de-en", mirror=server.url, corpora=["news-commentary-v9"], test_variant="filtered")
+    out = download_stage.run(config)
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["news-commentary-v9.de", "news-commentary-v9.en"]
+    assert read_lines(out / "test.de") == lines("filtered", "de", FILTERED_SIZE)
+    requested = {path for path, _ in server.requests}
+    assert "wmt13/training-parallel-europarl-v7.tgz" not in requested
+
+
+def test_file_mirror_en_fr_reads_un_and_gzipped_giga_members(tmp_path: Path, mirror_root: Path):
+    config = make_config(tmp_path, pair="fr-en", mirror=mirror_root.as_uri(), corpora=["un", "giga-fren"])
+    out = download_stage.run(config)
+    assert read_lines(out / "train" / "giga-fren.fr") == lines("giga-fren", "fr", 5)
+    assert read_lines(out / "train" / "un.en") == lines("un", "en", 3)
+    assert read_lines(out / "test.fr") == lines("full", "fr", FULL_SIZE)  # fren-src.fr is the source
+    stats = read_manifest(out)["stats"]
+    assert stats["corpora"]["giga-fren"]["url"] == "https://www.statmt.org/wmt10/training-giga-fren.tar"
+    assert (config.root / "cache" / "downloads" / "wmt10" / "training-giga-fren.tar").is_file()
+
+
+# ----------------------------------------------------------------------------- resume and retries
+
+
+def test_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorServer):
+    path = "wmt13/training-parallel-europarl-v7.tgz"
+    served = (server.root / path).read_bytes()
+    server.drop_after[path] = 100
+    out = download_stage.run(make_config(tmp_path, pair="en-de", mirror=server.url))
+
+    europarl_requests = [rng for p, rng in server.requests if p == path]
+    assert europarl_requests == [None, "bytes=100-"]
+    assert read_manifest(out)["stats"]["corpora"]["europarl-v7"]["sha256"] == hashlib.sha256(served).hexdigest()
+
+
+def test_a_server_that_ignores_range_restarts_the_file(tmp_path: Path, server: MirrorServer):
+    path = "wmt14/dev.tgz"
+    served = (server.root / path).read_bytes()
+    server.drop_after[path] = 50
+    server.ignore_range = True
+    dest = tmp_path / "cache" / "dev.tgz"
+    seen = download(f"{server.url}/{path}", dest, max_retries=3, backoff=0.01)
+    assert seen.sha256 == hashlib.sha256(served).hexdigest()
+    assert dest.read_bytes() == served
+    assert [rng for p, rng in server.requests if p == path] == [None, "bytes=50-"]
+
+
+def test_a_file_that_changed_during_a_resume_comes_back_whole(tmp_path: Path, server: MirrorServer):
+    """If-Range: the server answers a stale range with the whole new file, so nothing is spliced."""
+    path = "wmt14/dev.tgz"
+    new = b"a different file, longer than before " * 10
+    server.drop_after[path] = 20
+    server.replace_after_drop[path] = new
+    seen = download(f"{server.url}/{path}", tmp_path / "dev.tgz", max_retries=3, backoff=0.01)
+    assert (tmp_path / "dev.tgz").read_bytes() == new
+    assert seen.sha256 == hashlib.sha256(new).hexdigest()
+
+
+def test_unavailable_server_is_retried_then_given_up(tmp_path: Path, server: MirrorServer):
+    path = "wmt14/dev.tgz"
+    served = (server.root / path).read_bytes()
+    server.unavailable[path] = 2
+    seen = download(f"{server.url}/{path}", tmp_path / "a" / "dev.tgz", max_retries=3, backoff=0.01)
+    assert seen.sha256 == hashlib.sha256(served).hexdigest()
+    assert [p for p, _ in server.requests].count(path) == 3
+
+    server.unavailable[path] = 5
+    with pytest.raises(StageError, match="giving up after 2 attempts without progress: HTTP 503"):
+        download(f"{server.url}/{path}", tmp_path / "b" / "dev.tgz", max_retries=2, backoff=0.01)
+    assert not (tmp_path / "b" / "dev.tgz").exists()
+
+
+def test_missing_file_on_the_mirror_fails_without_retrying(tmp_path: Path, server: MirrorServer):
+    with pytest.raises(StageError, match="HTTP 404"):
+        download(f"{server.url}/wmt14/nothere.tgz", tmp_path / "x.tgz", max_retries=3, backoff=0.01)
+    assert [p for p, _ in server.requests] == ["wmt14/nothere.tgz"]
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def assert_nothing_looks_complete(config: RunConfig) -> None:
+    root = config.root
+    assert not (root / "download").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".download.tmp")]
+
+
+def test_checksum_mismatch_fails_and_leaves_nothing_complete(
+    tmp_path: Path, server: MirrorServer, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(sources.ARCHIVES, "europarl-v7", dataclasses.replace(sources.ARCHIVES["europarl-v7"], sha256="0" * 64))
+    config = make_config(tmp_path, pair="en-de", mirror=server.url)
+    with pytest.raises(ChecksumError, match="training-parallel-europarl-v7.tgz: sha256 is .* expects 0{64}"):
+        download_stage.run(config)
+    cached = config.root / "cache" / "downloads" / "wmt13"
+    assert not list(cached.iterdir())  # neither the final file nor a .part
+    assert_nothing_looks_complete(config)
+
+
+def test_a_changed_upstream_file_fails_against_the_lock(tmp_path: Path, mirror_root: Path):
+    config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
+    download_stage.run(config)
+    layout = wmt_layout()["wmt13/training-parallel-commoncrawl.tgz"]
+    layout["commoncrawl.de-en.de"] = text(lines("changed", "de", 3))
+    write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", layout)
+    fresh_cache = config.replace(data=dataclasses.replace(config.data, cache_dir=str(tmp_path / "cache2")))
+    with pytest.raises(ChecksumError, match="downloads.lock.json expects"):
+        download_stage.run(fresh_cache, force=True)
+    assert not (tmp_path / "cache2" / "wmt13" / "training-parallel-commoncrawl.tgz").exists()
+
+
+def test_misaligned_corpus_names_both_counts(tmp_path: Path, mirror_root: Path):
+    layout = wmt_layout()
+    cc = layout["wmt13/training-parallel-commoncrawl.tgz"]
+    cc["commoncrawl.de-en.en"] = text(lines("commoncrawl", "en", 2))
+    write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", cc)
+    config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
+    with pytest.raises(StageError, match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, commoncrawl.de-en.de \(de\) has 3 lines"):
+        download_stage.run(config)
+    assert_nothing_looks_complete(config)
+
+
+@pytest.mark.parametrize("bad", ["../evil", "symlink"])
+def test_unsafe_tarball_is_refused(tmp_path: Path, mirror_root: Path, bad: str):
+    info = tarfile.TarInfo(bad if bad != "symlink" else "training/evil-link")
+    if bad == "symlink":
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    archive = mirror_root / "wmt14/training-parallel-nc-v9.tgz"
+    write_archive(archive, wmt_layout()["wmt14/training-parallel-nc-v9.tgz"], extra=[info])
+    config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["news-commentary-v9", "europarl-v7"])
+    with pytest.raises(UnsafeArchiveError, match=f"refusing member '{info.name}' of .*training-parallel-nc-v9.tgz"):
+        download_stage.run(config)
+    assert not (tmp_path / "evil").exists() and not (config.root / "evil").exists()
+    assert_nothing_looks_complete(config)
+
+
+def test_missing_member_points_at_the_registry(tmp_path: Path, mirror_root: Path, monkeypatch: pytest.MonkeyPatch):
+    corpus = sources.TRAIN["de-en"]["commoncrawl"]
+    wrong = dataclasses.replace(corpus, members={"de": "training/commoncrawl.de-en.de", "en": "commoncrawl.de-en.en"})
+    monkeypatch.setitem(sources.TRAIN["de-en"], "commoncrawl", wrong)
+    config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
+    with pytest.raises(StageError, match="no member 'training/commoncrawl.de-en.de' .*sources.py.*similar members: commoncrawl.de-en.de"):
+        download_stage.run(config)
+
+
+# ----------------------------------------------------------------------------- other sources
+
+
+@pytest.mark.skipif(not SHARED_SAMPLE.is_dir(), reason="../shared/data/wmt14_ende_sample is absent")
+def test_local_source_copies_the_shared_sample(tmp_path: Path):
+    config = config_from_dict({
+        "name": "local",
+        "workdir": str(tmp_path / "run"),
+        "data": {
+            "source": "local", "pair": "en-de", "local_dir": str(SHARED_SAMPLE),
+            "local_train": ["train"], "local_dev": "newstest2012", "local_test": "newstest2014.full",
+        },
+    })
+    out = download_stage.run(config)
+    stats = read_manifest(out)["stats"]
+    assert (stats["train_lines"], stats["dev_lines"], stats["test_lines"]) == (10000, 3000, 3003)
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["train.de", "train.en"]
+    assert (out / "test.de").read_bytes() == (SHARED_SAMPLE / "newstest2014.full.de").read_bytes()
+    assert stats["corpora"]["train"]["inputs"]["en"]["path"] == str((SHARED_SAMPLE / "train.en").resolve())
+    assert next(download_stage.read_parallel(out, "dev", "en", "de"))[0] == read_lines(SHARED_SAMPLE / "newstest2012.en")[0]
+
+
+def test_local_source_names_missing_files(tmp_path: Path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("train.en", "train.de", "dev.en", "dev.de", "test.en"):
+        (folder / name).write_text("a\n")
+    config = config_from_dict({"name": "l", "workdir": str(tmp_path / "run"), "data": {"source": "local", "local_dir": str(folder)}})
+    with pytest.raises(StageError, match=r"missing file\(s\): .*test\.de"):
+        download_stage.run(config)
+
+
+def test_synthetic_source_dispatches_to_tasks_synthetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    calls = []
+
+    def write_corpus(out_dir: Path, config: RunConfig) -> dict:
+        calls.append(config.name)
+        (out_dir / "train").mkdir()
+        for name in ("train/synthetic.en", "train/synthetic.de", "dev.en", "dev.de", "test.en", "test.de"):
+            (out_dir / name).write_text("x\n")
+        return {"source": "synthetic"}
+
+    monkeypatch.setitem(sys.modules, "tasks.synthetic", types.SimpleNamespace(write_corpus=write_corpus))
+    config = config_from_dict({"name": "syn", "workdir": str(tmp_path / "run"), "data": {"source": "synthetic"}})
+    out = download_stage.run(config)
+    assert calls == ["syn"] and read_manifest(out)["stats"] == {"source": "synthetic"}
+
+
+def test_treebank_source_is_refused(tmp_path: Path):
+    config = config_from_dict({"name": "tb", "workdir": str(tmp_path / "run"), "data": {"source": "treebank"}})
+    with pytest.raises(StageError, match="treebank stage"):
+        download_stage.run(config)

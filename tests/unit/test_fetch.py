@@ -1,0 +1,213 @@
+"""Downloads from file:// URLs, checksum and lock-file verification, safe tar streaming, readers."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tasks.archives import MissingMemberError, UnsafeArchiveError, extract_members, iter_members
+from tasks.artifacts import StageError
+from tasks.corpus_io import LineWriter, count_lines, read_sgm, read_text_lines, read_tsv
+from tasks.fetch import ChecksumError, DownloadError, Expected, LockFile, download, mirror_url
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def make_tar(path: Path, members: list[tuple[str, bytes] | tarfile.TarInfo], mode: str = "w:gz") -> Path:
+    """A tarball of (name, data) files and raw TarInfo headers (links, devices, ...)."""
+    with tarfile.open(path, mode) as tar:
+        for item in members:
+            if isinstance(item, tarfile.TarInfo):
+                tar.addfile(item)
+            else:
+                name, data = item
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = linkname
+    return info
+
+
+# ----------------------------------------------------------------------------- mirrors
+
+
+def test_mirror_replaces_statmt_and_keeps_the_path():
+    url = "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz"
+    assert mirror_url(url, None) == url
+    assert mirror_url(url, "http://10.0.0.5:8000/wmt/") == "http://10.0.0.5:8000/wmt/wmt13/training-parallel-europarl-v7.tgz"
+    assert mirror_url(url, "file:///srv/statmt") == "file:///srv/statmt/wmt13/training-parallel-europarl-v7.tgz"
+    assert mirror_url("http://statmt.org/wmt14/dev.tgz", "file:///m") == "file:///m/wmt14/dev.tgz"
+    with pytest.raises(StageError, match="file:// folder or an http"):
+        mirror_url(url, "/srv/statmt")
+
+
+# ----------------------------------------------------------------------------- downloads
+
+
+def test_file_download_verifies_and_is_cached(tmp_path: Path):
+    source = tmp_path / "mirror" / "a.bin"
+    source.parent.mkdir()
+    source.write_bytes(b"x" * 5000)
+    dest = tmp_path / "cache" / "a.bin"
+    sha = hashlib.sha256(b"x" * 5000).hexdigest()
+
+    seen = download(source.as_uri(), dest, [Expected(bytes=5000, sha256=sha)])
+    assert (seen.bytes, seen.sha256) == (5000, sha)
+    assert dest.read_bytes() == b"x" * 5000
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["a.bin"]  # no .part left behind
+
+    source.unlink()  # a verified cached copy is used without touching the source
+    assert download(source.as_uri(), dest, [Expected(sha256=sha)]).sha256 == sha
+
+
+def test_checksum_mismatch_fails_clearly_and_keeps_nothing(tmp_path: Path):
+    source = tmp_path / "a.bin"
+    source.write_bytes(b"payload")
+    dest = tmp_path / "cache" / "a.bin"
+    with pytest.raises(ChecksumError, match=r"sha256 is [0-9a-f]{64}, but the registry expects 0{64}"):
+        download(source.as_uri(), dest, [Expected(sha256="0" * 64)])
+    assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
+    with pytest.raises(ChecksumError, match="bytes is 7, but the registry expects 8"):
+        download(source.as_uri(), dest, [Expected(bytes=8)])
+    assert not dest.exists()
+
+
+def test_a_corrupt_cached_file_is_downloaded_again(tmp_path: Path):
+    source = tmp_path / "a.bin"
+    source.write_bytes(b"good bytes")
+    dest = tmp_path / "a.cached"
+    dest.write_bytes(b"bad bytes")
+    sha = hashlib.sha256(b"good bytes").hexdigest()
+    assert download(source.as_uri(), dest, [Expected(sha256=sha)]).sha256 == sha
+    assert dest.read_bytes() == b"good bytes"
+
+
+def test_missing_mirror_file_names_the_path(tmp_path: Path):
+    with pytest.raises(DownloadError, match="no such file .*nothere.tgz"):
+        download((tmp_path / "nothere.tgz").as_uri(), tmp_path / "out.tgz")
+
+
+def test_lock_file_pins_the_first_download(tmp_path: Path):
+    lock = LockFile(tmp_path / "downloads.lock.json")
+    url = "https://www.statmt.org/wmt14/dev.tgz"
+    assert lock.expected(url) is None
+    source = tmp_path / "dev.tgz"
+    source.write_bytes(b"first version")
+    seen = download(source.as_uri(), tmp_path / "c1" / "dev.tgz")
+    lock.pin(url, seen)
+    pinned = lock.expected(url)
+    assert (pinned.bytes, pinned.sha256) == (seen.bytes, seen.sha256)
+    assert str(lock.path) in pinned.origin
+
+    # The file changes upstream: a fresh download no longer matches the pin.
+    source.write_bytes(b"second version!")
+    with pytest.raises(ChecksumError, match="downloads.lock.json expects"):
+        download(source.as_uri(), tmp_path / "c2" / "dev.tgz", [pinned])
+    assert not (tmp_path / "c2" / "dev.tgz").exists()
+    lock.pin(url, download(source.as_uri(), tmp_path / "c3" / "dev.tgz"))  # pin never overwrites
+    assert lock.expected(url).sha256 == seen.sha256
+
+
+# ----------------------------------------------------------------------------- safe extraction
+
+
+@pytest.mark.parametrize(
+    ("member", "reason"),
+    [
+        (("../evil", b"x"), "'..' path component"),
+        (("data/../../evil", b"x"), "'..' path component"),
+        (("/etc/evil", b"x"), "absolute path"),
+        (special("training/link", tarfile.SYMTYPE, "/etc/passwd"), "symbolic link to '/etc/passwd'"),
+        (special("training/hard", tarfile.LNKTYPE, "training/a.de"), "hard link"),
+        (special("training/fifo", tarfile.FIFOTYPE), "FIFO"),
+        (special("training/dev", tarfile.CHRTYPE), "device file"),
+    ],
+)
+def test_unsafe_members_refuse_the_archive(tmp_path: Path, member, reason: str):
+    archive = make_tar(tmp_path / "bad.tgz", [("training/a.de", b"hallo\n"), member])
+    name = member[0] if isinstance(member, tuple) else member.name
+    with pytest.raises(UnsafeArchiveError, match=f"refusing member {name!r} of .*bad.tgz: {reason}"):
+        extract_members(archive, ["training/a.de"], tmp_path / "out")
+    assert not (tmp_path / "evil").exists()
+
+
+def test_only_named_members_are_read_in_archive_order(tmp_path: Path):
+    archive = make_tar(
+        tmp_path / "ok.tar",
+        [("./training/b.en", b"b\n"), ("training/skip.en", b"s\n"), ("training/a.de", b"a\n")],
+        mode="w",
+    )
+    got = [(name, stream.read()) for name, stream in iter_members(archive, ["training/a.de", "training/b.en"])]
+    assert got == [("training/b.en", b"b\n"), ("training/a.de", b"a\n")]
+    written = extract_members(archive, ["training/a.de"], tmp_path / "out")
+    assert written == {"training/a.de": tmp_path / "out" / "training" / "a.de"}
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == ["a.de"]
+
+
+def test_missing_member_lists_similar_names(tmp_path: Path):
+    archive = make_tar(tmp_path / "ok.tgz", [("training/europarl-v7.de-en.de", b"a\n")])
+    with pytest.raises(MissingMemberError, match="no member 'training/europarl-v7.de-en.en'.*similar members: training/europarl-v7.de-en.de"):
+        list(iter_members(archive, ["training/europarl-v7.de-en.en"]))
+
+
+def test_a_file_that_is_not_a_tarball_fails_clearly(tmp_path: Path):
+    bogus = tmp_path / "x.tgz"
+    bogus.write_bytes(b"<html>not found</html>")
+    with pytest.raises(StageError, match="not a readable tar archive"):
+        list(iter_members(bogus, ["a"]))
+
+
+# ----------------------------------------------------------------------------- readers and writer
+
+
+def test_sgm_keeps_document_order_and_unescapes_entities():
+    sgm = [
+        '<srcset setid="newstest2014" srclang="any">',
+        '<doc sysid="ref" docid="1" genre="news" origlang="en">',
+        '<seg id="2">AT&amp;T says &quot;hi&quot; &lt;b&gt; &#228; &#x263A;</seg>',
+        '<seg id="1">  two   spaces\tand tab  </seg>',
+        "</doc>",
+        '<doc docid="2"><seg id=1>M&S literal ampersand</seg>',
+        "</doc></srcset>",
+    ]
+    assert list(read_sgm(sgm)) == [
+        'AT&T says "hi" <b> ä ☺',
+        "two spaces and tab",
+        "M&S literal ampersand",
+    ]
+    with pytest.raises(ValueError, match="line 1: <seg> without a closing"):
+        list(read_sgm(['<seg id="1">never closed']))
+
+
+def test_tsv_rows_need_every_column():
+    assert list(read_tsv(["a\tb", "c\td"], 2)) == [("a", "b"), ("c", "d")]
+    with pytest.raises(ValueError, match="line 2: 3 tab-separated fields, expected 2"):
+        list(read_tsv(["a\tb", "c\td\te"], 2))
+
+
+def test_text_lines_split_on_newline_only():
+    stream = io.BytesIO("one\r\ntwo\x85 still two\n".encode() + b"bad \xff byte\nlast")
+    assert list(read_text_lines(stream)) == ["one", "two\x85 still two", "bad \ufffd byte", "last"]
+
+
+def test_line_writer_keeps_every_reader_line_aligned(tmp_path: Path):
+    path = tmp_path / "out.en"
+    with LineWriter(path) as writer:
+        for segment in ["plain", "carriage\rreturn", "line\u2028separator", "", "bad \ufffd"]:
+            writer.write(segment)
+    assert (writer.lines, writer.broken_lines, writer.replacement_chars) == (5, 2, 1)
+    text = path.read_text(encoding="utf-8")
+    assert text.splitlines() == ["plain", "carriage return", "line separator", "", "bad \ufffd"]
+    assert count_lines(path) == 5
+    (tmp_path / "no_newline").write_bytes(b"a\nb")
+    assert count_lines(tmp_path / "no_newline") == 2
