@@ -1,0 +1,224 @@
+"""EVALB-convention scoring on hand-computed examples, and the parse_score stage."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+from tasks.artifacts import StageError, run_stage
+from tasks.config import config_from_dict
+from tasks.evalb import score_corpus, score_sentence, summarize
+from tasks.linearize import linearize
+from tasks.parse_score import read_lines, run
+from tasks.treebank import Tree, parse_tree, write_tree
+
+# Words: The cat sat on the mat .   The period is deleted, leaving positions 0..6 over 6 words.
+# Gold brackets: S(0,6) NP(0,2) VP(2,6) PP(3,6) NP(4,6) -> 5 (preterminals are not brackets).
+GOLD = parse_tree(
+    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))"
+)
+# The PP is missing: S NP VP NP(4,6) -> 4 brackets, all in gold.
+MISSING_PP = parse_tree(
+    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (IN on) (NP (DT the) (NN mat))) (. .))"
+)
+# PP(3,6) labelled ADJP: 5 brackets, 4 match.
+WRONG_LABEL = parse_tree(
+    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (ADJP (IN on) (NP (DT the) (NN mat)))) (. .))"
+)
+
+
+def test_identical_trees_score_100():
+    s = score_sentence(GOLD, GOLD)
+    assert (s.matched, s.gold, s.test) == (5, 5, 5)
+    assert (s.precision, s.recall, s.f1, s.tag_accuracy) == (100.0, 100.0, 100.0, 100.0)
+    assert s.exact and s.words == 6  # the period is not scored
+
+
+def test_a_missing_bracket():
+    s = score_sentence(GOLD, MISSING_PP)
+    # P = 4/4 = 100, R = 4/5 = 80, F1 = 2*100*80/(100+80) = 16000/180 = 88.888...
+    assert (s.matched, s.gold, s.test) == (4, 5, 4)
+    assert s.precision == 100.0 and s.recall == 80.0
+    assert s.f1 == pytest.approx(88.8889, abs=1e-4)
+    assert not s.exact
+
+
+def test_a_wrong_label():
+    s = score_sentence(GOLD, WRONG_LABEL)
+    # P = 4/5 = 80, R = 4/5 = 80, F1 = 80
+    assert (s.matched, s.gold, s.test) == (4, 5, 5)
+    assert (s.precision, s.recall, s.f1) == (80.0, 80.0, 80.0)
+
+
+def test_corpus_totals_are_sums_not_averages():
+    total, per = score_corpus([GOLD, GOLD], [MISSING_PP, WRONG_LABEL])
+    # matched 4+4 = 8, gold 5+5 = 10, test 4+5 = 9: P = 8/9 = 88.89, R = 8/10 = 80,
+    # F1 = 2*(8/9)*(8/10) / (8/9 + 8/10) = (128/90) / (152/90) = 128/152 = 84.2105...
+    # (the mean of the sentence F1s would be (88.89 + 80) / 2 = 84.44)
+    assert (total.matched, total.gold, total.test) == (8, 10, 9)
+    assert total.precision == pytest.approx(800 / 9)
+    assert total.recall == pytest.approx(80.0)
+    assert total.f1 == pytest.approx(84.2105, abs=1e-4)
+    assert total.exact_match == 0.0 and [s.f1 for s in per] == pytest.approx(
+        [88.8889, 80.0], abs=1e-4
+    )
+
+
+def test_punctuation_is_deleted_before_spans():
+    # The period attached inside the VP, and a bracket over nothing but punctuation: after
+    # deletion the VP still spans (2,6) and X spans (6,6), which is not counted. 5/5 matched.
+    test = parse_tree(
+        "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat))) (X (. .))))"
+    )
+    s = score_sentence(GOLD, test)
+    assert (s.matched, s.gold, s.test, s.f1) == (5, 5, 5, 100.0)
+
+
+def test_every_collins_punctuation_tag_is_deleted():
+    # , : `` '' . are deleted: 2 words left (Yes, no). Gold: S(0,2) INTJ(0,1) -> 2 brackets.
+    gold = parse_tree("(S (`` ``) (INTJ (UH Yes)) (, ,) (: ;) (NP (DT no)) ('' '') (. .))")
+    # Test joins "Yes ," under INTJ and the quotes into NP: same spans once punctuation is gone.
+    test = parse_tree("(S (`` ``) (INTJ (UH Yes) (, ,)) (: ;) (NP (DT no) ('' '') (. .)))")
+    s = score_sentence(gold, test)
+    # gold brackets: S(0,2) INTJ(0,1) NP(1,2) = 3; test the same 3
+    assert (s.matched, s.gold, s.test, s.words) == (3, 3, 3, 2)
+
+
+def test_advp_equals_prt():
+    # He gave up .  ->  S(0,3) NP(0,1) VP(1,3) PRT(2,3)
+    gold = parse_tree("(S (NP (PRP He)) (VP (VBD gave) (PRT (RP up))) (. .))")
+    as_advp = parse_tree("(S (NP (PRP He)) (VP (VBD gave) (ADVP (RP up))) (. .))")
+    as_adjp = parse_tree("(S (NP (PRP He)) (VP (VBD gave) (ADJP (RP up))) (. .))")
+    assert score_sentence(gold, as_advp).f1 == 100.0  # 4/4 matched
+    # ADJP is not PRT: 3 of 4 match, P = R = F1 = 75
+    assert score_sentence(gold, as_adjp).f1 == 75.0
+
+
+def test_function_tags_are_cut_and_the_root_is_ignored():
+    # EVALB cuts labels at - and =; TOP (or the empty root bracket) is not a bracket.
+    test = Tree("TOP", (parse_tree("(S (NP-SBJ (DT The) (NN cat)) (VP=2 (VBD sat) (PP-LOC (IN on) "
+                                   "(NP (DT the) (NN mat)))) (. .))"),))  # fmt: skip
+    s = score_sentence(Tree("", (GOLD,)), test)
+    assert (s.matched, s.gold, s.test) == (5, 5, 5)
+
+
+def test_brackets_are_a_multiset():
+    # gold S(0,1) VP(0,1); test S(0,1) S(0,1) VP(0,1): 2 of 3 test brackets match.
+    # P = 2/3, R = 2/2, F1 = 2*(2/3)*1/(2/3 + 1) = (4/3)/(5/3) = 80
+    gold = parse_tree("(S (VP (VB Go)))")
+    test = parse_tree("(S (S (VP (VB Go))))")
+    s = score_sentence(gold, test)
+    assert (s.matched, s.gold, s.test) == (2, 2, 3)
+    assert s.f1 == pytest.approx(80.0)
+
+
+def test_tagging_accuracy_over_non_punctuation_words():
+    test = parse_tree(
+        "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (RB on) (NP (DT the) (NN mat)))) (. .))"
+    )
+    s = score_sentence(GOLD, test)
+    # 5 of the 6 scored words have the gold tag (on: IN vs RB): 83.33; brackets still 5/5
+    assert (s.words, s.correct_tags) == (6, 5)
+    assert s.tag_accuracy == pytest.approx(500 / 6)
+    assert s.f1 == 100.0
+
+
+def test_length_mismatch_is_an_error_left_out_of_the_totals():
+    # The period tagged NN is not deleted in the test tree: 7 words against 6.
+    mistagged = parse_tree(
+        "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (NN .))"
+    )
+    total, per = score_corpus([GOLD, GOLD], [mistagged, MISSING_PP])
+    assert per[0].status == "length mismatch" and not per[0].valid
+    assert (total.sentences, total.errors, total.valid) == (2, 1, 1)
+    # totals are the second sentence alone: 4 matched, 5 gold, 4 test
+    assert (total.matched, total.gold, total.test) == (4, 5, 4)
+
+
+def test_exact_match_and_length_cutoff():
+    long_gold = parse_tree("(S " + " ".join(f"(NN w{i})" for i in range(41)) + ")")
+    total, per = score_corpus([GOLD, GOLD, long_gold], [GOLD, WRONG_LABEL, long_gold])
+    assert total.exact == 2 and total.exact_match == pytest.approx(200 / 3)
+    assert [s.length for s in per] == [7, 7, 41]  # the length counts punctuation
+    short = summarize(per, max_len=40)
+    assert short.sentences == 2 and short.exact == 1
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def _artifact(path, stage, files):
+    def build(tmp):
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+
+    return run_stage(stage, path, {"files": sorted(files)}, {}, build)
+
+
+@pytest.fixture
+def scored(tmp_path):
+    golds = [GOLD, parse_tree("(S (NP (PRP He)) (VP (VBD gave) (PRT (RP up))) (. .))")]
+    linearized = _artifact(
+        tmp_path / "run" / "linearize",
+        "linearize",
+        {
+            "gold.trees": "".join(write_tree(t) + "\n" for t in golds),
+            "test.words": "".join(" ".join(t.words()) + "\n" for t in golds),
+        },
+    )
+    # sentence 1 decoded without its PP; sentence 2 decoded with the closing brackets cut off
+    hyps = " ".join(linearize(MISSING_PP)) + "\n" + "S NP PRP /NP VP VBD ADVP RP\n"
+    translated = _artifact(tmp_path / "run" / "translate", "translate", {"hyp.tree": hyps})
+    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run")})
+    return config, {"translate": translated, "linearize": linearized}
+
+
+def test_parse_score_stage(scored, tmp_path):
+    config, inputs = scored
+    out = run(config, inputs)
+    scores = json.loads((out / "scores.json").read_text())
+    # sentence 1: 4/5 gold, 4/4 test. Sentence 2 repaired (no slot for '.', which joins the
+    # innermost open ADVP with its punctuation tag; 3 unclosed) into
+    # (S (NP (PRP He)) (VP (VBD gave) (ADVP (RP up) (. .)))): 4/4, ADVP = PRT.
+    # totals: matched 8, gold 9, test 8 -> P 100, R 88.89, F1 = 2*100*88.89/188.89 = 94.1176
+    assert scores["f1"] == pytest.approx(94.1176, abs=1e-4)
+    assert (scores["precision"], scores["sentences"], scores["length_errors"]) == (100.0, 2, 0)
+    assert scores["exact_match"] == 50.0 and scores["repaired_sentences"] == 1
+    assert scores["fixes"] == {"missing_leaves": 1, "unclosed": 3}
+    rows = [line.split("\t") for line in (out / "sentences.tsv").read_text().splitlines()]
+    assert rows[0][:6] == ["id", "length", "status", "matched", "gold", "test"]
+    assert rows[1][:6] == ["1", "7", "ok", "4", "5", "4"]
+    assert rows[2][-1] == "missing_leaves=1,unclosed=3"
+    repaired = (out / "repaired.trees").read_text().splitlines()
+    assert repaired[1] == "(S (NP (PRP He)) (VP (VBD gave) (ADVP (RP up) (. .))))"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stats"]["f1"] == scores["f1"]
+
+
+def test_parse_score_logs_to_an_active_mlflow_run(scored, monkeypatch):
+    logged = {}
+    fake = types.SimpleNamespace(active_run=lambda: object(), log_metrics=logged.update)
+    monkeypatch.setitem(sys.modules, "mlflow", fake)
+    config, inputs = scored
+    run(config, inputs)
+    assert logged["parse_f1"] == pytest.approx(94.1176, abs=1e-4)
+    assert logged["parse_length_errors"] == 0.0
+
+
+def test_parse_score_needs_one_hypothesis_per_gold_tree(scored, tmp_path):
+    config, inputs = scored
+    inputs["translate"] = _artifact(
+        tmp_path / "other" / "translate", "translate", {"hyp.tree": "S NP PRP /NP /S\n"}
+    )
+    with pytest.raises(StageError, match="has 1 lines but .* has 2 trees"):
+        run(config, inputs)
+    assert not (tmp_path / "run" / "parse_score").exists()
+
+
+def test_read_lines_keeps_empty_hypotheses(tmp_path):
+    path = tmp_path / "hyp.tree"
+    path.write_text("S /S\n\nNP /NP\n")
+    assert read_lines(path) == ["S /S", "", "NP /NP"]
