@@ -49,8 +49,20 @@ def setup_mlflow(config: RunConfig) -> str:
 
     config.root.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(config.tracking_uri)
-    experiment = mlflow.set_experiment(config.mlflow.experiment)
-    return experiment.experiment_id
+    mlflow.set_registry_uri(config.tracking_uri)
+    client = mlflow.MlflowClient()
+    experiment = client.get_experiment_by_name(config.mlflow.experiment)
+    if experiment is None:
+        # A local tracking store keeps artifacts beside the database, not in ./mlruns of
+        # whatever directory the command ran in; a server decides for itself.
+        location = None
+        if config.tracking_uri.startswith("sqlite:"):
+            location = (config.root / "mlartifacts").resolve().as_uri()
+        try:
+            client.create_experiment(config.mlflow.experiment, artifact_location=location)
+        except mlflow.exceptions.MlflowException:
+            pass  # created concurrently by another process
+    return mlflow.set_experiment(config.mlflow.experiment).experiment_id
 
 
 @contextmanager

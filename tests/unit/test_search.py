@@ -1,0 +1,242 @@
+"""Greedy and beam search: against each other, against exhaustive enumeration, and their limits."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, presets
+from transformer_core.search import (
+    beam_search,
+    beam_search_hypotheses,
+    greedy_search,
+    length_penalty,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Two cores shared by many jobs: torch's spin-waiting intra-op threads slow down up to ~10x
+    # when oversubscribed, so these CPU-heavy tests use one thread and restore the setting after.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _model(vocab: int = 24, seed: int = 0, **changes) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(presets.debug().replace(max_len=128, **changes), vocab).eval()
+
+
+def _sources(vocab: int = 24, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (5, 8), generator=g)
+    src[1, 5:] = PAD_ID
+    src[3, 2:] = PAD_ID
+    return src
+
+
+class NeverEnds(Transformer):
+    """A model that cannot emit EOS, so every output runs to its length limit."""
+
+    def decode(self, tgt_in, memory, state=None):
+        logits = super().decode(tgt_in, memory, state)
+        logits[..., EOS_ID] = float("-inf")
+        return logits
+
+
+class EndsAt(Transformer):
+    """A model that emits EOS exactly as its ``end + 1``-th token: outputs hold ``end`` words."""
+
+    end = 3
+
+    def decode(self, tgt_in, memory, state=None):
+        logits = super().decode(tgt_in, memory, state)
+        start = 0 if state is None else state.length - tgt_in.size(1)
+        positions = torch.arange(start, start + tgt_in.size(1))
+        logits[:, positions < self.end, EOS_ID] = float("-inf")
+        logits[:, positions >= self.end, EOS_ID] = 100.0
+        return logits
+
+
+class Scripted(Transformer):
+    """Next-token probabilities set by position alone: ``first`` at the first output position,
+    ``later`` after it (token id -> probability; every other token is ~impossible)."""
+
+    first: dict[int, float] = {}
+    later: dict[int, float] = {}
+
+    def decode(self, tgt_in, memory, state=None):
+        logits = super().decode(tgt_in, memory, state)  # keeps the state's bookkeeping
+        start = 0 if state is None else state.length - tgt_in.size(1)
+        scripted = torch.full_like(logits, -1e4)
+        for t in range(tgt_in.size(1)):
+            for token, p in (self.first if start + t == 0 else self.later).items():
+                scripted[:, t, token] = math.log(p)
+        return scripted
+
+
+def _scripted(first: dict[int, float], later: dict[int, float]) -> Scripted:
+    torch.manual_seed(0)
+    model = Scripted(presets.debug(), 8).eval()
+    model.first, model.later = first, later
+    return model
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_size_one_equals_greedy(seed):
+    model = _model(seed=seed)
+    src = _sources(seed=seed)
+    greedy = greedy_search(model, src, max_len_offset=6)
+    assert beam_search(model, src, beam_size=1, max_len_offset=6) == greedy
+    assert any(len(out) > 0 for out in greedy)
+
+
+def test_cache_and_full_recompute_agree():
+    model = _model(seed=4)
+    src = _sources(seed=4)
+    assert greedy_search(model, src, max_len_offset=6, use_cache=False) == greedy_search(
+        model, src, max_len_offset=6
+    )
+    cached = beam_search_hypotheses(model, src, beam_size=4, max_len_offset=6)
+    full = beam_search_hypotheses(model, src, beam_size=4, max_len_offset=6, use_cache=False)
+    assert [h.tokens for h in cached] == [h.tokens for h in full]
+    assert [h.score for h in cached] == pytest.approx([h.score for h in full], abs=1e-4)
+
+
+def test_batched_results_come_back_in_input_order():
+    model = _model(seed=5)
+    src = _sources(seed=5)
+    batched = beam_search(model, src, beam_size=3, max_len_offset=6)
+    for row, out in zip(src, batched, strict=True):
+        alone = row[row != PAD_ID][None]  # (1, S_i): the sentence without padding
+        assert beam_search(model, alone, beam_size=3, max_len_offset=6) == [out]
+
+
+def _exhaustive_best(model: Transformer, src: torch.Tensor, limit: int, alpha: float):
+    """Score every output of length <= limit (EOS-terminated below the limit, cut at it)."""
+    words = [t for t in range(model.tgt_vocab_size) if t not in (PAD_ID, BOS_ID, EOS_ID)]
+    outputs = [list(s) for n in range(limit + 1) for s in itertools.product(words, repeat=n)]
+    best = None
+    model.eval()
+    with torch.no_grad():
+        memory = model.encode(src)
+        for out in outputs:
+            target = out + ([EOS_ID] if len(out) < limit else [])
+            tgt_in = torch.tensor([[BOS_ID] + target[:-1]])
+            log_probs = torch.log_softmax(model.decode(tgt_in, memory).float(), dim=-1)[0]
+            total = log_probs[torch.arange(len(target)), torch.tensor(target)].sum().item()
+            score = total / length_penalty(len(target), alpha)
+            if best is None or score > best[1]:
+                best = (out, score)
+    return best, len(outputs)
+
+
+@pytest.mark.parametrize("seed,alpha", [(0, 0.6), (1, 0.0), (2, 1.0), (3, 0.6)])
+def test_wide_beam_finds_the_exhaustive_optimum(seed, alpha):
+    # Vocabulary: pad, unk, bos, eos and two words -> 3 producible words, outputs up to 3 long:
+    # 1 + 3 + 9 + 27 = 40 sequences, all of which a beam of 64 keeps.
+    model = _model(vocab=6, seed=seed)
+    src = torch.tensor([[4, 5, 5, 4]])
+    (tokens, score), n = _exhaustive_best(model, src, limit=3, alpha=alpha)
+    assert n == 40
+    [found] = beam_search_hypotheses(model, src, beam_size=64, alpha=alpha, max_len=3)
+    assert found.tokens == tokens
+    assert found.score == pytest.approx(score, abs=1e-5)
+
+
+def test_narrow_beam_score_is_consistent_with_enumeration():
+    # A beam of 2 need not find the optimum, but the score it reports must be the true one.
+    model = _model(vocab=6, seed=7)
+    src = torch.tensor([[4, 5, 1]])
+    [found] = beam_search_hypotheses(model, src, beam_size=2, alpha=0.6, max_len=3)
+    target = found.tokens + ([EOS_ID] if len(found.tokens) < 3 else [])
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(src, torch.tensor([[BOS_ID] + target[:-1]])), -1)[0]
+    total = log_probs[torch.arange(len(target)), torch.tensor(target)].sum().item()
+    assert found.score == pytest.approx(total / length_penalty(len(target), 0.6), abs=1e-5)
+    best, _ = _exhaustive_best(model, src, limit=3, alpha=0.6)
+    assert found.score <= best[1] + 1e-6
+
+
+def test_outputs_stop_at_source_length_plus_offset():
+    torch.manual_seed(0)
+    model = NeverEnds(presets.debug(), 24)
+    src = _sources()
+    src_lens = (src != PAD_ID).sum(1).tolist()
+    for outputs in (
+        greedy_search(model, src, max_len_offset=3),
+        beam_search(model, src, beam_size=3, max_len_offset=3),
+    ):
+        assert [len(o) for o in outputs] == [n + 3 for n in src_lens]
+        assert all(EOS_ID not in o and PAD_ID not in o and BOS_ID not in o for o in outputs)
+    assert [len(o) for o in greedy_search(model, src, max_len=7)] == [7] * len(src_lens)
+    assert [len(o) for o in beam_search(model, src, beam_size=2, max_len=4)] == [4] * len(src_lens)
+
+
+def test_eos_ends_the_output_without_being_returned():
+    torch.manual_seed(0)
+    model = EndsAt(presets.debug(), 24)
+    src = _sources()
+    assert [len(o) for o in greedy_search(model, src)] == [EndsAt.end] * len(src)
+    assert [len(o) for o in beam_search(model, src, beam_size=4)] == [EndsAt.end] * len(src)
+
+
+def test_search_stops_once_every_sentence_has_ended():
+    torch.manual_seed(0)
+    model = EndsAt(presets.debug(), 24)
+    calls = []
+    decode = model.decode
+    model.decode = lambda *args, **kwargs: calls.append(1) or decode(*args, **kwargs)
+    src = _sources()
+    greedy_search(model, src, max_len_offset=50)
+    assert len(calls) == EndsAt.end + 1  # not source length + 50
+    calls.clear()
+    beam_search(model, src, beam_size=4, max_len_offset=50)
+    assert len(calls) == EndsAt.end + 1
+
+
+def test_length_penalty_lets_a_less_probable_open_beam_win():
+    # Ending at once scores log 0.55 = -0.60; four words then run to the limit of 10 with
+    # probability 0.45 in all: -0.80 / lp(10) = -0.46 with alpha 0.6. Stopping when the open beam's
+    # raw score (-0.80) falls below the finished one would wrongly return the empty output.
+    model = _scripted(first={EOS_ID: 0.55, 4: 0.45}, later={4: 1.0})
+    [best] = beam_search_hypotheses(model, torch.tensor([[4, 5]]), beam_size=2, max_len=10)
+    assert best.tokens == [4] * 10
+    assert best.score == pytest.approx(math.log(0.45) / length_penalty(10, 0.6), abs=1e-4)
+
+
+def test_beam_stops_when_no_open_beam_can_win():
+    # EOS first with probability 0.9: no continuation can beat log 0.9 even with the largest
+    # length penalty, so the search stops after one step with 1 finished of 4.
+    model = _scripted(first={EOS_ID: 0.9, 4: 0.05, 5: 0.05}, later={EOS_ID: 0.9, 4: 0.1})
+    calls = []
+    decode = model.decode
+    model.decode = lambda *args, **kwargs: calls.append(1) or decode(*args, **kwargs)
+    assert beam_search(model, torch.tensor([[4, 5]]), beam_size=4, max_len=10) == [[]]
+    assert len(calls) == 1
+
+
+def test_search_runs_in_eval_mode_and_restores_training():
+    model = _model(seed=8, dropout=0.3)
+    src = _sources(seed=8)
+    model.train()
+    first = beam_search(model, src, beam_size=2, max_len_offset=4)
+    assert model.training
+    assert beam_search(model, src, beam_size=2, max_len_offset=4) == first  # no dropout noise
+    model.eval()
+    assert beam_search(model, src, beam_size=2, max_len_offset=4) == first
+
+
+def test_bad_arguments_fail_clearly():
+    model = _model()
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, _sources(), beam_size=0)
+    with pytest.raises(ValueError, match="alpha"):
+        beam_search(model, _sources(), alpha=-1.0)
+    with pytest.raises(ValueError, match="empty"):
+        greedy_search(model, torch.zeros(0, 4, dtype=torch.long))

@@ -1,0 +1,233 @@
+"""Decoding: batched greedy and beam search on the incremental decoder state (section 6.1).
+
+Both return, per input row and in input order, the output token ids without BOS and EOS.
+The maximum output length of a sentence is its source length (non-pad tokens) plus
+``max_len_offset``, or ``max_len`` when given; a hypothesis that reaches it ends there.
+Padding and BOS are never produced (their log-probabilities are set to -inf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transformer_core.model import Memory, Transformer
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished output: token ids (no BOS/EOS) and its length-penalised log-probability."""
+
+    tokens: list[int]
+    score: float
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used by the paper with alpha=0.6.
+
+    |Y| counts decoded positions, the final EOS included (as tensor2tensor)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _output_limits(
+    model: Transformer, src: Tensor, max_len_offset: int, max_len: int | None
+) -> Tensor:
+    """Per-sentence maximum output length (B,), capped so the decoder input fits ``max_len``."""
+    if max_len is not None:
+        limits = torch.full((src.size(0),), max_len, dtype=torch.long)
+    else:
+        limits = src.ne(model.config.pad_id).sum(dim=1).cpu() + max_len_offset
+    # Decoding L tokens feeds BOS + L-1 tokens to the decoder.
+    return limits.clamp(min=1, max=model.config.max_len)
+
+
+def _next_log_probs(logits: Tensor, model: Transformer) -> Tensor:
+    """(N, V) last-position logits -> float32 log-probabilities with PAD and BOS excluded."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    log_probs[:, [model.config.pad_id, model.config.bos_id]] = float("-inf")
+    return log_probs
+
+
+class _eval_mode:
+    """Eval mode and no_grad for the duration of a search; restores the training flag after."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.no_grad = torch.no_grad()
+
+    def __enter__(self) -> None:
+        self.was_training = self.model.training
+        self.model.eval()
+        self.no_grad.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.no_grad.__exit__(*exc)
+        self.model.train(self.was_training)
+
+
+def greedy_search(
+    model: Transformer,
+    src: Tensor,
+    max_len_offset: int = 50,
+    max_len: int | None = None,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """Most probable next token at every step, for a batch of sources (B, S)."""
+    config = model.config
+    with _eval_mode(model):
+        memory = model.encode(src)
+        B = src.size(0)
+        limits = _output_limits(model, src, max_len_offset, max_len).to(src.device)  # (B,)
+        state = model.init_state(memory) if use_cache else None
+        tokens = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        lengths = limits.clone()  # output length of each row, EOS excluded
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        for step in range(int(limits.max())):
+            if use_cache:
+                logits = model.decode(tokens[:, -1:], memory, state)[:, -1]  # (B, V)
+            else:
+                logits = model.decode(tokens, memory)[:, -1]  # (B, V)
+            next_token = _next_log_probs(logits, model).argmax(dim=-1)  # (B,)
+            next_token = next_token.masked_fill(done, config.pad_id)
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, step + 2)
+            ended = ~done & next_token.eq(config.eos_id)
+            lengths = torch.where(ended, step, lengths)
+            done |= ended | limits.le(step + 1)
+            if bool(done.all()):
+                break
+        rows = tokens[:, 1:].tolist()
+        return [row[:n] for row, n in zip(rows, lengths.tolist(), strict=True)]
+
+
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    use_cache: bool = True,
+    max_len: int | None = None,
+) -> list[list[int]]:
+    """The best hypothesis of a length-penalised beam search, for each source row (B, S)."""
+    return [
+        best.tokens
+        for best in beam_search_hypotheses(
+            model, src, beam_size, alpha, max_len_offset, use_cache, max_len
+        )
+    ]
+
+
+def beam_search_hypotheses(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    use_cache: bool = True,
+    max_len: int | None = None,
+) -> list[Hypothesis]:
+    """Like ``beam_search``, returning the best ``Hypothesis`` (tokens and score) per row.
+
+    At each step the 2k best continuations of the k open beams are ranked; EOS among the first k
+    finishes a hypothesis, and the first k that are not EOS stay open. A sentence is done when
+    it has k finished hypotheses, when no open one can beat its best finished one (its score
+    can only fall, and the penalty only grows up to the length limit), or at the length limit.
+    Done sentences leave the batch, so later steps cost only what is still open.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0 (the early stop relies on it), got {alpha}")
+    config = model.config
+    k = beam_size
+    device = src.device
+    with _eval_mode(model):
+        B = src.size(0)
+        limits = _output_limits(model, src, max_len_offset, max_len)  # (B,) on CPU
+        beam_rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,)
+        memory: Memory = model.encode(src)
+        if use_cache:  # cross-attention keys/values computed for B rows, then copied per beam
+            state = model.init_state(memory).reorder(beam_rows)
+        else:
+            state = None
+            memory = memory.index_select(beam_rows)  # (B*k, S, D)
+
+        finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+        active = torch.arange(B)  # original sentence index of each open sentence, on CPU
+        # Decoder inputs so far, one row per beam: (n*k, t+1) with n open sentences.
+        tokens = torch.full((B * k, 1), config.bos_id, dtype=torch.long, device=device)
+        # Only the first beam is live at the start, so the first step does not pick k copies.
+        scores = torch.full((B, k), float("-inf"), device=device)  # (n, k) summed log-probs
+        scores[:, 0] = 0.0
+
+        for step in range(int(limits.max())):
+            n = active.numel()
+            if use_cache:
+                logits = model.decode(tokens[:, -1:], memory, state)[:, -1]  # (n*k, V)
+            else:
+                logits = model.decode(tokens, memory)[:, -1]  # (n*k, V)
+            log_probs = _next_log_probs(logits, model)  # (n*k, V)
+            V = log_probs.size(-1)
+            candidates = (scores.view(n * k, 1) + log_probs).view(n, k * V)  # (n, k*V)
+            top_scores, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
+            top_beam = top_index // V  # (n, 2k) which beam each continuation extends
+            top_token = top_index % V  # (n, 2k)
+
+            length = step + 1  # decoded positions including the new token
+            at_limit = limits[active].le(length)  # (n,) on CPU
+            is_eos = top_token.eq(config.eos_id)
+            in_top_k = torch.arange(top_scores.size(1), device=device) < k  # (2k,)
+            finishing = top_scores.isfinite() & in_top_k & (is_eos | at_limit.to(device)[:, None])
+
+            # Record finished hypotheses (a handful per step; Python lists keep this obvious).
+            ended = finishing.nonzero().tolist()
+            if ended:
+                end_scores, end_beams, end_tokens = (
+                    t.cpu() for t in (top_scores, top_beam, top_token)
+                )
+                prefixes = tokens[:, 1:].cpu()
+                for i, j in ended:
+                    out = prefixes[i * k + int(end_beams[i, j])].tolist()
+                    if int(end_tokens[i, j]) != config.eos_id:  # ended by the length limit
+                        out.append(int(end_tokens[i, j]))
+                    score = float(end_scores[i, j]) / length_penalty(length, alpha)
+                    finished[int(active[i])].append(Hypothesis(out, score))
+
+            # The first k continuations that are not EOS stay open (there are always k: each
+            # beam contributes at most one EOS among the 2k). A stable sort keeps score order.
+            open_pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k]  # (n, k)
+            open_beam = top_beam.gather(1, open_pick)  # (n, k)
+            open_token = top_token.gather(1, open_pick)  # (n, k)
+            open_scores = top_scores.gather(1, open_pick)  # (n, k)
+
+            # Which sentences are done: length limit, k finished, or no open beam can win.
+            best_open = open_scores.max(dim=1).values.cpu()  # (n,)
+            bound = best_open / length_penalty(limits[active].float(), alpha)  # (n,)
+            still_open = []
+            for i in range(n):
+                hyps = finished[int(active[i])]
+                best_done = max((h.score for h in hyps), default=float("-inf"))
+                done = bool(at_limit[i]) or len(hyps) >= k or best_done >= float(bound[i])
+                still_open.append(not done)
+            keep = torch.tensor(still_open, dtype=torch.bool)
+            if not bool(keep.any()):
+                break
+
+            # Reorder the surviving beams (and drop done sentences) for the next step.
+            keep_dev = keep.to(device)
+            base = (torch.arange(n, device=device) * k)[:, None]  # (n, 1)
+            rows = (base + open_beam)[keep_dev].reshape(-1)  # (n'*k,)
+            tokens = torch.cat([tokens[rows], open_token[keep_dev].reshape(-1, 1)], dim=1)
+            scores = open_scores[keep_dev]  # (n', k)
+            active = active[keep]
+            if use_cache:
+                state.reorder(rows)
+            else:
+                memory = memory.index_select(rows)
+
+        return [
+            max(hyps, key=lambda h: h.score, default=Hypothesis([], float("-inf")))
+            for hyps in finished
+        ]
