@@ -30,8 +30,14 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu"
 
+# Quick settings by default; `make bench BENCH_FULL=1` runs the full-size measurements.
+RESULTS := benchmarks/results
 bench: $(STAMP)
-	$(PY) -m benchmarks
+	mkdir -p $(RESULTS)
+	$(PY) benchmarks/model_throughput.py $(if $(BENCH_FULL),,--quick) --json $(RESULTS)/model_throughput.json
+	$(PY) benchmarks/decode.py $(if $(BENCH_FULL),,--quick) --json $(RESULTS)/decode.json
+	$(PY) benchmarks/train.py --json $(RESULTS)/train.json
+	$(PY) benchmarks/data.py $(if $(BENCH_FULL),,--pairs 100000) --json $(RESULTS)/data.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 
@@ -21,7 +22,8 @@ def vocab_for(size: str) -> int:
 def report(title: str, rows: list[dict], json_path: str | Path | None = None) -> None:
     """Print ``rows`` (dicts with the same keys) as an aligned table; with ``json_path``, also
     write {"title", "environment", "rows"} there."""
-    print(f"\n{title}")
+    env = environment()
+    print(f"\n{title}\n({', '.join(f'{k}={v}' for k, v in env.items())})")
     if rows:
         columns = list(rows[0])
         cells = [[_format(row.get(c)) for c in columns] for row in rows]
@@ -30,7 +32,7 @@ def report(title: str, rows: list[dict], json_path: str | Path | None = None) ->
         for r in cells:
             print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
     if json_path is not None:
-        payload = {"title": title, "environment": environment(), "rows": rows}
+        payload = {"title": title, "environment": env, "rows": rows}
         Path(json_path).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {json_path}")
 
@@ -42,6 +44,8 @@ def environment() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_threads": torch.get_num_threads(),
+        # Other jobs on the machine skew CPU figures; the load average says how much.
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 

@@ -1,0 +1,143 @@
+"""Decoding speed: the incremental key/value cache against recomputing the whole prefix.
+
+1. Greedy decoding of fixed 50-token outputs, with and without the cache (speed ratio).
+2. Beam search (batch 32, beam 4, ~25-token sources as in newstest) with and without the cache,
+   in target tokens per second, for the debug and base sizes.
+
+Random weights are fine for speed; EOS is masked so every output has the same fixed length.
+
+    python benchmarks/decode.py --quick [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import report, vocab_for  # noqa: E402
+
+from transformer_core import EOS_ID, PAD_ID, Transformer, presets  # noqa: E402
+from transformer_core.search import beam_search, greedy_search  # noqa: E402
+
+
+class NoEOS(Transformer):
+    """The model with EOS masked out, so outputs run to the requested fixed length."""
+
+    def decode(self, tgt_in, memory, state=None):
+        logits = super().decode(tgt_in, memory, state)
+        logits[..., EOS_ID] = float("-inf")
+        return logits
+
+
+def sources(batch: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """Random sources of ``length`` +/- 5 tokens, right-padded, ending in EOS."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, length - 5), length + 6, (batch,), generator=g)
+    src = torch.full((batch, int(lengths.max()) + 1), PAD_ID)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
+        src[i, n] = EOS_ID
+    return src
+
+
+def timed(search, *args, **kwargs) -> tuple[float, list[list[int]]]:
+    """Seconds taken by ``search(*args, **kwargs)``, and its outputs."""
+    start = time.perf_counter()
+    out = search(*args, **kwargs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer sentences, shorter beam outputs"
+    )
+    parser.add_argument("--sizes", default="debug,base", help="comma-separated presets")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    greedy_batch, greedy_len = (16, 50) if args.quick else (32, 50)
+    beam_batch, beam_k, beam_len = (32, 4, 12) if args.quick else (32, 4, 50)
+
+    rows = []
+    for size in args.sizes.split(","):
+        torch.manual_seed(0)
+        vocab = vocab_for(size)
+        model = NoEOS(presets.get(size), vocab).to(device).eval()
+        greedy_search(model, sources(1, 25, vocab).to(device), max_len=2)  # warm-up
+
+        src = sources(greedy_batch, 25, vocab).to(device)
+        t_cache, out_cache = timed(greedy_search, model, src, max_len=greedy_len)
+        t_full, out_full = timed(greedy_search, model, src, max_len=greedy_len, use_cache=False)
+        rows.append(
+            row(
+                size,
+                vocab,
+                "greedy",
+                greedy_batch,
+                1,
+                greedy_len,
+                t_cache,
+                t_full,
+                out_cache,
+                out_full,
+            )
+        )
+
+        src = sources(beam_batch, 25, vocab, seed=1).to(device)
+        t_cache, out_cache = timed(beam_search, model, src, beam_size=beam_k, max_len=beam_len)
+        t_full, out_full = timed(
+            beam_search, model, src, beam_size=beam_k, max_len=beam_len, use_cache=False
+        )
+        rows.append(
+            row(
+                size,
+                vocab,
+                "beam",
+                beam_batch,
+                beam_k,
+                beam_len,
+                t_cache,
+                t_full,
+                out_cache,
+                out_full,
+            )
+        )
+
+    report(
+        f"Decoding speed on {device.type}, ~25-token sources, fixed-length outputs", rows, args.json
+    )
+
+
+def row(size, vocab, search, batch, beam, out_len, t_cache, t_full, out_cache, out_full) -> dict:
+    assert all(len(o) == out_len for o in out_cache), "outputs are not of the fixed length"
+    tokens = batch * out_len  # target tokens returned
+    return {
+        "model": size,
+        "vocab": vocab,
+        "search": search,
+        "batch": batch,
+        "beam": beam,
+        "out_len": out_len,
+        "cache_tok/s": tokens / t_cache,
+        "no_cache_tok/s": tokens / t_full,
+        "speedup": t_full / t_cache,
+        "same_output": out_cache == out_full,
+    }
+
+
+if __name__ == "__main__":
+    main()
