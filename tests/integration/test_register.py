@@ -1,0 +1,375 @@
+"""The register stage on a SQLite registry: versions, lineage, aliases, and the pyfunc itself."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.artifacts import read_manifest, run_stage
+from tasks.config import DecodeConfig, MlflowConfig, RegisterConfig, RunConfig
+from transformer_core import presets
+
+pytestmark = pytest.mark.integration
+
+SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1"
+TEXTS = ["the cat sees the dog", "a big red house", "dog", "the old tree walks to the new house"]
+
+
+def make_tokenizer(root: Path) -> Path:
+    """A tiny sentencepiece model (pad 0, unk 1, bos 2, eos 3) in a tokenizer stage folder."""
+    import sentencepiece as spm
+
+    words = "the a cat dog house tree sees likes big small red blue walks to old new".split()
+    corpus = [
+        " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(1 + i % 9)) for i in range(200)
+    ]
+
+    def build(tmp: Path) -> dict:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(corpus),
+            model_prefix=str(tmp / "spm"),
+            vocab_size=60,
+            model_type="bpe",
+            character_coverage=1.0,
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            num_threads=1,
+            minloglevel=2,
+        )
+        return {}
+
+    return run_stage("tokenizer", root / "tokenizer", {"test": "tiny"}, {}, build)
+
+
+def make_average(root: Path, vocab_size: int) -> Path:
+    """A random debug-size checkpoint in an average stage folder whose manifest chains to 'train'."""
+    import torch
+
+    from transformer_core import checkpoint
+    from transformer_core.model import Transformer
+
+    train = run_stage("train", root / "train", {"steps": 0}, {}, lambda tmp: {})
+
+    def build(tmp: Path) -> dict:
+        torch.manual_seed(0)
+        model = Transformer(presets.debug(), vocab_size)
+        checkpoint.save(tmp / "model.pt", model, presets.debug(), vocab_size=vocab_size)
+        return {}
+
+    return run_stage("average", root / "average", {"last": 1}, {"train": train}, build)
+
+
+def make_score(root: Path, bleu: float, variant: str = "full") -> Path:
+    """A score stage folder holding scores.json (a new fingerprint for each score)."""
+    scores = {
+        "bleu_sacre": bleu,
+        "bleu_tok_compound": bleu + 0.5,
+        "chrf": 40.0,
+        "test_set": "newstest2014",
+        "test_variant": variant,
+        "signature": SIGNATURE,
+    }
+
+    def build(tmp: Path) -> dict:
+        (tmp / "scores.json").write_text(json.dumps(scores))
+        return scores
+
+    return run_stage("score", root / "score", scores, {}, build)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    from tasks import tokenizer
+
+    root = tmp_path_factory.mktemp("register")
+    tok = make_tokenizer(root)
+    config = RunConfig(
+        name="reg",
+        workdir=str(root / "run"),
+        model=presets.debug(),
+        decode=DecodeConfig(max_len_offset=6),
+        register=RegisterConfig(model_name="tiny-translator"),
+        mlflow=MlflowConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}"),
+    )
+    average = make_average(root, tokenizer.load(tok).vocab_size)
+    # Artifacts under tmp_path: a new experiment's default location is ./mlruns in the CWD.
+    MlflowClient(tracking_uri=config.tracking_uri).create_experiment(
+        config.mlflow.experiment, artifact_location=(root / "mlartifacts").as_uri()
+    )
+    return config, {"average": average, "tokenizer": tok}, root
+
+
+def _register(
+    config: RunConfig, inputs: dict, root: Path, bleu: float, variant: str = "full"
+) -> dict:
+    from tasks import register
+
+    out = register.run(config, {**inputs, "score": make_score(root, bleu, variant)})
+    return json.loads((out / "registered.json").read_text())
+
+
+def _champion(config: RunConfig) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+    return str(client.get_model_version_by_alias(config.register.model_name, "champion").version)
+
+
+def test_registry_promotion_and_pyfunc(setup) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from tasks import register, translate
+
+    config, inputs, root = setup
+    name = config.register.model_name
+    client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+
+    # 1. The first registration becomes champion (and candidate).
+    first = _register(config, inputs, root, bleu=20.0)
+    assert first["version"] == 1 and first["aliases"] == ["candidate", "champion"]
+    assert first["previous_champion"] is None and first["metric"] == {
+        "name": "bleu_sacre",
+        "value": 20.0,
+    }
+    tags = client.get_model_version(name, "1").tags
+    assert tags["bleu_sacre"] == "20.0" and tags["test_set"] == "newstest2014"
+    assert tags["signature"] == SIGNATURE and tags["code_version"]
+    assert tags["lineage.average"] == read_manifest(inputs["average"])["fingerprint"]
+    assert tags["lineage.train"] == read_manifest(root / "train")["fingerprint"]
+    assert tags["lineage.tokenizer"] == read_manifest(inputs["tokenizer"])["fingerprint"]
+    assert json.loads(tags["config"])["register"]["model_name"] == name
+
+    # 2. A worse one is only a candidate; the champion stays.
+    worse = _register(config, inputs, root, bleu=15.0)
+    assert worse["version"] == 2 and worse["aliases"] == ["candidate"]
+    assert worse["previous_champion"]["version"] == 1 and not worse["champion"]
+    assert _champion(config) == "1"
+
+    # 3. A better one takes the champion alias.
+    better = _register(config, inputs, root, bleu=25.5)
+    assert better["version"] == 3 and better["aliases"] == ["candidate", "champion"]
+    assert _champion(config) == "3"
+    assert client.get_model_version(name, "1").aliases == []
+
+    # 4. A higher score on another protocol (the filtered test set) is never compared.
+    other = _register(config, inputs, root, bleu=99.0, variant="filtered")
+    assert other["aliases"] == ["candidate"] and _champion(config) == "3"
+    assert "protocol differs" in other["decision"]
+    assert read_manifest(config.root / "register")["stats"]["champion"] is False
+
+    # 5. Up to date: the same inputs again register nothing new.
+    again = _register(config, inputs, root, bleu=99.0, variant="filtered")
+    assert again["version"] == other["version"]
+    assert len(client.search_model_versions(f"name='{name}'")) == 4
+
+    # 6. The champion loads and translates in-process, with a list or a one-column DataFrame.
+    import mlflow
+    import pandas as pd
+
+    expected = translate.translate_texts(
+        inputs["average"], inputs["tokenizer"], TEXTS, config.decode
+    )
+    mlflow.set_tracking_uri(config.tracking_uri)
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    assert model.predict(TEXTS) == expected
+    assert list(model.predict(pd.DataFrame({"text": TEXTS}))) == expected
+
+    # 7. ... and in a fresh process, importing the code the model carries (code_paths).
+    script = (
+        "import json, sys, mlflow\n"
+        f"mlflow.set_tracking_uri({config.tracking_uri!r})\n"
+        f"m = mlflow.pyfunc.load_model('models:/{name}@champion')\n"
+        f"out = m.predict({TEXTS!r})\n"
+        "import tasks.translator as t\n"
+        "print(json.dumps({'out': out, 'code': t.__file__}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["out"] == expected
+    assert f"{os.sep}code{os.sep}tasks{os.sep}" in result["code"]
+
+    # 8. `tfm translate`: stdin lines to stdout lines.
+    stdout = io.StringIO()
+    count = register.translate_stream(
+        f"models:/{name}@champion",
+        io.StringIO("".join(t + "\n" for t in TEXTS)),
+        stdout,
+        tracking_uri=config.tracking_uri,
+    )
+    assert count == len(TEXTS) and stdout.getvalue().splitlines() == expected
+
+
+def test_pip_requirements_are_pinned_and_installable() -> None:
+    from tasks.register import pip_requirements
+
+    reqs = pip_requirements()
+    assert [r.split("==")[0] for r in reqs] == [
+        "torch",
+        "sentencepiece",
+        "numpy",
+        "pyarrow",
+        "pyyaml",
+    ]
+    assert all("==" in r and "+" not in r for r in reqs)
+
+
+def test_unknown_model_uri_is_a_clear_error(setup) -> None:
+    from tasks.register import ModelNotFoundError, translate_stream
+
+    config, _, _ = setup
+    uri = "models:/no-such-model@champion"
+    with pytest.raises(ModelNotFoundError, match="models:/no-such-model@champion"):
+        translate_stream(
+            uri, io.StringIO("hello\n"), io.StringIO(), tracking_uri=config.tracking_uri
+        )
+
+
+def test_missing_metric_is_a_clear_error(setup, tmp_path) -> None:
+    from tasks import register
+    from tasks.artifacts import StageError
+
+    config, inputs, _ = setup
+    score = run_stage(
+        "score",
+        tmp_path / "score",
+        {"x": 1},
+        {},
+        lambda tmp: (tmp / "scores.json").write_text(json.dumps({"chrf": 1.0})) and {},
+    )
+    with pytest.raises(StageError, match=r"scores\.json has no numeric 'bleu_sacre'"):
+        register.run(config.replace(workdir=str(tmp_path / "run")), {**inputs, "score": score})
+
+
+def test_decide_champion_rules() -> None:
+    from tasks.register import decide_champion
+
+    new = {
+        "bleu_sacre": 27.3,
+        "test_set": "newstest2014",
+        "test_variant": "full",
+        "signature": SIGNATURE,
+    }
+    same = {
+        "bleu_sacre": "27.3",
+        "test_set": "newstest2014",
+        "test_variant": "full",
+        "signature": SIGNATURE,
+    }
+    assert decide_champion("bleu_sacre", new, None)[0] is True
+    assert decide_champion("bleu_sacre", new, same)[0] is False  # a tie keeps the champion
+    assert decide_champion("bleu_sacre", new, {**same, "bleu_sacre": "27.2"})[0] is True
+    took, why = decide_champion("bleu_sacre", new, {**same, "signature": "other"})
+    assert not took and "protocol differs" in why
+    took, why = decide_champion("bleu_sacre", new, {**same, "bleu_sacre": "1.0", "pair": "en-fr"})
+    assert not took and "protocol differs" in why
+    # A metric's own signature wins over the generic one: tokenized BLEU has its own protocol.
+    tok_new = {**new, "bleu_tok_compound": 28.0, "bleu_tok_compound_signature": "pretok:moses-de|a"}
+    tok_old = {
+        **same,
+        "bleu_tok_compound": "27.0",
+        "bleu_tok_compound_signature": "pretok:moses-de|b",
+    }
+    took, why = decide_champion("bleu_tok_compound", tok_new, tok_old)
+    assert not took and "pretok:moses-de|b" in why
+    tok_old["bleu_tok_compound_signature"] = "pretok:moses-de|a"
+    assert decide_champion("bleu_tok_compound", tok_new, tok_old)[0] is True
+    took, why = decide_champion(
+        "bleu_sacre", new, {k: v for k, v in same.items() if k != "bleu_sacre"}
+    )
+    assert not took and "no bleu_sacre tag" in why
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
+    """`mlflow models serve` (local env) on the registered model: {"inputs": [...]} -> predictions."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from tasks import translate
+
+    config, inputs, root = setup
+    config = config.replace(
+        workdir=str(tmp_path / "run"), register=RegisterConfig(model_name="served-translator")
+    )
+    record = _register(config, inputs, tmp_path, bleu=1.0)
+    expected = translate.translate_texts(
+        inputs["average"], inputs["tokenizer"], TEXTS, config.decode
+    )
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri}
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log_file:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "models",
+                "serve",
+                "-m",
+                record["model_uri"],
+                "--env-manager",
+                "local",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-w",
+                "1",
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert server.poll() is None, log_path.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline, (
+                    "server did not start: " + log_path.read_text()[-3000:]
+                )
+                time.sleep(1)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps({"inputs": TEXTS}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+        assert answer["predictions"] == expected
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
