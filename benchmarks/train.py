@@ -1,0 +1,256 @@
+"""Training throughput: the Ray Train loop (1 worker) against a plain single-process PyTorch loop.
+
+Both train the same model from the same seed on the same token-budget batches of synthetic
+shards (random ids, lengths 8..64), with the same accumulation; both count real (non-pad) source
+plus target tokens and skip their first steps (warm-up). The Ray path is
+``tasks.train_loop.train_loop_per_worker`` under ``TorchTrainer`` (DDP is not wrapped with one
+worker), timed by the loop itself over its logging intervals; target: >= 90% of the plain loop.
+With CUDA: bf16 autocast, tokens/s per GPU and model-FLOPs utilisation (MFU) for base and big.
+
+    python benchmarks/train.py                       # debug on CPU (or base,big with CUDA)
+    python benchmarks/train.py --sizes base --steps 40 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import report, vocab_for  # noqa: E402
+
+from tasks.train_loop import BatchStream, TokenData, accumulation_steps  # noqa: E402
+from transformer_core import presets  # noqa: E402
+from transformer_core.loss import label_smoothed_nll  # noqa: E402
+from transformer_core.model import Transformer, count_parameters  # noqa: E402
+from transformer_core.schedule import learning_rate, make_optimizer  # noqa: E402
+
+SEED = 1234
+# Dense bf16 peak FLOP/s by device name (vendor datasheets, no sparsity).
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+def write_shards(folder: Path, rows: int, vocab: int, seed: int = 0) -> None:
+    """``train/`` and ``dev/`` Parquet parts of random ids (lengths 8..64, ending with EOS)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", rows), ("dev", max(rows // 50, 8))):
+        (folder / split).mkdir(parents=True)
+        src = [
+            np.r_[rng.integers(4, vocab, int(k) - 1), 3].tolist() for k in rng.integers(8, 65, n)
+        ]
+        tgt = [
+            np.r_[rng.integers(4, vocab, int(k) - 1), 3].tolist() for k in rng.integers(8, 65, n)
+        ]
+        table = pa.table(
+            {
+                "src_ids": pa.array(src, type=pa.list_(pa.int32())),
+                "tgt_ids": pa.array(tgt, type=pa.list_(pa.int32())),
+                "src_len": pa.array([len(r) for r in src], type=pa.int32()),
+                "tgt_len": pa.array([len(r) for r in tgt], type=pa.int32()),
+            }
+        )
+        pq.write_table(table, folder / split / "part-00000.parquet")
+
+
+def train_settings(args: argparse.Namespace, warm: int) -> dict:
+    """A ``TrainConfig``-shaped dict: no evaluation or checkpoint before the last step."""
+    from tasks.config import TrainConfig, to_dict
+
+    return to_dict(
+        TrainConfig(
+            steps=args.steps,
+            tokens_per_step=args.tokens_per_step,
+            max_tokens_per_batch=args.max_tokens,
+            warmup_steps=4000,
+            num_workers=1,
+            use_gpu=torch.cuda.is_available(),
+            cpus_per_worker=float(os.cpu_count() or 1),
+            eval_every=args.steps,
+            checkpoint_every=0,
+            checkpoint_minutes=0.0,
+            log_every=warm,
+        )
+    )
+
+
+def ray_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, warm: int) -> dict:
+    """tokens/s as measured by the Ray Train loop itself (after its first logging interval)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from tasks.config import to_dict
+    from tasks.train_loop import train_loop_per_worker
+
+    with tempfile.TemporaryDirectory() as storage:
+        tc = train_settings(args, warm)
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={
+                "model": to_dict(presets.get(size)),
+                "train": tc,
+                "seed": SEED,
+                "vocab_size": vocab,
+                "shard_dir": str(shard_dir),
+                "run_dir": f"{storage}/bench",
+                "tracking_uri": None,
+                "mlflow_run_id": None,
+            },
+            scaling_config=ray.train.ScalingConfig(
+                num_workers=1,
+                use_gpu=tc["use_gpu"],
+                resources_per_worker={
+                    "CPU": tc["cpus_per_worker"],
+                    **({"GPU": 1} if tc["use_gpu"] else {}),
+                },
+            ),
+            run_config=ray.train.RunConfig(name="bench", storage_path=storage),
+        )
+        summary = trainer.fit().return_value
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "seconds": summary["timed_seconds"],
+        "threads": summary["torch_threads"],
+    }
+
+
+def plain_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, warm: int) -> dict:
+    """The same steps in one process: no Ray, no DDP, no checkpoints, no logging."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mc = presets.get(size)
+    data = TokenData.read(str(shard_dir / "train"), vocab)
+    torch.manual_seed(SEED)
+    model = Transformer(mc, vocab).to(device).train()
+    optimizer = make_optimizer(model)
+    accum = accumulation_steps(args.tokens_per_step, 1, args.max_tokens)
+    stream = BatchStream(data, args.max_tokens, SEED)
+    src_lens, tgt_lens = data.src_lens, data.tgt_lens
+    autocast = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        if device.type == "cuda"
+        else contextlib.nullcontext
+    )
+    tokens, started = 0, None
+    for step in range(1, args.steps + 1):
+        if step == warm + 1:
+            _sync(device)
+            started, tokens = time.perf_counter(), 0
+        batches = stream.take(accum)
+        targets = int(sum(tgt_lens[b].sum() for b in batches))
+        tokens += targets + int(sum(src_lens[b].sum() for b in batches))
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, mc.d_model, 4000)
+        for rows in batches:
+            src, tgt_in, tgt_out = (t.to(device) for t in data.batch(rows, mc.pad_id, mc.bos_id))
+            with autocast():
+                logits = model(src, tgt_in)
+            loss, _, _ = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
+            (loss / targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    seconds = time.perf_counter() - started
+    return {
+        "tokens_per_s": tokens / seconds,
+        "seconds": seconds,
+        "params": count_parameters(model),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def flops_per_token(size: str, vocab: int, mean_len: float) -> float:
+    """Training FLOPs per real token (source and target alike, both about ``mean_len`` long):
+    6 x the matmul weights a token passes through, plus attention scores and sums."""
+    mc = presets.get(size)
+    d, ff, n = mc.d_model, mc.d_ff, mc.n_layers
+    enc = n * (4 * d * d + 2 * d * ff)  # self-attention projections + FFN, per source token
+    dec = n * (8 * d * d + 2 * d * ff) + d * vocab  # + cross-attention and the output layer
+    attn = n * (2 * d * mean_len) * 2  # QK^T and AV: encoder self, decoder self + cross (avg)
+    return 6 * ((enc + dec) / 2 + attn)
+
+
+def peak_flops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0)
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="base,big" if cuda else "debug")
+    parser.add_argument("--steps", type=int, default=30 if cuda else 16)
+    parser.add_argument("--warm", type=int, default=0, help="untimed first steps (default steps/4)")
+    parser.add_argument("--max-tokens", type=int, default=8192 if cuda else 2048)
+    parser.add_argument("--tokens-per-step", type=int, default=25_000 if cuda else 4096)
+    parser.add_argument("--rows", type=int, default=40_000 if cuda else 4_000)
+    parser.add_argument("--repeats", type=int, default=1 if cuda else 3, help="best of N")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    warm = args.warm or max(args.steps // 4, 2)
+
+    import ray
+
+    ray.init(include_dashboard=False, logging_level="WARNING")
+    rows = []
+    try:
+        for size in args.sizes.split(","):
+            vocab = vocab_for(size)
+            with tempfile.TemporaryDirectory() as tmp:
+                write_shards(Path(tmp), args.rows, vocab)
+                # Interleaved repeats, best of each: other load on the machine only slows a run.
+                plains, rays = [], []
+                for _ in range(args.repeats):
+                    plains.append(plain_loop(size, Path(tmp), vocab, args, warm))
+                    if cuda:
+                        torch.cuda.empty_cache()
+                    rays.append(ray_loop(size, Path(tmp), vocab, args, warm))
+                plain = max(plains, key=lambda r: r["tokens_per_s"])
+                via_ray = max(rays, key=lambda r: r["tokens_per_s"])
+            fpt = flops_per_token(size, vocab, mean_len=36.0)
+            peak = peak_flops()
+            for path, r in (("plain", plain), ("ray_train", via_ray)):
+                rows.append(
+                    {
+                        "size": size,
+                        "device": "cuda bf16" if cuda else f"cpu fp32 x{r['threads']}",
+                        "path": path,
+                        "params_M": plain["params"] / 1e6,
+                        "tokens_per_s": r["tokens_per_s"],
+                        "tokens_per_s_per_gpu": r["tokens_per_s"] if cuda else None,
+                        "mfu": r["tokens_per_s"] * fpt / peak if peak else None,
+                        "vs_plain": r["tokens_per_s"] / plain["tokens_per_s"],
+                        "timed_s": r["seconds"],
+                    }
+                )
+    finally:
+        ray.shutdown()
+    report(
+        f"Training throughput (best of {args.repeats}), {args.steps} steps ({warm} untimed), "
+        f"{args.tokens_per_step} tokens/step, {args.max_tokens} tokens/micro-batch",
+        rows,
+        args.json,
+    )
+    if not math.isfinite(rows[-1]["vs_plain"]):
+        raise SystemExit("no timing")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""Test-wide settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """One intra-op thread: on small shared CI machines torch's default thread pool is several
+    times slower than one thread, and tests check behaviour, not speed."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
+def pytest_configure(config):
+    # Progress bars are for people at a terminal.
+    os.environ.setdefault("TQDM_DISABLE", "1")

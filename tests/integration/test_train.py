@@ -1,0 +1,320 @@
+"""The train and average stages on real Ray Train (2 CPU workers) and MLflow (SQLite).
+
+The data is a tiny reversal task (vocabulary 20) written as real stage folders, so manifests
+and fingerprints are real. ``make_inputs`` and ``tiny_config`` are shared with
+test_train_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.artifacts import StageError, read_manifest, run_stage
+from tasks.config import RunConfig, config_from_dict
+
+pytestmark = pytest.mark.integration
+
+VOCAB = 20
+
+
+def make_tokenizer(root: Path) -> Path:
+    """A character sentencepiece model with exactly VOCAB pieces (4 specials + 16 letters)."""
+    import sentencepiece as spm
+
+    letters = "abcdefghijklmnop"
+
+    def build(tmp: Path) -> dict:
+        rng = np.random.default_rng(0)
+        lines = ["".join(rng.choice(list(letters), size=12)) for _ in range(200)] + [letters]
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines),
+            model_prefix=str(tmp / "spm"),
+            vocab_size=VOCAB,
+            model_type="char",
+            add_dummy_prefix=False,
+            character_coverage=1.0,
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            num_threads=1,
+            minloglevel=2,
+        )
+        return {}
+
+    return run_stage("tokenizer", root / "tokenizer", {"test": "char", "vocab": VOCAB}, {}, build)
+
+
+def write_split(folder: Path, n: int, seed: int, parts: int) -> None:
+    """Rows of a reversal task: src = pieces + EOS, tgt = reversed pieces + EOS."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        pieces = rng.integers(4, VOCAB, size=int(rng.integers(2, 9))).tolist()
+        src.append(pieces + [3])
+        tgt.append(pieces[::-1] + [3])
+    folder.mkdir(parents=True)
+    bounds = np.linspace(0, n, parts + 1).astype(int)
+    for i in range(parts):
+        a, b = bounds[i], bounds[i + 1]
+        table = pa.table(
+            {
+                "src_ids": pa.array(src[a:b], type=pa.list_(pa.int32())),
+                "tgt_ids": pa.array(tgt[a:b], type=pa.list_(pa.int32())),
+                "src_len": pa.array([len(r) for r in src[a:b]], type=pa.int32()),
+                "tgt_len": pa.array([len(r) for r in tgt[a:b]], type=pa.int32()),
+            }
+        )
+        pq.write_table(table, folder / f"part-{i:05d}.parquet")
+
+
+def make_shards(root: Path, n_train: int = 384, n_dev: int = 48, stats: dict | None = None) -> Path:
+    """A shard stage folder with train (2 parts) and dev (1 part)."""
+
+    def build(tmp: Path) -> dict:
+        write_split(tmp / "train", n_train, seed=1, parts=2)
+        write_split(tmp / "dev", n_dev, seed=2, parts=1)
+        return {"vocab_size": VOCAB} if stats is None else stats
+
+    cfg = {"test": "reverse", "n": n_train, "stats": stats}
+    return run_stage("shard", root / "shard", cfg, {}, build)
+
+
+def make_inputs(root: Path) -> dict[str, Path]:
+    """Tokenizer and shard stage folders under ``root``."""
+    return {"shard": make_shards(root), "tokenizer": make_tokenizer(root)}
+
+
+def tiny_config(root: Path, mlflow_root: Path | None = None, **train: object) -> RunConfig:
+    """The debug model on 2 CPU workers, a few steps, everything logged; MLflow (SQLite) in
+    ``mlflow_root`` (default ``root``)."""
+    import mlflow
+
+    mlflow_root = mlflow_root or root
+    uri = f"sqlite:///{mlflow_root / 'mlflow.db'}"
+    # Created here so MLflow's artifacts land in tmp, not in the working directory.
+    client = mlflow.tracking.MlflowClient(uri)
+    if client.get_experiment_by_name("transformer") is None:
+        client.create_experiment("transformer", artifact_location=str(mlflow_root / "mlartifacts"))
+    settings = {
+        "steps": 24,
+        "tokens_per_step": 256,
+        "max_tokens_per_batch": 128,
+        "warmup_steps": 8,
+        "lr_scale": 0.5,
+        "num_workers": 2,
+        "cpus_per_worker": 0.5,
+        "eval_every": 8,
+        "checkpoint_every": 6,
+        "checkpoint_minutes": 0.0,
+        "keep_checkpoints": 20,
+        "max_failures": 0,
+        "log_every": 1,
+        **train,
+    }
+    return config_from_dict(
+        {
+            "name": "tiny",
+            "workdir": str(root),
+            "seed": 7,
+            "model": {"preset": "debug"},
+            "tokenizer": {"vocab_size": VOCAB},
+            "train": settings,
+            "mlflow": {"tracking_uri": uri},
+        }
+    )
+
+
+def metric_history(config: RunConfig, run_id: str, key: str) -> dict[int, float]:
+    """``{step: value}`` of one MLflow metric (the last value logged for a step wins)."""
+    from mlflow.tracking import MlflowClient
+
+    history = MlflowClient(config.tracking_uri).get_metric_history(run_id, key)
+    out: dict[int, float] = {}
+    for m in sorted(history, key=lambda m: m.timestamp):
+        out[m.step] = m.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trained(ray_local, tmp_path_factory):
+    from tasks import train
+
+    root = tmp_path_factory.mktemp("train")
+    inputs = make_inputs(root)
+    config = tiny_config(root)
+    out = train.run(config, inputs)
+    return config, inputs, out
+
+
+def test_two_workers_learn_and_log_to_mlflow(trained):
+    from mlflow.tracking import MlflowClient
+
+    from transformer_core import checkpoint
+
+    config, _, out = trained
+    manifest = read_manifest(out)
+    stats = manifest["stats"]
+    assert stats["world_size"] == 2 and stats["complete"] and stats["step"] == 24
+
+    losses = metric_history(config, stats["mlflow_run_id"], "loss")
+    assert sorted(losses) == list(range(1, 25))
+    first, last = (
+        np.mean([losses[s] for s in (1, 2, 3)]),
+        np.mean([losses[s] for s in (22, 23, 24)]),
+    )
+    assert last < first - 0.3, (first, last)
+    val = metric_history(config, stats["mlflow_run_id"], "val_loss")
+    assert sorted(val) == [8, 16, 24] and val[24] < val[8]
+
+    run = MlflowClient(config.tracking_uri).get_run(stats["mlflow_run_id"])
+    params = run.data.params
+    assert params["train.num_workers"] == "2"
+    assert params["model.d_model"] == "64"
+    assert params["world_size"] == "2"
+    assert int(params["n_parameters"]) > 0
+    for key in ("lr", "ppl", "grad_norm", "tokens_per_s", "memory_gb"):
+        assert key in run.data.metrics, key
+
+    listing = json.loads((out / "checkpoints.json").read_text())["checkpoints"]
+    assert [c["step"] for c in listing] == [6, 12, 18, 24]
+    times = [c["time"] for c in listing]
+    assert times == sorted(times)
+    for c in listing:
+        data = checkpoint.load(out / c["path"])
+        assert data["vocab_size"] == VOCAB and data["step"] == c["step"]
+    final = checkpoint.load_model(out / "final" / "model.pt")
+    last_ckpt = checkpoint.load(out / listing[-1]["path"])["model"]
+    for k, v in final.state_dict().items():
+        assert np.array_equal(v.numpy(), last_ckpt[k].numpy()), k
+    assert (out / "learning_curve.png").stat().st_size > 0
+
+
+def test_up_to_date_stage_is_skipped(trained):
+    from tasks import train
+
+    config, inputs, out = trained
+    before = read_manifest(out)["started"]
+    assert train.run(config, inputs) == out
+    assert read_manifest(out)["started"] == before
+
+
+def test_average_stage_means_the_last_checkpoints(trained):
+    import torch
+
+    from tasks import average
+    from transformer_core import checkpoint
+
+    config, _, train_out = trained
+    config = config.replace(average=config.average.__class__(last=3, spacing="step"))
+    out = average.run(config, {"train": train_out})
+    manifest = read_manifest(out)
+    assert manifest["stats"]["steps"] == [12, 18, 24]
+    averaged = checkpoint.load(out / "model.pt")
+    sources = [
+        checkpoint.load(train_out / f"checkpoints/step-{s:09d}/model.pt") for s in (12, 18, 24)
+    ]
+    for key, value in averaged["model"].items():
+        expected = torch.stack([s["model"][key].float() for s in sources]).mean(0)
+        torch.testing.assert_close(value.float(), expected)
+    model = checkpoint.load_model(out / "model.pt")  # what translate and register read
+    assert model.src_vocab_size == VOCAB
+
+
+def test_average_with_too_few_checkpoints_warns(trained):
+    from tasks import average
+
+    config, _, train_out = trained
+    config = config.replace(average=config.average.__class__(last=50, spacing="step"))
+    out = average.run(config, {"train": train_out})
+    stats = read_manifest(out)["stats"]
+    assert stats["count"] == 4 and stats["requested"] == 50 and "warning" in stats
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_missing_shards_error(ray_local, tmp_path):
+    from tasks import train
+
+    inputs = make_inputs(tmp_path)
+    for f in (inputs["shard"] / "train").iterdir():
+        f.unlink()
+    with pytest.raises(StageError, match="train has no part-"):
+        train.run(tiny_config(tmp_path), inputs)
+
+
+def test_missing_input_folder_error(ray_local, tmp_path):
+    from tasks import train
+
+    inputs = {"shard": tmp_path / "nope", "tokenizer": make_tokenizer(tmp_path)}
+    with pytest.raises(StageError, match="'shard' is missing"):
+        train.run(tiny_config(tmp_path), inputs)
+
+
+def test_empty_shards_error(ray_local, tmp_path):
+    from tasks import train
+
+    def build(tmp: Path) -> dict:
+        write_split(tmp / "train", 0, seed=1, parts=1)
+        write_split(tmp / "dev", 4, seed=2, parts=1)
+        return {}
+
+    shard = run_stage("shard", tmp_path / "shard", {"empty": True}, {}, build)
+    inputs = {"shard": shard, "tokenizer": make_tokenizer(tmp_path)}
+    with pytest.raises(StageError, match="0 rows"):
+        train.run(tiny_config(tmp_path), inputs)
+
+
+def test_vocabulary_mismatch_errors(ray_local, tmp_path):
+    from tasks import train
+
+    inputs = make_inputs(tmp_path)
+    config = tiny_config(tmp_path)
+    wrong = config.replace(tokenizer=config.tokenizer.__class__(vocab_size=32))
+    with pytest.raises(StageError, match="tokenizer.vocab_size"):
+        train.run(wrong, inputs)
+    other = tmp_path / "other"
+    inputs["shard"] = make_shards(other, stats={"vocab_size": 37})
+    with pytest.raises(StageError, match="vocab_size 37"):
+        train.run(config, inputs)
+
+
+def test_gpu_requested_without_gpu_errors(ray_local, tmp_path):
+    import ray
+
+    from tasks import train
+
+    if ray.cluster_resources().get("GPU", 0):
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(StageError, match="train.use_gpu"):
+        train.run(tiny_config(tmp_path, use_gpu=True), make_inputs(tmp_path))
+
+
+def test_average_without_checkpoints_errors(tmp_path):
+    from tasks import average
+
+    def build(tmp: Path) -> dict:
+        (tmp / "checkpoints.json").write_text(json.dumps({"checkpoints": []}))
+        return {}
+
+    train_out = run_stage("train", tmp_path / "train", {"fake": True}, {}, build)
+    config = tiny_config(tmp_path)
+    with pytest.raises(StageError, match="no checkpoints"):
+        average.run(config, {"train": train_out})

@@ -1,0 +1,108 @@
+"""Resume is exact: after a worker failure (Ray Train restarts the workers), after a clean stop
+and after a crash, training continues at the next step with the next batch and ends with the
+weights and the loss trace of an uninterrupted run (CPU, same seed, dropout on)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_train import make_inputs, metric_history, tiny_config
+
+from tasks.artifacts import StageError, read_manifest
+from tasks.train_loop import FAIL_MARKER
+from transformer_core import checkpoint
+
+pytestmark = pytest.mark.integration
+
+STEPS = dict(steps=12, checkpoint_every=3, eval_every=6)
+TRACES = ("loss", "nll", "lr", "grad_norm", "epoch", "batch_index")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    """One MLflow database for the module (creating one costs seconds)."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+def traces(config, out) -> dict[str, dict[int, float]]:
+    run_id = read_manifest(out)["stats"]["mlflow_run_id"]
+    return {key: metric_history(config, run_id, key) for key in TRACES}
+
+
+def final_weights(out) -> dict[str, torch.Tensor]:
+    return checkpoint.load(out / "final" / "model.pt")["model"]
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+@pytest.fixture(scope="module")
+def baseline(ray_local, tracking, tmp_path_factory):
+    from tasks import train
+
+    root = tmp_path_factory.mktemp("baseline")
+    config = tiny_config(root, tracking, **STEPS)
+    out = train.run(config, make_inputs(root))
+    return traces(config, out), final_weights(out)
+
+
+def test_worker_failure_restarts_from_last_checkpoint(baseline, tracking, tmp_path):
+    from tasks import train
+
+    config = tiny_config(tmp_path, tracking, fail_at_step=8, max_failures=1, **STEPS)
+    out = train.run(config, make_inputs(tmp_path))
+    stats = read_manifest(out)["stats"]
+    assert stats["resumed_from_step"] == 6  # the restarted workers began at the step-6 checkpoint
+    assert any((tmp_path / "train_ray").rglob(FAIL_MARKER.format(step=8)))
+    assert_same_weights(final_weights(out), baseline[1])
+    assert traces(config, out) == baseline[0]
+
+
+def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_path):
+    from tasks import train
+
+    inputs = make_inputs(tmp_path)
+    stopped = tiny_config(tmp_path, tracking, stop_after=5, **STEPS)
+    out = train.run(stopped, inputs)
+    stats = read_manifest(out)["stats"]
+    assert stats["step"] == 5 and not stats["complete"]
+    listing = json.loads((out / "checkpoints.json").read_text())["checkpoints"]
+    assert [c["step"] for c in listing] == [3, 5]
+
+    config = tiny_config(tmp_path, tracking, **STEPS)  # the same run, without the stop
+    out = train.run(config, inputs)
+    stats = read_manifest(out)["stats"]
+    assert stats["resumed_from_step"] == 5 and stats["complete"] and stats["step"] == 12
+    trace = traces(config, out)
+    assert sorted(trace["loss"]) == list(range(1, 13))  # one MLflow run across both parts
+    assert trace == baseline[0]  # same losses and same data positions, step by step
+    assert_same_weights(final_weights(out), baseline[1])
+
+
+@pytest.mark.slow
+def test_crash_then_rerun_of_the_same_config_resumes(baseline, tracking, tmp_path):
+    from tasks import train
+
+    inputs = make_inputs(tmp_path)
+    config = tiny_config(tmp_path, tracking, fail_at_step=8, max_failures=0, **STEPS)
+    with pytest.raises(StageError, match="rerun the same config"):
+        train.run(config, inputs)
+    assert not (tmp_path / "train").exists()
+    out = train.run(config, inputs)  # the hook fires once per run folder
+    assert read_manifest(out)["stats"]["resumed_from_step"] == 6
+    assert_same_weights(final_weights(out), baseline[1])
+    assert traces(config, out) == baseline[0]
