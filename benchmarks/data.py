@@ -1,0 +1,251 @@
+"""Data pipeline throughput: clean + encode + write (Ray Data) against raw sentencepiece encoding.
+
+The real WMT14 sample (../shared/data/wmt14_ende_sample) is replicated to ``--pairs`` pairs
+(each replica numbered, so deduplication keeps them), a tokenizer is trained on the sample once,
+then the clean and shard stages run and are timed. In the same run, on the same cores,
+``SentencePieceProcessor.encode`` encodes the same sentences with all threads: the pipeline
+should keep at least half of that speed.
+
+    python benchmarks/data.py --pairs 100000          # quick
+    python benchmarks/data.py --json data.json        # 1M pairs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT.parent / "shared" / "data" / "wmt14_ende_sample"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tasks import clean, shard, tokenizer  # noqa: E402
+from tasks.artifacts import read_manifest, run_stage  # noqa: E402
+from tasks.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
+
+
+def replicate(src: Path, dst: Path, pairs: int) -> None:
+    """``pairs`` lines from ``src``, cycled; replica k > 0 gets " k" appended."""
+    lines = src.read_text(encoding="utf-8").splitlines()
+    with open(dst, "w", encoding="utf-8") as out:
+        for i in range(pairs):
+            k, j = divmod(i, len(lines))
+            out.write(lines[j] + (f" {k}" if k else "") + "\n")
+
+
+class PeakMemory:
+    """Peak resident memory of the driver and, sampled every 0.2 s, of all Ray processes together."""
+
+    def __init__(self) -> None:
+        self.ray_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.2):
+            total = 0
+            for proc in psutil.process_iter(["name", "cmdline"]):
+                try:
+                    cmd = " ".join(proc.info["cmdline"] or [])
+                    if (
+                        proc.info["name"].startswith("ray::")
+                        or "ray/_private/workers" in cmd
+                        or "raylet" in cmd
+                    ):
+                        total += proc.memory_info().rss
+                except (psutil.Error, AttributeError):
+                    continue
+            self.ray_peak = max(self.ray_peak, total)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def driver_peak() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def raw_encode(texts_file: list[Path], model: Path, threads: int) -> tuple[float, int]:
+    """Seconds to encode every line of the files with sentencepiece on ``threads`` threads."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    seconds, tokens = 0.0, 0
+    for path in texts_file:
+        with open(path, encoding="utf-8") as f:
+            while chunk := [line.rstrip("\n") for _, line in zip(range(200_000), f, strict=False)]:
+                start = time.perf_counter()
+                ids = sp.encode(chunk, num_threads=threads)
+                seconds += time.perf_counter() - start
+                tokens += sum(map(len, ids))
+    return seconds, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=1_000_000)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--cpus", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--actors", type=int, default=None, help="encoding actors (default: --cpus)"
+    )
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if not (SAMPLE / "train.en").is_file():
+        sys.exit(f"{SAMPLE} is absent: this benchmark needs the WMT14 sample")
+
+    import ray
+
+    from tasks.runtime import ensure_ray
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-data-"))
+    actors = args.actors or args.cpus
+    config = RunConfig(
+        name="bench",
+        workdir=str(work),
+        clean=CleanConfig(batch_size=4096),
+        tokenizer=TokenizerConfig(vocab_size=args.vocab, sample_size=100_000, threads=args.cpus),
+        shard=ShardConfig(
+            rows_per_shard=200_000,
+            num_actors=actors,
+            batch_size=4096,
+            cpus_per_actor=max(0.25, (args.cpus - 1) / actors),
+        ),
+        ray=RayConfig(num_cpus=args.cpus),
+    )
+
+    def write_download(tmp: Path) -> dict:
+        (tmp / "train").mkdir()
+        for lang in ("en", "de"):
+            replicate(SAMPLE / f"train.{lang}", tmp / "train" / f"sample.{lang}", args.pairs)
+            shutil.copyfile(SAMPLE / f"newstest2012.{lang}", tmp / f"dev.{lang}")
+            shutil.copyfile(SAMPLE / f"newstest2014.full.{lang}", tmp / f"test.{lang}")
+        return {}
+
+    def write_tok_input(
+        tmp: Path,
+    ) -> dict:  # the tokenizer learns from the sample, not the replicas
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        (tmp / "train").mkdir()
+        src = (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
+        tgt = (SAMPLE / "train.de").read_text(encoding="utf-8").splitlines()
+        pq.write_table(
+            pa.table(
+                {"src": [clean.normalize(s) for s in src], "tgt": [clean.normalize(t) for t in tgt]}
+            ),
+            tmp / "train" / "part-00000.parquet",
+        )
+        return {}
+
+    download = run_stage(
+        "download", work / "download", {"pairs": args.pairs}, {}, write_download, hash_files=False
+    )
+    tok_dir = tokenizer.run(
+        config, {"clean": run_stage("tok_input", work / "tok_input", {}, {}, write_tok_input)}
+    )
+    ensure_ray(config.ray)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        clean_dir = clean.run(config, {"download": download}, force=True)
+        clean_s = time.perf_counter() - start
+        start = time.perf_counter()
+        shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}, force=True)
+        shard_s = time.perf_counter() - start
+    ray.shutdown()
+
+    raw_s, raw_tokens = raw_encode(
+        [download / "train" / "sample.en", download / "train" / "sample.de"],
+        tok_dir / "spm.model",
+        args.cpus,
+    )
+    kept = read_manifest(clean_dir)["stats"]["kept"]
+    shard_stats = read_manifest(shard_dir)["stats"]["train"]
+    pipeline_pps = args.pairs / (clean_s + shard_s)
+    raw_pps = args.pairs / raw_s
+    rows = [
+        {
+            "what": "clean (Ray Data)",
+            "pairs": args.pairs,
+            "seconds": clean_s,
+            "pairs/s": args.pairs / clean_s,
+        },
+        {
+            "what": "shard: encode+write (Ray Data)",
+            "pairs": kept,
+            "seconds": shard_s,
+            "pairs/s": kept / shard_s,
+        },
+        {
+            "what": "pipeline clean+encode+write",
+            "pairs": args.pairs,
+            "seconds": clean_s + shard_s,
+            "pairs/s": pipeline_pps,
+        },
+        {
+            "what": f"raw sentencepiece encode ({args.cpus} threads)",
+            "pairs": args.pairs,
+            "seconds": raw_s,
+            "pairs/s": raw_pps,
+        },
+    ]
+    summary = {
+        "ratio_pipeline_to_raw": pipeline_pps / raw_pps,
+        "target": ">= 0.5",
+        "peak_driver_mb": PeakMemory.driver_peak() / 2**20,
+        "peak_ray_processes_mb": memory.ray_peak / 2**20,
+        "kept_pairs": kept,
+        "tokens": shard_stats["src_tokens"] + shard_stats["tgt_tokens"],
+        "raw_tokens": raw_tokens,
+        "cpus": args.cpus,
+        "encode_actors": actors,
+    }
+    title = f"Data pipeline throughput, {args.pairs:,} pairs (WMT14 sample replicated), vocab {args.vocab}"
+    try:
+        from common import report
+
+        report(
+            title,
+            rows
+            + [{"what": k, "pairs": "", "seconds": "", "pairs/s": v} for k, v in summary.items()],
+            args.json,
+        )
+    except ImportError:  # common.py needs torch; this benchmark does not
+        import json
+
+        print(f"\n{title}")
+        for row in rows:
+            print(
+                f"{row['what']:<44} {row['pairs']:>10,} pairs {row['seconds']:>8.1f} s {row['pairs/s']:>10,.0f} pairs/s"
+            )
+        for key, value in summary.items():
+            print(f"{key:<44} {value:.3g}" if isinstance(value, float) else f"{key:<44} {value}")
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps({"title": title, "rows": rows, "summary": summary}, indent=2) + "\n"
+            )
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Clean, tokenizer and shard through real Ray Data and sentencepiece, on tiny corpora made here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tasks import clean, shard, synthetic, tokenizer
+from tasks.artifacts import StageError, read_manifest, run_stage
+from tasks.config import CleanConfig, DataConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
+from transformer_core.config import EOS_ID
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    import ray
+
+    from tasks.runtime import ensure_ray
+
+    ensure_ray(RayConfig(num_cpus=2))
+    yield
+    ray.shutdown()
+
+
+def make_config(root: Path, **changes) -> RunConfig:
+    config = RunConfig(
+        name="t",
+        workdir=str(root),
+        data=DataConfig(synthetic_train=1500, synthetic_dev=60, synthetic_test=60),
+        clean=CleanConfig(batch_size=200, rows_per_file=700),
+        tokenizer=TokenizerConfig(vocab_size=400, sample_size=2000, threads=1),
+        shard=ShardConfig(rows_per_shard=500, num_actors=2, batch_size=128, cpus_per_actor=0.5),
+        ray=RayConfig(num_cpus=2),
+    )
+    return config.replace(**changes)
+
+
+def write_download(root: Path, train: dict[str, tuple[list[bytes], list[bytes]]],
+                   dev: tuple[list[str], list[str]], test: tuple[list[str], list[str]]) -> Path:
+    """The download stage's layout, written by hand, with a real manifest."""
+
+    def build(tmp: Path) -> dict:
+        (tmp / "train").mkdir()
+        for corpus, (src, tgt) in train.items():
+            (tmp / "train" / f"{corpus}.en").write_bytes(b"".join(line + b"\n" for line in src))
+            (tmp / "train" / f"{corpus}.de").write_bytes(b"".join(line + b"\n" for line in tgt))
+        for split, (src, tgt) in (("dev", dev), ("test", test)):
+            (tmp / f"{split}.en").write_text("".join(s + "\n" for s in src), encoding="utf-8")
+            (tmp / f"{split}.de").write_text("".join(s + "\n" for s in tgt), encoding="utf-8")
+        return {}
+
+    tag = json.dumps([sorted(train), len(dev[0])])
+    return run_stage("download", root / "download", {"hand": tag}, {}, build)
+
+
+def synthetic_download(config: RunConfig) -> Path:
+    return run_stage("download", config.root / "download", config.data, {},
+                     lambda tmp: synthetic.write_corpus(tmp, config))
+
+
+# ----------------------------------------------------------------------------- clean
+
+
+def test_clean_reports_every_filter_count(tmp_path):
+    config = make_config(tmp_path, clean=CleanConfig(batch_size=16, rows_per_file=50, max_len=12))
+    base_src = [f"sentence number {i} in english".encode() for i in range(100)]
+    base_tgt = [f"Satz Nummer {i} auf Deutsch".encode() for i in range(100)]
+    test_src = ["a test sentence that must not leak", "another test line here"]
+    test_tgt = ["ein Testsatz der nicht lecken darf", "noch eine Testzeile hier"]
+    planted = [
+        (b"", b"nur deutsch"),                                          # empty
+        (b"   \t ", b"leer nach Normalisierung"),                       # empty (whitespace only)
+        (b" ".join([b"w"] * 13), b" ".join([b"v"] * 13)),                 # too_long (max_len 12)
+        (b"one two three four five six", b"eins zwei"),                  # ratio
+        (b"Berlin Hamburg Bremen", b"Berlin Hamburg Bremen"),            # identical
+        (test_src[0].encode(), b"irgendein deutscher Satz steht genau hier"),  # contaminated (src)
+        (b"some english words", test_tgt[1].encode()),                   # contaminated (tgt)
+        (b"bad \xff\xfe bytes here", b"kaputte Bytes hier"),             # invalid_utf8
+        (base_src[3], base_tgt[3]),                                      # duplicate
+        (b"sentence  number 5 in\x00 english", b"Satz Nummer 5 auf Deutsch"),  # duplicate after normalisation
+    ]
+    src = base_src[:50] + [p[0] for p in planted] + base_src[50:]
+    tgt = base_tgt[:50] + [p[1] for p in planted] + base_tgt[50:]
+    other_src = [b"cafe\xcc\x81 au lait please", b"one more pair"]  # NFD input
+    other_tgt = [b"Milchkaffee bitte sehr", b"noch ein Paar"]
+    download = write_download(tmp_path, {"europarl": (src, tgt), "zz": (other_src, other_tgt)},
+                              (["dev one two", "dev three four"], ["dev eins zwei", "dev drei vier"]),
+                              (test_src, test_tgt))
+    out = clean.run(config, {"download": download})
+    stats = read_manifest(out)["stats"]
+    print("clean stats:", json.dumps(stats))
+    assert stats["input"] == 112
+    assert stats["dropped"] == {"invalid_utf8": 1, "empty": 2, "too_short": 0, "too_long": 1, "ratio": 1,
+                                "identical": 1, "contaminated": 2, "duplicate": 2}
+    assert stats["kept"] == 102
+    assert stats["corpora"] == {"europarl": 110, "zz": 2}
+    files = sorted((out / "train").glob("*.parquet"))
+    assert [f.name for f in files] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    table = pq.read_table(out / "train")
+    assert table.column_names == ["src", "tgt"]
+    rows = list(zip(table["src"].to_pylist(), table["tgt"].to_pylist(), strict=True))
+    # corpus order, then line order; the first of two duplicates is kept
+    assert rows[:50] == [(s.decode(), t.decode()) for s, t in zip(base_src[:50], base_tgt[:50], strict=True)]
+    assert rows[-2] == ("caf\u00e9 au lait please", "Milchkaffee bitte sehr")  # NFC
+    assert not any(test_src[0] in s for s, _ in rows)
+    assert (out / "test.en").read_text(encoding="utf-8").splitlines() == test_src
+
+
+def test_clean_fails_on_misaligned_corpus(tmp_path):
+    config = make_config(tmp_path)
+    download = write_download(tmp_path, {"commoncrawl": ([b"a b", b"c d", b"e f"], [b"x y", b"z w"])},
+                              (["d"], ["d"]), (["t"], ["t"]))
+    with pytest.raises(StageError, match=r"commoncrawl.*3 lines.*2"):
+        clean.run(config, {"download": download})
+    assert not (config.root / "clean").exists()
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_tokenizer_round_trips_and_is_deterministic(tmp_path, kind):
+    config = make_config(tmp_path, tokenizer=TokenizerConfig(kind=kind, vocab_size=300, sample_size=1500, threads=2))
+    pairs = synthetic.generate_pairs(800, 3)
+
+    def build(tmp: Path) -> dict:
+        (tmp / "train").mkdir()
+        import pyarrow as pa
+
+        pq.write_table(pa.table({"src": [p[0] for p in pairs], "tgt": [p[1] for p in pairs]}),
+                       tmp / "train" / "part-00000.parquet")
+        return {}
+
+    clean_dir = run_stage("clean", tmp_path / "clean", {"hand": True}, {}, build)
+    first = tokenizer.run(config, {"clean": clean_dir})
+    model_bytes = (first / "spm.model").read_bytes()
+    again = tokenizer.run(config, {"clean": clean_dir}, force=True)
+    assert (again / "spm.model").read_bytes() == model_bytes
+    tok = tokenizer.load(first)
+    assert tok.vocab_size == 300
+    assert read_manifest(first)["stats"]["sentences"] == 1500
+    texts = [s for p in pairs[:200] for s in p] + ["Die Straße ist müde, weil ich schlafe."]
+    for text in texts:
+        ids = tok.encode(text)
+        assert ids[-1] == EOS_ID and EOS_ID not in ids[:-1]
+        assert tok.decode(ids) == clean.normalize(text)
+    assert tok.decode([2] + tok.encode("Der Hund.") + [5, 6, 0]) == "Der Hund."
+    assert tok.encode_batch(texts[:3]) == [tok.encode(t) for t in texts[:3]]
+
+    too_big = config.replace(tokenizer=TokenizerConfig(kind=kind, vocab_size=60000, sample_size=1500))
+    with pytest.raises(StageError, match="tokenizer.vocab_size"):
+        tokenizer.run(too_big, {"clean": clean_dir})
+
+
+# ----------------------------------------------------------------------------- the chain
+
+
+def run_chain(config: RunConfig) -> dict[str, Path]:
+    download = synthetic_download(config)
+    clean_dir = clean.run(config, {"download": download})
+    tok_dir = tokenizer.run(config, {"clean": clean_dir})
+    shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir})
+    return {"download": download, "clean": clean_dir, "tokenizer": tok_dir, "shard": shard_dir}
+
+
+def started(folders: dict[str, Path]) -> dict[str, float]:
+    return {name: read_manifest(path)["started"] for name, path in folders.items()}
+
+
+def shard_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.parquet"))}
+
+
+def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
+    config = make_config(tmp_path / "a")
+    folders = run_chain(config)
+
+    shard_dir = folders["shard"]
+    files = shard_bytes(shard_dir)
+    train_files = [name for name in files if name.startswith("train/")]
+    stats = read_manifest(shard_dir)["stats"]
+    kept = read_manifest(folders["clean"])["stats"]["kept"]
+    assert stats["train"]["rows"] == kept
+    assert len(train_files) == -(-kept // 500) == stats["train"]["shards"]
+    assert train_files[0] == "train/part-00000.parquet"
+    assert {"dev/part-00000.parquet", "test/part-00000.parquet"} <= set(files)
+    assert (shard_dir / "lengths.png").stat().st_size > 0
+    assert stats["dev"]["rows"] == 60 and stats["test"]["rows"] == 60
+
+    table = pq.read_table(shard_dir / "train" / "part-00000.parquet")
+    assert table.schema.equals(shard.SHARD_SCHEMA)
+    assert pq.ParquetFile(shard_dir / "train" / "part-00000.parquet").metadata.num_rows == 500
+    clean_rows = pq.read_table(folders["clean"] / "train").slice(0, 500)
+    tok = tokenizer.load(folders["tokenizer"])
+    for i in (0, 1, 250, 499):
+        src_ids = table["src_ids"][i].as_py()
+        assert src_ids[-1] == EOS_ID and table["src_len"][i].as_py() == len(src_ids)
+        assert tok.decode(src_ids) == clean_rows["src"][i].as_py()
+        assert tok.decode(table["tgt_ids"][i].as_py()) == clean_rows["tgt"][i].as_py()
+    test_table = pq.read_table(shard_dir / "test")
+    test_lines = (folders["clean"] / "test.de").read_text(encoding="utf-8").splitlines()
+    assert [tok.decode(ids) for ids in test_table["tgt_ids"].to_pylist()] == test_lines
+
+    # a second run elsewhere gives the same bytes
+    other = run_chain(make_config(tmp_path / "b"))
+    assert shard_bytes(other["shard"]) == files
+    assert (other["tokenizer"] / "spm.model").read_bytes() == (folders["tokenizer"] / "spm.model").read_bytes()
+
+    # an unchanged config skips every stage
+    before = started(folders)
+    assert started(run_chain(config)) == before
+
+    # a new vocabulary size reruns tokenizer and shard, not clean
+    changed = config.replace(tokenizer=TokenizerConfig(vocab_size=350, sample_size=2000, threads=1))
+    after = started(run_chain(changed))
+    assert after["download"] == before["download"] and after["clean"] == before["clean"]
+    assert after["tokenizer"] != before["tokenizer"] and after["shard"] != before["shard"]
+    assert tokenizer.load(folders["tokenizer"]).vocab_size == 350

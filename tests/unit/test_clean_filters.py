@@ -1,0 +1,127 @@
+"""The clean stage's pure filters, one by one, with the counts they report (no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks import clean
+from tasks.config import CleanConfig
+
+
+def judge(pairs, config=CleanConfig(), contaminants=()):
+    table = clean.clean_lines([s.encode() if isinstance(s, str) else s for s, _ in pairs],
+                              [t.encode() if isinstance(t, str) else t for _, t in pairs],
+                              config, pa.array(list(contaminants), pa.string()))
+    reasons = table["reason"].to_numpy()
+    if config.dedup:
+        reasons = clean.mark_duplicates(reasons, table["hash"].to_numpy(), set())
+    return clean.count_reasons(reasons), table
+
+
+GOOD = ("the small dog sleeps", "der kleine Hund schläft")
+
+
+def test_normalize_nfc_controls_and_whitespace():
+    assert clean.normalize("cafe\u0301") == "caf\u00e9"
+    assert clean.normalize(" a\x00b\x7f\u200b c\t\td\u00a0e\r\n") == "ab c d e"
+    assert clean.normalize("\ufeffHallo") == "Hallo"
+
+
+def test_invalid_utf8_is_counted_and_dropped():
+    counts, table = judge([GOOD, (b"bad \xff bytes", "ok"), ("ok", b"\xc3\x28")])
+    assert counts["invalid_utf8"] == 2 and counts["kept"] == 1
+
+
+def test_empty():
+    counts, _ = judge([GOOD, ("", "nicht leer"), ("not empty", " \t "), ("\x00", "x")])
+    assert counts["empty"] == 3 and counts["kept"] == 1
+
+
+def test_length_limits():
+    config = CleanConfig(min_len=2, max_len=5)
+    counts, _ = judge([GOOD, ("one", "eins"), ("a b c d e f", "a b c d e f g")], config)
+    assert counts["too_short"] == 1 and counts["too_long"] == 1 and counts["kept"] == 1
+
+
+def test_ratio():
+    counts, _ = judge([GOOD, ("a b c d", "w x"), ("a b c", "x y")])  # 2.0 dropped, 1.5 kept
+    assert counts["ratio"] == 1 and counts["kept"] == 2
+    counts, _ = judge([("a b c d", "w x")], CleanConfig(max_ratio=2.0))
+    assert counts["ratio"] == 0
+
+
+def test_identical():
+    counts, _ = judge([GOOD, ("Berlin Paris", "Berlin Paris")])
+    assert counts["identical"] == 1
+    counts, _ = judge([("Berlin Paris", "Berlin Paris")], CleanConfig(drop_identical=False))
+    assert counts["identical"] == 0
+
+
+def test_duplicates_after_normalisation_keep_the_first():
+    counts, table = judge([GOOD, ("the  small dog sleeps", "der kleine Hund schläft "), GOOD, ("x y", "z w")])
+    assert counts["duplicate"] == 2 and counts["kept"] == 2
+    counts, _ = judge([GOOD, GOOD], CleanConfig(dedup=False))
+    assert counts["duplicate"] == 0
+
+
+def test_duplicates_across_batches_share_the_seen_set():
+    seen: set[int] = set()
+    for expected in (0, 1):
+        table = clean.clean_lines([GOOD[0].encode()], [GOOD[1].encode()], CleanConfig())
+        reasons = clean.mark_duplicates(table["reason"].to_numpy(), table["hash"].to_numpy(), seen)
+        assert clean.count_reasons(reasons)["duplicate"] == expected
+
+
+def test_decontamination_on_either_side():
+    contaminants = ["a planted test sentence", "ein Testsatz"]
+    counts, _ = judge([GOOD, ("a planted test sentence", "irgendwas ganz anderes hier"), ("some other text", "ein Testsatz")],
+                      contaminants=contaminants)
+    assert counts["contaminated"] == 2 and counts["kept"] == 1
+
+
+def test_first_filter_wins_and_dropped_rows_carry_no_text():
+    counts, table = judge([("", ""), ("a b c d e f", "a b c d e f")])
+    assert counts["empty"] == 1 and counts["identical"] == 1
+    assert table["src"].to_pylist() == ["", ""]
+    assert sum(counts.values()) == 2
+
+
+def test_hash_is_stable_and_pairwise():
+    a = clean.pair_hashes(pa.array(["x", "x y"]), pa.array(["y z", "z"]))
+    b = clean.pair_hashes(pa.array(["x", "x y"]), pa.array(["y z", "z"]))
+    assert np.array_equal(a, b) and a[0] != a[1]
+
+
+@pytest.mark.parametrize("trailing_newline", [True, False])
+def test_line_index_and_ranges(tmp_path, trailing_newline):
+    lines = [f"line {i}".encode() for i in range(10)] + [b"", "ümlaut".encode()]
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"\n".join(lines) + (b"\n" if trailing_newline else b""))
+    starts, n = clean.line_index(path, every=4)
+    assert n == 12 and len(starts) == 3
+    ends = starts[1:] + [path.stat().st_size]
+    got = [line for s, e in zip(starts, ends, strict=True) for line in clean.read_lines(str(path), s, e)]
+    assert got == lines
+
+
+def test_line_index_empty_and_exact_multiple(tmp_path):
+    empty = tmp_path / "e.txt"
+    empty.write_bytes(b"")
+    assert clean.line_index(empty, 3) == ([], 0)
+    exact = tmp_path / "x.txt"
+    exact.write_bytes(b"a\nb\nc\n")
+    assert clean.line_index(exact, 3) == ([0], 3)
+
+
+def test_shard_writer_splits_files(tmp_path):
+    import pyarrow.parquet as pq
+
+    writer = clean.ParquetShardWriter(tmp_path, clean.TRAIN_SCHEMA, rows_per_file=3)
+    writer.write(pa.table({"src": ["a", "b"], "tgt": ["x", "y"]}))
+    writer.write(pa.table({"src": ["c", "d", "e"], "tgt": ["z", "w", "v"]}))
+    files = writer.close()
+    assert [f.name for f in files] == ["part-00000.parquet", "part-00001.parquet"]
+    assert [pq.read_metadata(f).num_rows for f in files] == [3, 2]
+    assert pq.read_table(tmp_path)["src"].to_pylist() == ["a", "b", "c", "d", "e"]
