@@ -20,3 +20,6 @@ def _one_torch_thread():
 def pytest_configure(config):
     # Progress bars are for people at a terminal.
     os.environ.setdefault("TQDM_DISABLE", "1")
+    # Prefect's telemetry service writes to the test harness's SQLite database from a background
+    # task; it has nothing to report from a test and only adds "database is locked" noise.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -1,0 +1,178 @@
+"""The whole WMT14 flow on a tiny synthetic config, under Prefect's test harness.
+
+One module-scoped first run, then reruns that check skipping, ``--force``, a deleted artifact
+folder and a failing stage. Real Ray, real Prefect, real MLflow (SQLite), real sentencepiece.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+WMT14_STAGES = ["download", "clean", "tokenizer", "shard", "train", "average", "translate", "score", "register"]
+
+
+def tiny_config(workdir: Path, **overrides) -> dict:
+    config = {
+        "name": "flowtest",
+        "seed": 7,
+        "workdir": str(workdir / "{name}"),
+        "data": {"source": "synthetic", "synthetic_train": 400, "synthetic_dev": 30, "synthetic_test": 30},
+        "tokenizer": {"kind": "bpe", "vocab_size": 300, "sample_size": 1000, "threads": 1},
+        "shard": {"rows_per_shard": 200, "num_actors": 1, "cpus_per_actor": 0.5},
+        "model": {"preset": "debug", "n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2},
+        "train": {
+            "steps": 6,
+            "tokens_per_step": 1024,
+            "max_tokens_per_batch": 1024,
+            "warmup_steps": 4,
+            "eval_every": 3,
+            "checkpoint_every": 2,
+            "checkpoint_minutes": 0,
+            "log_every": 1,
+            "cpus_per_worker": 0.5,
+        },
+        "average": {"last": 2},
+        "decode": {"beam_size": 2, "max_len_offset": 5},
+        "register": {"model_name": "flowtest"},
+        "ray": {"num_cpus": 2},
+    }
+    for dotted, value in overrides.items():
+        node = config
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return config
+
+
+def write_config(path: Path, config: dict) -> str:
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from tasks.config import RayConfig
+    from tasks.runtime import ensure_ray
+
+    ensure_ray(RayConfig(num_cpus=2))
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, harness, ray_local):
+    from pipelines.flows import wmt14_flow
+
+    workdir = tmp_path_factory.mktemp("flow")
+    path = write_config(workdir / "tiny.yaml", tiny_config(workdir))
+    outcomes = wmt14_flow(config_path=path)
+    return workdir, path, outcomes
+
+
+def ran(outcomes) -> list[str]:
+    return [o.name for o in outcomes if o.ran]
+
+
+def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(first_run):
+    from mlflow import MlflowClient
+
+    from tasks.config import load_config
+
+    workdir, path, outcomes = first_run
+    assert [o.name for o in outcomes] == WMT14_STAGES
+    assert ran(outcomes) == WMT14_STAGES
+    config = load_config(path)
+    for name in WMT14_STAGES:
+        assert (config.root / name / "manifest.json").is_file(), name
+
+    client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.mlflow.experiment)
+    runs = client.search_runs([experiment.experiment_id], max_results=200)
+    parents = [r for r in runs if r.data.tags.get("pipeline") == "wmt14"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.tags["prefect.flow_run_id"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["stage"] for r in children) == sorted(WMT14_STAGES)
+    train_child = next(r for r in children if r.data.tags["stage"] == "train")
+    assert train_child.data.tags.get("fingerprint")
+    champion = client.get_model_version_by_alias("flowtest", "champion")
+    assert str(champion.version) == "1"
+
+
+def test_second_run_skips_every_stage(first_run):
+    from pipelines.flows import wmt14_flow
+
+    _, path, _ = first_run
+    outcomes = wmt14_flow(config_path=path)
+    assert ran(outcomes) == []
+
+
+def test_status_reports_every_stage_up_to_date(first_run):
+    from tasks import stages
+    from tasks.config import load_config
+
+    _, path, _ = first_run
+    rows = stages.status(load_config(path))
+    assert [name for name, _ in rows] == WMT14_STAGES
+    assert all(st.up_to_date for _, st in rows), rows
+
+
+def test_force_shard_reruns_shard_and_everything_after_it(first_run):
+    from pipelines.flows import wmt14_flow
+
+    _, path, _ = first_run
+    outcomes = wmt14_flow(config_path=path, force=["shard"])
+    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("shard"):]
+
+
+def test_deleted_tokenizer_folder_reruns_tokenizer_and_after(first_run):
+    from pipelines.flows import wmt14_flow
+    from tasks import stages
+    from tasks.config import load_config
+
+    _, path, _ = first_run
+    config = load_config(path)
+    shutil.rmtree(config.root / "tokenizer")
+    status = dict(stages.status(config))
+    assert status["tokenizer"].state == "missing"
+    assert status["clean"].up_to_date and not status["shard"].up_to_date
+    outcomes = wmt14_flow(config_path=path)
+    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("tokenizer"):]
+
+
+def test_failing_stage_stops_the_flow_and_a_fixed_rerun_continues_there(first_run):
+    from pipelines.flows import wmt14_flow
+
+    workdir, path, _ = first_run
+    bad = write_config(
+        workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8, "average.last": 50, "average.spacing": "sideways"})
+    )
+    from tasks.config import ConfigError
+
+    with pytest.raises(ConfigError, match="average.spacing"):
+        wmt14_flow(config_path=bad)
+    # A value that passes validation but makes one stage fail: training on a missing GPU.
+    bad = write_config(workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8, "train.use_gpu": True}))
+    with pytest.raises(Exception, match="GPU"):
+        wmt14_flow(config_path=bad)
+    good = write_config(workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8}))
+    outcomes = wmt14_flow(config_path=good)
+    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("train"):]
