@@ -70,7 +70,7 @@ def _print_summary(config, outcomes) -> None:
     if reg:
         print("registry: " + json.dumps(reg.get("stats", {})))
     print(f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {config.tracking_uri} --host 127.0.0.1")
-    print(f"or:         {PROG} ui <config> --start")
+    print(f"Both UIs:   {PROG} ui <config> --start   (MLflow and Prefect, bound to 127.0.0.1)")
 
 
 def cmd_stage(args: argparse.Namespace) -> int:

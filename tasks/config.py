@@ -489,7 +489,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
             raise ConfigError(where, f"{value!r} must have {len(args)} items")
-        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(where, f"{value!r} must be true or false")
