@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tasks.artifacts import StageError
 from tasks.config import ConfigError
@@ -22,18 +23,23 @@ def _prefect_env(config_root: Path | None = None) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
 
 
-def _load(path: str, overrides: list[str] | None = None):
-    from tasks.config import load_config
+def _overrides(items: list[str] | None) -> dict[str, Any]:
+    """``--set key.path=value`` pairs; values are parsed as YAML (numbers, booleans, lists)."""
+    import yaml
 
-    parsed = {}
-    for item in overrides or []:
+    parsed: dict[str, Any] = {}
+    for item in items or []:
         if "=" not in item:
             raise ConfigError(item, "an override must look like key.path=value")
         key, value = item.split("=", 1)
-        import yaml
-
         parsed[key] = yaml.safe_load(value)
-    return load_config(path, parsed)
+    return parsed
+
+
+def _load(path: str, overrides: list[str] | None = None):
+    from tasks.config import load_config
+
+    return load_config(path, _overrides(overrides))
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -49,7 +55,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.flows import flow_for
 
     flow = flow_for(config)
-    outcomes = flow(config_path=str(Path(args.config).resolve()), force=list(args.force or []))
+    outcomes = flow(
+        config_path=str(Path(args.config).resolve()),
+        force=list(args.force or []),
+        overrides=_overrides(args.set),
+    )
     _print_summary(config, outcomes)
     return 0
 

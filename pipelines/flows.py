@@ -126,23 +126,29 @@ def run_pipeline(
 
 
 @flow(name="wmt14")
-def wmt14_flow(config_path: str, force: list[str] | None = None) -> list[StageOutcome]:
+def wmt14_flow(
+    config_path: str, force: list[str] | None = None, overrides: dict[str, Any] | None = None
+) -> list[StageOutcome]:
     """download -> clean -> tokenizer -> shard -> train -> average -> translate -> score -> register."""
-    config = load_config(config_path)
+    config = load_config(config_path, overrides)
     return run_pipeline(config, tuple(force or ()))
 
 
 @flow(name="parsing")
-def parsing_flow(config_path: str, force: list[str] | None = None) -> list[StageOutcome]:
+def parsing_flow(
+    config_path: str, force: list[str] | None = None, overrides: dict[str, Any] | None = None
+) -> list[StageOutcome]:
     """treebank -> linearize -> tokenizer -> shard -> train -> average -> translate -> parse_score."""
-    config = load_config(config_path)
+    config = load_config(config_path, overrides)
     return run_pipeline(config, tuple(force or ()))
 
 
 @flow(name="stage")
-def stage_flow(config_path: str, stage: str, force: bool = False) -> list[StageOutcome]:
+def stage_flow(
+    config_path: str, stage: str, force: bool = False, overrides: dict[str, Any] | None = None
+) -> list[StageOutcome]:
     """Run one stage by name (for deployments that rerun a single stage)."""
-    config = load_config(config_path)
+    config = load_config(config_path, overrides)
     stages.spec(config, stage)  # unknown names fail before anything starts
     return run_pipeline(config, (stage,) if force else (), only=(stage,))
 
