@@ -176,3 +176,36 @@ def test_failing_stage_stops_the_flow_and_a_fixed_rerun_continues_there(first_ru
     good = write_config(workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8}))
     outcomes = wmt14_flow(config_path=good)
     assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("train"):]
+
+
+def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path, harness):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from pipelines.deploy import deploy
+    from tasks.config import load_config
+
+    path = write_config(tmp_path / "tiny.yaml", tiny_config(tmp_path))
+    config = load_config(path)
+
+    async def create_pool():
+        async with get_client() as client:
+            await client.create_work_pool(WorkPoolCreate(name="transformer-test", type="process"))
+
+    asyncio.run(create_pool())
+    flow_id = deploy(Path(path), config, cron="0 3 * * 1", work_pool="transformer-test")
+    stage_id = deploy(Path(path), config, cron=None, work_pool="transformer-test", stage="translate")
+
+    async def read(deployment_id):
+        async with get_client() as client:
+            return await client.read_deployment(deployment_id)
+
+    flow_dep = asyncio.run(read(flow_id))
+    assert flow_dep.entrypoint == "pipelines/flows.py:wmt14_flow"
+    assert flow_dep.parameters == {"config_path": path}
+    assert [s.schedule.cron for s in flow_dep.schedules] == ["0 3 * * 1"]
+    stage_dep = asyncio.run(read(stage_id))
+    assert stage_dep.entrypoint == "pipelines/flows.py:stage_flow"
+    assert stage_dep.parameters["stage"] == "translate" and stage_dep.parameters["force"] is True
