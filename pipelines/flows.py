@@ -57,6 +57,10 @@ def _log_stage_outcome(path: Path) -> None:
     }
     if metrics:
         mlflow.log_metrics({k.replace("/", "_")[:250]: v for k, v in metrics.items()})
+    # The manifest and the stage's plots (length histograms, learning curves, BLEU by length).
+    for artifact in [path / "manifest.json", *sorted(path.glob("*.png"))]:
+        if artifact.is_file():
+            mlflow.log_artifact(str(artifact), artifact_path=path.name)
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)

@@ -113,6 +113,9 @@ def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(firs
     assert sorted(r.data.tags["stage"] for r in children) == sorted(WMT14_STAGES)
     train_child = next(r for r in children if r.data.tags["stage"] == "train")
     assert train_child.data.tags.get("fingerprint")
+    shard_child = next(r for r in children if r.data.tags["stage"] == "shard")
+    logged = {a.path for a in client.list_artifacts(shard_child.info.run_id, "shard")}
+    assert {"shard/manifest.json", "shard/lengths.png"} <= logged
     champion = client.get_model_version_by_alias("flowtest", "champion")
     assert str(champion.version) == "1"
 
