@@ -1,0 +1,175 @@
+"""Constituency parsing on the NLTK WSJ sample within a CPU time budget (paper section 6.3).
+
+Runs the real parsing stages (``tasks.stages.run_one``: treebank -> linearize -> tokenizer ->
+shard -> train -> average -> translate -> parse_score) with ``configs/ptb_sample.yaml`` plus
+overrides: 3,501 training trees (wsj_0001-0169), 176 dev, 237 test (wsj_0181-0199). Training
+is bounded by ``--steps`` and by ``--minutes``: a short first run (``train.stop_after``) measures
+the step time, then the same run resumes up to the number of steps that fit in the budget.
+Decoding is the paper's (beam 21, alpha 0.3, input + 300) unless ``--beam`` says otherwise.
+
+The paper's 91.3 F1 comes from 40k trees, a 4-layer d_model 1024 model and hours on GPUs;
+minutes of CPU on 9% of the data give far less, and this benchmark says how much.
+
+    python benchmarks/parsing.py                           # 15 minutes of training
+    python benchmarks/parsing.py --minutes 5 --json benchmarks/results/parsing.json
+    python benchmarks/parsing.py --steps 200 --beam 4 --set model.n_layers=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+from common import report  # noqa: E402
+
+DATA_STAGES = ("treebank", "linearize", "tokenizer", "shard")
+MODEL_STAGES = ("train", "average", "translate", "parse_score")
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """``key.path=value`` pairs; values are read as YAML (``3`` is an int, ``true`` a bool)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected key.path=value")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def stats(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())["stats"]
+
+
+def timed(config, name: str) -> tuple[Path, float]:
+    from tasks import stages
+
+    started = time.perf_counter()
+    path = stages.run_one(config, name)
+    return path, time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=str(ROOT / "configs" / "ptb_sample.yaml"))
+    parser.add_argument("--minutes", type=float, default=15.0, help="training time budget")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="most training steps (default: the config's)"
+    )
+    parser.add_argument("--calibrate", type=int, default=100, help="steps of the timing run")
+    parser.add_argument(
+        "--beam", type=int, default=None, help="beam width (default: the config's, 21)"
+    )
+    parser.add_argument("--workdir", default=str(ROOT / "runs" / "bench_parsing"))
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any config override, e.g. model.d_model=256 (repeatable)",
+    )
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from tasks.config import load_config
+
+    torch.set_num_threads(1)  # the driver only plans; the Ray workers do the work
+    overrides = {"workdir": args.workdir, **parse_overrides(args.set)}
+    if args.steps is not None:
+        overrides["train.steps"] = args.steps
+    if args.beam is not None:
+        overrides["parsing.beam_size"] = args.beam
+    config = load_config(args.config, overrides)
+    root = config.root
+    # The data stages are reused when up to date; training always starts afresh (a timing).
+    for name in (*MODEL_STAGES, "train_ray"):
+        shutil.rmtree(root / name, ignore_errors=True)
+
+    seconds: dict[str, float] = {}
+    for name in DATA_STAGES:
+        _, seconds[name] = timed(config, name)
+    tb = stats(root / "treebank")
+    print(f"trees: train {tb['train_trees']}, dev {tb['dev_trees']}, test {tb['test_trees']}")
+
+    # 1. a short run to time a step (Ray start-up and the first evaluation included: a safe side)
+    tc = config.train
+    calib = min(args.calibrate, tc.steps)
+    budget = 60 * args.minutes
+    train_dir, seconds["train_timing_run"] = timed(
+        config.replace(train=dataclasses.replace(tc, stop_after=calib)), "train"
+    )
+    loop = stats(train_dir)["loop_seconds"]
+    per_step = loop / calib
+    startup = seconds["train_timing_run"] - loop  # Ray Train start-up, paid again on resume
+    fit = calib + int((budget - seconds["train_timing_run"] - startup) / per_step)
+    steps = max(calib, min(tc.steps, fit))
+    print(
+        f"{per_step:.2f} s/step over {calib} steps: training {steps} steps "
+        f"(budget {args.minutes:g} min, cap {tc.steps})"
+    )
+
+    # 2. the same run resumed to `steps`; checkpoints in the last tenth are averaged.
+    last = config.average.last
+    every = max(1, math.ceil(steps / (10 * last)))
+    final = config.replace(
+        train=dataclasses.replace(
+            tc,
+            steps=steps,
+            checkpoint_every=every,
+            keep_checkpoints=max(tc.keep_checkpoints, last),
+        )
+    )
+    train_dir, seconds["train"] = timed(final, "train")
+    for name in ("average", "translate", "parse_score"):
+        _, seconds[name] = timed(final, name)
+
+    tr = stats(train_dir)
+    tl = stats(root / "translate")
+    sc = json.loads((root / "parse_score" / "scores.json").read_text())
+    train_wall = seconds["train_timing_run"] + seconds["train"]
+    rows = [
+        {
+            "train_trees": tb["train_trees"],
+            "test_trees": tb["test_trees"],
+            "params": tr.get("n_parameters"),
+            "steps": tr["step"],
+            "train_min": round(train_wall / 60, 2),
+            "tokens_per_s": tr.get("tokens_per_s"),
+            "val_loss": tr.get("val_loss"),
+            "beam": tl["decode"]["beam_size"],
+            "decode_s": tl["decode_seconds"],
+            "f1": sc["f1"],
+            "precision": sc["precision"],
+            "recall": sc["recall"],
+            "exact_match": sc["exact_match"],
+            "tagging_acc": sc["tagging_accuracy"],
+            "f1_le40": sc["f1_le40"],
+            "length_errors": sc["length_errors"],
+            "repaired": sc["repaired_sentences"],
+        }
+    ]
+    report(
+        f"Parsing on the NLTK WSJ sample (EVALB COLLINS.prm; paper, WSJ 02-21 -> 23: 91.3 F1); "
+        f"model d_model={config.model.d_model} n_layers={config.model.n_layers}, "
+        f"vocab {config.tokenizer.vocab_size}; stage seconds "
+        + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()),
+        rows,
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""The whole parsing flow on a tiny treebank made by the test, under Prefect's test harness.
+
+treebank -> linearize -> tokenizer -> shard -> train -> average -> translate -> parse_score, with
+real Ray, real Prefect, real MLflow (SQLite) and real sentencepiece, on ~40 small trees written
+as PTB ``.mrg`` files (empty root bracket, function tags, a ``-NONE-`` trace). The model is far
+too small and too briefly trained to parse: the test checks that every stage runs and hands its
+output on, not the F1.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+PARSING_STAGES = [
+    "treebank", "linearize", "tokenizer", "shard", "train", "average", "translate", "parse_score",
+]  # fmt: skip
+
+NOUNS = [("dog", "NN"), ("cat", "NN"), ("bird", "NN"), ("children", "NNS"), ("stocks", "NNS")]
+NAMES = ["John", "Mary", "Smith"]
+ADJECTIVES = ["big", "old", "red"]
+VERBS = ["saw", "liked", "bought"]
+INTRANSITIVE = ["slept", "fell", "rose"]
+PREPOSITIONS = ["on", "near", "with"]
+
+
+def noun_phrase(rng: random.Random, label: str = "NP") -> str:
+    """A determiner-(adjective)-noun phrase or a proper name."""
+    if rng.random() < 0.3:
+        return f"({label} (NNP {rng.choice(NAMES)}))"
+    word, tag = rng.choice(NOUNS)
+    adjective = f" (JJ {rng.choice(ADJECTIVES)})" if rng.random() < 0.4 else ""
+    return f"({label} (DT the){adjective} ({tag} {word}))"
+
+
+def sentence(rng: random.Random) -> str:
+    """One .mrg tree: ``( (S (NP-SBJ ...) (VP ...) (. .)) )`` from one of four templates."""
+    subject = noun_phrase(rng, "NP-SBJ")
+    kind = rng.randrange(4)
+    if kind == 0:
+        vp = f"(VP (VBD {rng.choice(INTRANSITIVE)}))"
+    elif kind == 1:
+        vp = f"(VP (VBD {rng.choice(VERBS)}) {noun_phrase(rng)})"
+    elif kind == 2:
+        pp = f"(PP-LOC (IN {rng.choice(PREPOSITIONS)}) {noun_phrase(rng)})"
+        vp = f"(VP (VBD {rng.choice(VERBS)}) {noun_phrase(rng)} {pp})"
+    else:  # a relative clause with a trace that cleaning removes
+        rel = f"(SBAR (WHNP-1 (WDT that)) (S (NP-SBJ (-NONE- *T*-1)) (VP (VBD {rng.choice(INTRANSITIVE)}))))"
+        vp = f"(VP (VBD {rng.choice(VERBS)}) (NP (NP (DT the) (NN dog)) {rel}))"
+    return f"( (S {subject}\n    {vp}\n    (. .)) )\n"
+
+
+def write_treebank(folder: Path, seed: int = 3) -> dict[str, int]:
+    """``wsj_0001..0004.mrg`` train (8 trees each), ``wsj_0005`` dev (4), ``wsj_0006`` test (6)."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True)
+    counts = {
+        "wsj_0001": 8,
+        "wsj_0002": 8,
+        "wsj_0003": 8,
+        "wsj_0004": 8,
+        "wsj_0005": 4,
+        "wsj_0006": 6,
+    }
+    for stem, n in counts.items():
+        (folder / f"{stem}.mrg").write_text("".join(sentence(rng) for _ in range(n)))
+    return {"train": 32, "dev": 4, "test": 6}
+
+
+def tiny_config(workdir: Path, treebank_dir: Path) -> dict:
+    return {
+        "name": "parseflow",
+        "seed": 7,
+        "workdir": str(workdir / "{name}"),
+        "data": {"source": "treebank", "pair": "words-tree"},
+        "parsing": {
+            "treebank_dir": str(treebank_dir),
+            "train_files": ["wsj_000[1-4].mrg"],
+            "dev_files": ["wsj_0005.mrg"],
+            "test_files": ["wsj_0006.mrg"],
+            "form": "t2t",
+            # Small on purpose (the paper: 21, 0.3, +300): an untrained model rarely stops.
+            "beam_size": 2,
+            "alpha": 0.3,
+            "max_len_offset": 8,
+        },
+        "tokenizer": {"kind": "bpe", "vocab_size": 80, "sample_size": 1000, "threads": 1},
+        "shard": {"rows_per_shard": 100, "num_actors": 1, "cpus_per_actor": 0.5},
+        "model": {"preset": "debug", "n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2},
+        "train": {
+            "steps": 6,
+            "tokens_per_step": 1024,
+            "max_tokens_per_batch": 1024,
+            "warmup_steps": 4,
+            "eval_every": 3,
+            "checkpoint_every": 2,
+            "checkpoint_minutes": 0,
+            "log_every": 1,
+            "cpus_per_worker": 0.5,
+        },
+        "average": {"last": 2},
+        # These must not apply: the parsing pipeline decodes with parsing.beam_size and co.
+        "decode": {"beam_size": 5, "alpha": 0.6, "max_len_offset": 50},
+        "mlflow": {"experiment": "parsing-test"},
+        "ray": {"num_cpus": 2},
+    }
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from tasks.config import RayConfig
+    from tasks.runtime import ensure_ray
+
+    ensure_ray(RayConfig(num_cpus=2))
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, harness, ray_local):
+    from pipelines.flows import parsing_flow
+
+    workdir = tmp_path_factory.mktemp("parsing")
+    sizes = write_treebank(workdir / "treebank")
+    path = workdir / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(workdir, workdir / "treebank")))
+    outcomes = parsing_flow(config_path=str(path))
+    return workdir, str(path), sizes, outcomes
+
+
+def ran(outcomes) -> list[str]:
+    return [o.name for o in outcomes if o.ran]
+
+
+def stats(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())["stats"]
+
+
+def test_every_stage_runs_and_hands_its_output_on(first_run):
+    from tasks.config import load_config
+
+    _, path, sizes, outcomes = first_run
+    assert [o.name for o in outcomes] == PARSING_STAGES
+    assert ran(outcomes) == PARSING_STAGES
+    root = load_config(path).root
+    for name in PARSING_STAGES:
+        assert (root / name / "manifest.json").is_file(), name
+
+    tb = stats(root / "treebank")
+    assert (tb["train_trees"], tb["dev_trees"], tb["test_trees"]) == (
+        sizes["train"], sizes["dev"], sizes["test"],
+    )  # fmt: skip
+    # Cleaning: no trace, function tag or index survives into the training targets.
+    import pyarrow.parquet as pq
+
+    targets = pq.read_table(root / "linearize" / "train" / "part-00000.parquet").column("tgt")
+    assert targets[0].as_py().startswith("S NP")
+    assert not any("-NONE-" in t or "NP-SBJ" in t or "WHNP-1" in t for t in targets.to_pylist())
+
+    assert stats(root / "shard")["vocab_size"] == stats(root / "train")["vocab_size"] == 80
+    assert stats(root / "train")["step"] == 6
+    # The parsing decoding settings, not the translation ones.
+    decode = stats(root / "translate")["decode"]
+    assert (decode["beam_size"], decode["alpha"], decode["max_len_offset"]) == (2, 0.3, 8)
+    hyps = (root / "translate" / "hyp.tree").read_text().split("\n")[:-1]
+    assert len(hyps) == sizes["test"]
+
+    scores = json.loads((root / "parse_score" / "scores.json").read_text())
+    assert 0.0 <= scores["f1"] <= 100.0
+    assert scores["sentences"] == sizes["test"]
+    assert scores["form"] == "t2t"
+    # Repair makes every prediction a tree over exactly its sentence's words.
+    from tasks.treebank import read_trees
+
+    repaired = list(read_trees(root / "parse_score" / "repaired.trees"))
+    gold = list(read_trees(root / "linearize" / "gold.trees"))
+    assert [t.words() for t in repaired] == [t.words() for t in gold]
+
+
+def test_mlflow_holds_the_parse_f1_in_the_parse_score_child_run(first_run):
+    from mlflow import MlflowClient
+
+    from tasks.config import load_config
+
+    _, path, _, _ = first_run
+    config = load_config(path)
+    assert config.tracking_uri.startswith("sqlite:///") and str(config.root) in config.tracking_uri
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    experiment = client.get_experiment_by_name("parsing-test")
+    runs = client.search_runs([experiment.experiment_id], max_results=200)
+    parents = [r for r in runs if r.data.tags.get("pipeline") == "parsing"]
+    assert len(parents) == 1
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(r.data.tags["stage"] for r in children) == sorted(PARSING_STAGES)
+    score_run = next(r for r in children if r.data.tags["stage"] == "parse_score")
+    scores = json.loads((config.root / "parse_score" / "scores.json").read_text())
+    metrics = score_run.data.metrics
+    assert metrics["parse_f1"] == pytest.approx(scores["f1"])
+    assert metrics["parse_precision"] == pytest.approx(scores["precision"])
+    assert metrics["parse_recall"] == pytest.approx(scores["recall"])
+    assert "parse_repaired_sentences" in metrics
+
+
+def test_second_run_skips_every_stage(first_run):
+    from pipelines.flows import parsing_flow
+
+    _, path, _, _ = first_run
+    outcomes = parsing_flow(config_path=path)
+    assert [o.name for o in outcomes] == PARSING_STAGES
+    assert ran(outcomes) == []
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_shipped_parsing_configs_hold_the_papers_settings():
+    from tasks.config import load_config
+    from tasks.stages import pipeline_name
+    from tasks.translate import decode_config
+    from transformer_core import presets
+
+    wsj = load_config(CONFIGS / "wsj_parsing.yaml")
+    semi = load_config(CONFIGS / "wsj_parsing_semi.yaml")
+    sample = load_config(CONFIGS / "ptb_sample.yaml")
+    for config in (wsj, semi, sample):
+        assert pipeline_name(config) == "parsing" and config.data.pair == "words-tree"
+        decode = decode_config(config)
+        assert (decode.beam_size, decode.alpha, decode.max_len_offset) == (21, 0.3, 300)
+    for config in (wsj, semi):
+        assert config.model == presets.parsing()
+        assert (config.model.n_layers, config.model.d_model) == (4, 1024)
+        assert config.parsing.test_files == ("23/*.mrg",) and config.parsing.dev_files == (
+            "22/*.mrg",
+        )
+    assert (wsj.tokenizer.vocab_size, semi.tokenizer.vocab_size) == (16000, 32000)
+    assert wsj.parsing.silver_corpus is None and semi.parsing.silver_corpus
+    assert semi.train.steps > wsj.train.steps
+    # The sample's longest target (~740 pieces) must fit the model.
+    assert sample.model.max_len >= 1024 and not sample.train.use_gpu
+
+
+@pytest.mark.skipif(
+    not (CONFIGS.parent.parent / "shared" / "data" / "ptb_sample" / "combined").is_dir(),
+    reason="the NLTK WSJ sample (shared/data/ptb_sample) is absent",
+)
+def test_ptb_sample_config_splits_the_sample_by_file(tmp_path, monkeypatch):
+    from tasks import treebank
+    from tasks.config import load_config
+
+    monkeypatch.chdir(CONFIGS.parent)  # treebank_dir is relative to the repo root
+    config = load_config(CONFIGS / "ptb_sample.yaml", {"workdir": str(tmp_path / "run")})
+    got = stats(treebank.run(config))
+    assert (got["train_files"], got["dev_files"], got["test_files"]) == (169, 11, 19)
+    assert (got["train_trees"], got["dev_trees"], got["test_trees"]) == (3501, 176, 237)
