@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # One line per HTTP call to the Prefect API buries the stage log.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return args.func(args)
     except ConfigError as exc:
