@@ -48,6 +48,10 @@ TRAIN_SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 _CONTROL = r"[\x{0}-\x{8}\x{E}-\x{1F}\x{7F}-\x{84}\x{86}-\x{9F}\x{FEFF}\x{200B}]"
 # ASCII whitespace, vertical tab, NEL and every Unicode space separator (NBSP, U+2028, ...): one space.
 _SPACE = r"[\s\x{B}\x{85}\p{Z}]+"
+# The lines _SPACE changes: a run of two or more of its characters, or one that is not " ".
+# ([\t-\r] is \s and \x{B} less " "; [^\PZ ] is \p{Z} less " ".) Matching is ~10x cheaper than
+# replacing every single space, and most lines have nothing to collapse.
+_SPACE_TO_FIX = r"[\t-\r\x{85}\p{Z}]{2,}|[\t-\r\x{85}]|[^\PZ ]"
 
 
 # ----------------------------------------------------------------------------- pure filters
@@ -63,7 +67,11 @@ def normalize_array(texts: pa.Array) -> pa.Array:
         pa.string(),
     )
     texts = pc.replace_substring_regex(texts, _CONTROL, "")
-    texts = pc.replace_substring_regex(texts, _SPACE, " ")
+    fix = pc.fill_null(pc.match_substring_regex(texts, _SPACE_TO_FIX), False)
+    rows = np.flatnonzero(fix.to_numpy(zero_copy_only=False))
+    if len(rows):  # the same replacement, on the lines it changes only
+        fixed = pc.replace_substring_regex(texts.take(pa.array(rows)), _SPACE, " ")
+        texts = pc.replace_with_mask(texts, fix, fixed)
     return pc.utf8_trim(texts, " ")
 
 
@@ -136,7 +144,9 @@ def pair_hashes(src: pa.Array, tgt: pa.Array) -> np.ndarray:
 
     # Normalised text holds no tab, so "src\ttgt" identifies the pair.
     joined = pc.binary_join_element_wise(src, tgt, "\t")
-    return pd.util.hash_array(joined.to_numpy(zero_copy_only=False))
+    # categorize=False: the same values as the default (which hashes the unique strings and maps
+    # them back), without the factorization, five times faster on mostly unique pairs.
+    return pd.util.hash_array(joined.to_numpy(zero_copy_only=False), categorize=False)
 
 
 def clean_lines(

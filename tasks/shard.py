@@ -1,6 +1,7 @@
 """Stage 4, shard: encode the clean corpus with the tokenizer into Parquet shards, through Ray Data.
 
-Encoding runs in an actor pool (``shard.num_actors`` actors, each loads the sentencepiece model
+Encoding runs in Ray tasks that each read a range of the clean row groups and encode it
+(at most ``shard.num_actors`` at a time; each worker process loads the sentencepiece model
 once). The ordered output streams back to the driver, which writes ``rows_per_shard`` rows per
 file with pyarrow: Ray Data's own writer names and sizes files by task, so byte-identical reruns
 are easiest to guarantee this way, and the driver holds one batch at a time, never the corpus.
@@ -28,7 +29,7 @@ from transformer_core.config import EOS_ID
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SHARD_SCHEMA", "encode_column", "encode_table", "Encoder", "shard_corpus", "stage_config", "run"]
+__all__ = ["SHARD_SCHEMA", "encode_column", "encode_table", "shard_corpus", "stage_config", "run"]
 
 # Parquet names a list's item "element"; using that name here too makes the schema read back equal.
 _IDS = pa.list_(pa.field("element", pa.int32()))
@@ -59,18 +60,6 @@ def encode_table(sp: Any, table: pa.Table) -> pa.Table:
     src_ids, src_len = encode_column(sp, table.column("src").to_pylist())
     tgt_ids, tgt_len = encode_column(sp, table.column("tgt").to_pylist())
     return pa.Table.from_arrays([src_ids, tgt_ids, pa.array(src_len), pa.array(tgt_len)], schema=SHARD_SCHEMA)
-
-
-class Encoder:
-    """Ray Data actor: loads the tokenizer once, then encodes batches of (src, tgt)."""
-
-    def __init__(self, model_file: str):
-        from tasks.tokenizer import Tokenizer
-
-        self.sp = Tokenizer(Path(model_file)).sp
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        return encode_table(self.sp, batch)
 
 
 class _Lengths:
@@ -105,38 +94,89 @@ class _Lengths:
         }
 
 
-def _actor_cpus(requested: float, num_actors: int) -> float:
-    """CPUs per actor, lowered when the actors would leave no whole CPU for the read tasks.
+# One sentencepiece model per worker process, keyed by the model's bytes: a Ray worker runs many
+# encode tasks (and a rerun of the tokenizer stage may put a new model at the same path).
+_MODELS: dict[str, Any] = {}
 
-    Actors that hold every CPU starve Ray Data's read tasks and the job hangs forever (measured
-    on 2 cores: 2 actors x 0.75 CPU).
+
+def _processor(model_file: str) -> Any:
+    import hashlib
+
+    data = Path(model_file).read_bytes()
+    key = hashlib.sha256(data).hexdigest()
+    sp = _MODELS.get(key)
+    if sp is None:
+        from tasks.tokenizer import Tokenizer
+
+        _MODELS.clear()
+        sp = _MODELS[key] = Tokenizer(Path(model_file)).sp
+    return sp
+
+
+def _train_ranges(files: list[Path], rows_per_task: int) -> list[dict[str, Any]]:
+    """Consecutive row groups of the clean files, about ``rows_per_task`` rows a range, in order."""
+    import pyarrow.parquet as pq
+
+    items: list[dict[str, Any]] = []
+    for path in files:
+        meta = pq.ParquetFile(path).metadata
+        groups: list[int] = []
+        rows = 0
+        for g in range(meta.num_row_groups):
+            groups.append(g)
+            rows += meta.row_group(g).num_rows
+            if rows >= rows_per_task:
+                items.append({"path": str(path), "groups": groups, "rows": rows})
+                groups, rows = [], 0
+        if groups:
+            items.append({"path": str(path), "groups": groups, "rows": rows})
+    return items
+
+
+def _encode_ranges(batch: Mapping[str, np.ndarray], model_file: str) -> pa.Table:
+    """Ray Data batch function: read each range of clean row groups and encode it."""
+    import pyarrow.parquet as pq
+
+    sp = _processor(model_file)
+    tables = []
+    for i in range(len(batch["path"])):
+        groups = [int(g) for g in batch["groups"][i]]
+        table = pq.ParquetFile(str(batch["path"][i])).read_row_groups(groups, columns=["src", "tgt"])
+        if table.num_rows != int(batch["rows"][i]):  # pragma: no cover - file changed
+            raise StageError(f"shard: {batch['path'][i]} changed while it was being read")
+        tables.append(encode_table(sp, table))
+    return pa.concat_tables(tables)
+
+
+def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> Iterator[pa.Table]:
+    """Encode the clean training files in Ray tasks; the shard rows in input order, batch by batch.
+
+    One task reads and encodes a range of consecutive row groups (about 16k rows): reading is
+    fused with encoding, so nothing but encoded rows crosses the object store, and tasks run on
+    already-started workers (no actor start-up), each loading the model once per process.
+    ``num_actors`` bounds the tasks in flight and ``cpus_per_actor`` is what each one reserves.
     """
     import ray
 
-    total = float(ray.cluster_resources().get("CPU", 0.0))
-    if total > 1 and num_actors * requested > total - 1:
-        capped = (total - 1) / num_actors
-        log.warning("shard: %d actors x %.2f CPU would starve the readers on %g CPUs; using %.2f CPU each",
-                    num_actors, requested, total, capped)
-        return capped
-    return requested
-
-
-def _encode(ds: Any, model_file: Path, config: ShardConfig, num_actors: int) -> Iterator[pa.Table]:
-    """Encode a (src, tgt) dataset in an actor pool; the shard rows in input order, batch by batch."""
-    import ray
-
+    rows_per_task = config.batch_size * max(1, 16384 // config.batch_size)
+    items = _train_ranges(files, rows_per_task)
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
-        Encoder,
-        fn_constructor_kwargs={"model_file": str(model_file)},
-        compute=ray.data.ActorPoolStrategy(size=num_actors),
-        batch_size=config.batch_size,
-        batch_format="pyarrow",
-        num_cpus=_actor_cpus(config.cpus_per_actor, num_actors),
+        _encode_ranges,
+        batch_size=1,
+        batch_format="numpy",
+        fn_kwargs={"model_file": str(model_file)},
+        compute=ray.data.TaskPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
+        num_cpus=config.cpus_per_actor,
     )
     ds.context.execution_options.preserve_order = True
     # Fixed-size batches: row-group boundaries, hence the bytes, depend on the config only.
     yield from ds.iter_batches(batch_size=config.batch_size, batch_format="pyarrow")
+
+
+def _encode_eval(model_file: str, table: pa.Table) -> pa.Table:
+    """A Ray task: dev and test (small) encoded in one go."""
+    return encode_table(_processor(model_file), table)
 
 
 def _write(tables: Iterable[pa.Table], out: Path, config: ShardConfig) -> tuple[_Lengths, list[Path]]:
@@ -190,13 +230,14 @@ def shard_corpus(clean: Path, tokenizer: Path, out: Path, config: ShardConfig, s
     if not train_files:
         raise StageError(f"shard: no training data in {clean / 'train'}")
     stats: dict[str, Any] = {"vocab_size": vocab_size}
-    train_ds = ray.data.read_parquet([str(f) for f in train_files], columns=["src", "tgt"])
-    train_lengths, files = _write(_encode(train_ds, model_file, config, config.num_actors), out / "train", config)
-    stats["train"] = train_lengths.stats(files)
-    # dev and test together, through one small actor pool; split again by row count
+    # dev and test together, in one task that runs beside the training split; split again by row count
     evals = {split: _read_eval(clean, split, src, tgt) for split in ("dev", "test")}
-    eval_ds = ray.data.from_arrow(pa.concat_tables(list(evals.values())))
-    encoded = pa.concat_tables(list(_encode(eval_ds, model_file, config, 1)))
+    eval_ref = ray.remote(num_cpus=min(1.0, config.cpus_per_actor))(_encode_eval).remote(
+        str(model_file), pa.concat_tables(list(evals.values()))
+    )
+    train_lengths, files = _write(_encode_train(train_files, model_file, config), out / "train", config)
+    stats["train"] = train_lengths.stats(files)
+    encoded = ray.get(eval_ref)
     offset = 0
     for split, table in evals.items():
         lengths, files = _write([encoded.slice(offset, table.num_rows)], out / split, config)
