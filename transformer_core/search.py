@@ -51,11 +51,12 @@ def _next_log_probs(logits: Tensor, model: Transformer) -> Tensor:
 
 
 class _eval_mode:
-    """Eval mode and no_grad for the duration of a search; restores the training flag after."""
+    """Eval mode and inference mode (no autograd bookkeeping) for the duration of a search;
+    restores the training flag after."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.no_grad = torch.no_grad()
+        self.no_grad = torch.inference_mode()
 
     def __enter__(self) -> None:
         self.was_training = self.model.training
@@ -80,7 +81,7 @@ def greedy_search(
         memory = model.encode(src)
         B = src.size(0)
         limits = _output_limits(model, src, max_len_offset, max_len).to(src.device)  # (B,)
-        state = model.init_state(memory) if use_cache else None
+        state = model.init_state(memory, capacity=int(limits.max())) if use_cache else None
         tokens = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         lengths = limits.clone()  # output length of each row, EOS excluded
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
@@ -146,13 +147,17 @@ def beam_search_hypotheses(
     with _eval_mode(model):
         B = src.size(0)
         limits = _output_limits(model, src, max_len_offset, max_len)  # (B,) on CPU
-        beam_rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,)
+        n_steps = int(limits.max())
         memory: Memory = model.encode(src)
-        if use_cache:  # cross-attention keys/values computed for B rows, then copied per beam
-            state = model.init_state(memory).reorder(beam_rows)
+        if use_cache:
+            # One row per sentence for the first step (its k beams are still identical); then
+            # the k beams of a sentence share its cross-attention keys/values (state.group).
+            state = model.init_state(memory, capacity=n_steps)
         else:
             state = None
+            beam_rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,)
             memory = memory.index_select(beam_rows)  # (B*k, S, D)
+        log_prob_buffer = None  # (B*k, V) reused every step: no per-step allocation
 
         finished: list[list[Hypothesis]] = [[] for _ in range(B)]
         active = torch.arange(B)  # original sentence index of each open sentence, on CPU
@@ -162,15 +167,27 @@ def beam_search_hypotheses(
         scores = torch.full((B, k), float("-inf"), device=device)  # (n, k) summed log-probs
         scores[:, 0] = 0.0
 
-        for step in range(int(limits.max())):
+        for step in range(n_steps):
             n = active.numel()
-            if use_cache:
-                logits = model.decode(tokens[:, -1:], memory, state)[:, -1]  # (n*k, V)
+            if use_cache and step == 0:
+                logits = model.decode(tokens[::k, -1:], memory, state)[:, -1]  # (n, V)
+                log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
+                V = log_probs.size(-1)
+                candidates = (scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
             else:
-                logits = model.decode(tokens, memory)[:, -1]  # (n*k, V)
-            log_probs = _next_log_probs(logits, model)  # (n*k, V)
-            V = log_probs.size(-1)
-            candidates = (scores.view(n * k, 1) + log_probs).view(n, k * V)  # (n, k*V)
+                if use_cache:
+                    logits = model.decode(tokens[:, -1:], memory, state)[:, -1]  # (n*k, V)
+                else:
+                    logits = model.decode(tokens, memory)[:, -1]  # (n*k, V)
+                V = logits.size(-1)
+                if log_prob_buffer is None:
+                    log_prob_buffer = torch.empty(n * k, V, device=device)
+                # _next_log_probs, then + scores, in place in the buffer (same arithmetic).
+                log_probs = log_prob_buffer[: n * k]  # leading rows: contiguous
+                torch.log_softmax(logits.float(), dim=-1, out=log_probs)
+                log_probs[:, config.pad_id] = float("-inf")
+                log_probs[:, config.bos_id] = float("-inf")
+                candidates = log_probs.add_(scores.view(n * k, 1)).view(n, k * V)  # (n, k*V)
             top_scores, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
             top_beam = top_index // V  # (n, 2k) which beam each continuation extends
             top_token = top_index % V  # (n, 2k)
@@ -206,14 +223,17 @@ def beam_search_hypotheses(
             best_open = open_scores.max(dim=1).values.cpu()  # (n,)
             bound = best_open / length_penalty(limits[active].float(), alpha)  # (n,)
             still_open = []
-            for i in range(n):
-                hyps = finished[int(active[i])]
+            for sentence, limited, bound_i in zip(
+                active.tolist(), at_limit.tolist(), bound.tolist(), strict=True
+            ):
+                hyps = finished[sentence]
                 best_done = max((h.score for h in hyps), default=float("-inf"))
-                done = bool(at_limit[i]) or len(hyps) >= k or best_done >= float(bound[i])
+                done = limited or len(hyps) >= k or best_done >= bound_i
                 still_open.append(not done)
             keep = torch.tensor(still_open, dtype=torch.bool)
             if not bool(keep.any()):
                 break
+            keep_all = bool(keep.all())
 
             # Reorder the surviving beams (and drop done sentences) for the next step.
             keep_dev = keep.to(device)
@@ -223,7 +243,10 @@ def beam_search_hypotheses(
             scores = open_scores[keep_dev]  # (n', k)
             active = active[keep]
             if use_cache:
-                state.reorder(rows)
+                # Rows index the n*k beams; at step 0 the state holds one row per sentence.
+                state_rows = rows if step > 0 else torch.div(rows, k, rounding_mode="floor")
+                groups = None if keep_all else keep.nonzero().view(-1).to(device)
+                state.regroup(state_rows, groups, k)
             else:
                 memory = memory.index_select(rows)
 

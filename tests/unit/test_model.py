@@ -63,6 +63,55 @@ def test_incremental_decoding_after_reorder_equals_full_forward():
     torch.testing.assert_close(tail, full[:, 3:], atol=1e-5, rtol=1e-5)
 
 
+def test_grouped_state_equals_full_forward():
+    # Beam search's layout: one row per sentence for the first step, then k beams per sentence
+    # sharing its cross-attention keys/values; a sentence drops out; then a plain reorder.
+    model = _model(seed=6)
+    src = _tokens(3, 7, seed=7)
+    src[1, 4:] = PAD_ID
+    src[2, 2:] = PAD_ID
+    tgt = _tokens(6, 7, seed=8, first=BOS_ID)  # (3 sentences x 2 beams, T), each beam its own
+    beams = torch.tensor([0, 0, 1, 1, 2, 2])
+    with torch.inference_mode():
+        memory = model.encode(src)
+        state = model.init_state(memory, capacity=3)  # smaller than needed: the buffers grow
+        model.decode(tgt[::2, :1], memory, state)  # (3, 1, V)
+        state.regroup(beams, None, 2)
+        head = torch.cat([model.decode(tgt[:, t : t + 1], memory, state) for t in (1, 2)], 1)
+        rows = torch.tensor([1, 0, 4, 5])  # sentence 1 ends; beams swap within sentence 0
+        state.regroup(rows, torch.tensor([0, 2]), 2)
+        tgt2 = tgt[rows]
+        mid = torch.cat([model.decode(tgt2[:, t : t + 1], memory, state) for t in (3, 4)], 1)
+        order = torch.tensor([3, 0])  # beams of different sentences side by side: group 1
+        state.reorder(order)
+        tgt3 = tgt2[order]
+        tail = torch.cat([model.decode(tgt3[:, t : t + 1], memory, state) for t in (5, 6)], 1)
+        full = model(src[beams], tgt)
+        full2 = model(src[beams][rows], tgt2)
+        full3 = model(src[beams][rows][order], tgt3)
+    assert state.group == 1 and state.length == 7
+    torch.testing.assert_close(head, full[:, 1:3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mid, full2[:, 3:5], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tail, full3[:, 5:7], atol=1e-5, rtol=1e-5)
+
+
+def test_regroup_rejects_rows_that_do_not_fill_the_groups():
+    model = _model()
+    with torch.no_grad():
+        state = model.init_state(model.encode(_tokens(2, 5)))
+        with pytest.raises(ValueError, match="groups of 2"):
+            state.regroup(torch.tensor([0, 0, 1]), None, 2)
+
+
+def test_chunked_output_projection_equals_the_linear_layer():
+    model = _model()
+    model._LOGIT_CHUNK = 7  # V = 40: five full chunks and a short one
+    x = torch.randn(2, 3, model.config.d_model)
+    with torch.inference_mode():
+        chunked = model._logits(x)
+    torch.testing.assert_close(chunked, model.generator(x), atol=1e-6, rtol=1e-6)
+
+
 def test_state_continues_positions_from_cached_length():
     # Feeding the same token at two steps must give different outputs: positions advance.
     model = _model()
