@@ -6,7 +6,11 @@
 
 Random weights are fine for speed; EOS is masked so every output has the same fixed length.
 
-    python benchmarks/decode.py --quick [--json out.json]
+3. With ``--bf16``: the same beam search with the model's weights in bfloat16 (``decode.dtype:
+   bfloat16``), against float32 with the cache in the same run, and how many outputs agree.
+
+    python benchmarks/decode.py --quick [--threads 2] [--json out.json]
+    python benchmarks/decode.py --sizes base --threads 2 --bf16 [--cache-only]   # 50-token outputs
 """
 
 from __future__ import annotations
@@ -65,6 +69,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="skip the (slow) runs without the cache; their columns are left empty",
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="also beam search with bfloat16 weights"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,7 +93,9 @@ def main() -> None:
 
         src = sources(greedy_batch, 25, vocab).to(device)
         t_cache, out_cache = timed(greedy_search, model, src, max_len=greedy_len)
-        t_full, out_full = timed(greedy_search, model, src, max_len=greedy_len, use_cache=False)
+        t_full, out_full = (None, None) if args.cache_only else timed(
+            greedy_search, model, src, max_len=greedy_len, use_cache=False
+        )
         rows.append(
             row(
                 size,
@@ -99,7 +113,7 @@ def main() -> None:
 
         src = sources(beam_batch, 25, vocab, seed=1).to(device)
         t_cache, out_cache = timed(beam_search, model, src, beam_size=beam_k, max_len=beam_len)
-        t_full, out_full = timed(
+        t_full, out_full = (None, None) if args.cache_only else timed(
             beam_search, model, src, beam_size=beam_k, max_len=beam_len, use_cache=False
         )
         rows.append(
@@ -117,6 +131,16 @@ def main() -> None:
             )
         )
 
+        if args.bf16:
+            model = model.to(torch.bfloat16)
+            beam_search(model, sources(1, 25, vocab).to(device), beam_size=beam_k, max_len=2)
+            t_bf16, out_bf16 = timed(beam_search, model, src, beam_size=beam_k, max_len=beam_len)
+            bf16 = row(size, vocab, "beam", beam_batch, beam_k, beam_len, t_bf16, None, out_bf16, None)
+            bf16["dtype"] = "bfloat16"
+            bf16["vs_fp32_cache"] = t_cache / t_bf16
+            bf16["same_as_fp32"] = sum(a == b for a, b in zip(out_bf16, out_cache, strict=True)) / len(out_cache)
+            rows.append(bf16)
+
     report(
         f"Decoding speed on {device.type}, ~25-token sources, fixed-length outputs", rows, args.json
     )
@@ -132,10 +156,13 @@ def row(size, vocab, search, batch, beam, out_len, t_cache, t_full, out_cache, o
         "batch": batch,
         "beam": beam,
         "out_len": out_len,
+        "dtype": "float32",
         "cache_tok/s": tokens / t_cache,
-        "no_cache_tok/s": tokens / t_full,
-        "speedup": t_full / t_cache,
-        "same_output": out_cache == out_full,
+        "no_cache_tok/s": None if t_full is None else tokens / t_full,
+        "speedup": None if t_full is None else t_full / t_cache,
+        "same_output": None if out_full is None else out_cache == out_full,
+        "vs_fp32_cache": None,
+        "same_as_fp32": None,
     }
 
 

@@ -117,15 +117,19 @@ class Translator:
         expected_config: Any = None,
         device: str | None = None,
     ) -> Translator:
-        """Load ``model.pt`` (a file or the average stage's folder) and the folder's ``spm.model``."""
+        """Load ``model.pt`` (a file or the average stage's folder) and the folder's ``spm.model``;
+        the weights are cast to ``decode.dtype``."""
+        import torch
+
         from tasks import tokenizer as tokenizer_lib
         from transformer_core import checkpoint
 
         device = device or default_device()
         model = checkpoint.load_model(model_file(model_path), expected_config, map_location="cpu")
-        model = model.to(device).eval()
+        decode = decode or DecodeConfig()
+        model = model.to(device=device, dtype=getattr(torch, decode.dtype)).eval()
         tok = tokenizer_lib.load(Path(tokenizer_dir))
-        return cls(model, tok, decode or DecodeConfig(), device)
+        return cls(model, tok, decode, device)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per text (pieces + EOS)."""

@@ -69,6 +69,7 @@ def test_heads_must_divide_width(tmp_path: Path):
         ({"train": {"adam_betas": [0.9]}}, "train.adam_betas"),
         ({"clean": {"max_ratio": 0.5}}, "clean.max_ratio"),
         ({"train": {"use_gpu": "yes"}}, "train.use_gpu"),
+        ({"decode": {"dtype": "float16"}}, "decode.dtype"),
     ],
 )
 def test_bad_keys_and_values_name_the_key_path(tmp_path: Path, data: dict, key: str):
