@@ -165,12 +165,20 @@ def plot_bleu_by_length(rows: Sequence[Mapping[str, Any]], path: Path, title: st
     fig.savefig(path, format="png")
 
 
+def test_set(config: RunConfig) -> tuple[str, str]:
+    """(name, variant) of the test set the scores are on: the synthetic corpus's own test split
+    is named as such, never as the newstest release the config names for real downloads."""
+    if config.data.source == "synthetic":
+        return "synthetic", "synthetic"
+    return config.data.test, config.data.test_variant
+
+
 def stage_config(config: RunConfig) -> dict[str, Any]:
     """What the stage fingerprints besides its inputs (metric library versions included)."""
     return {
         "pair": config.data.pair,
-        "test": config.data.test,
-        "test_variant": config.data.test_variant,
+        "test": test_set(config)[0],
+        "test_variant": test_set(config)[1],
         "sacrebleu": metadata.version("sacrebleu"),
         "sacremoses": metadata.version("sacremoses"),
     }
@@ -232,11 +240,12 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
                 f"score: {src_file} has {len(sources)} lines but {ref_file} has {len(refs)}"
             )
         scores = score_texts(hyps, refs, tgt_lang)
+        test_name, test_variant = test_set(config)
         by_length = bleu_by_length(sources, hyps, refs, tgt_lang)
         result = {
             **scores,
-            "test_set": config.data.test,
-            "test_variant": config.data.test_variant,
+            "test_set": test_name,
+            "test_variant": test_variant,
             "test_segments": len(refs),
             "pair": config.data.pair,
             # The protocol key the register stage compares champions on.
@@ -250,7 +259,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
         plot_bleu_by_length(
             by_length,
             tmp / PLOT_FILE,
-            f"{config.data.test} ({config.data.test_variant}) {config.data.pair}: "
+            f"{test_name} ({test_variant}) {config.data.pair}: "
             f"BLEU {scores['bleu_sacre']:.2f}",
         )
         log.info(

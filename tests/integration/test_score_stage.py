@@ -45,10 +45,11 @@ def _folder(root: Path, stage: str, files: dict[str, list[str]]) -> Path:
 
 
 def _config(root: Path, **data) -> RunConfig:
+    data = {"source": "wmt14", "pair": "en-de", "test": "newstest2014", "test_variant": "full", **data}
     return RunConfig(
         name="score-test",
         workdir=str(root / "run"),
-        data=DataConfig(pair="en-de", test="newstest2014", test_variant="full", **data),
+        data=DataConfig(**data),
         mlflow=MlflowConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}"),
     )
 
@@ -89,6 +90,11 @@ def test_stage_writes_scores_sentences_plot_and_manifest(tmp_path):
     assert set(manifest["files"]) == {"scores.json", "sentences.tsv", "bleu_by_length.png"}
     assert set(manifest["inputs"]) == {"translate", "download"}
     assert manifest["stats"]["test_segments"] == 4
+
+
+def test_synthetic_test_split_is_not_named_as_newstest(tmp_path):
+    scores = json.loads((score.run(_config(tmp_path, source="synthetic"), _inputs(tmp_path)) / "scores.json").read_text())
+    assert scores["test_set"] == "synthetic" and scores["test_variant"] == "synthetic"
 
 
 def test_second_run_is_skipped_and_force_reruns(tmp_path):
