@@ -131,11 +131,11 @@ class ShardConfig:
     rows_per_shard: int = 200_000
     """Rows per Parquet file."""
     num_actors: int = 2
-    """Encoding tasks in flight at once (each worker process loads the tokenizer once)."""
+    """Encoding actors (each loads the tokenizer once)."""
     batch_size: int = 4096
     """Rows per encoding batch (also the row-group size of the shards)."""
     cpus_per_actor: float = 1.0
-    """CPUs each encoding task reserves (fractions let more tasks than CPUs run at once)."""
+    """CPUs reserved per encoding actor (fractions let more actors than CPUs run)."""
 
     def __post_init__(self) -> None:
         if self.rows_per_shard < 1:

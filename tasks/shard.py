@@ -1,10 +1,10 @@
 """Stage 4, shard: encode the clean corpus with the tokenizer into Parquet shards, through Ray Data.
 
-Encoding runs in Ray tasks that each read a range of the clean row groups and encode it
-(at most ``shard.num_actors`` at a time; each worker process loads the sentencepiece model
-once). The ordered output streams back to the driver, which writes ``rows_per_shard`` rows per
-file with pyarrow: Ray Data's own writer names and sizes files by task, so byte-identical reruns
-are easiest to guarantee this way, and the driver holds one batch at a time, never the corpus.
+Encoding runs in an actor pool (``shard.num_actors`` actors, each loads the sentencepiece model
+once) whose actors read ranges of the clean row groups themselves and encode them. The ordered
+output streams back to the driver, which writes ``rows_per_shard`` rows per file with pyarrow:
+Ray Data's own writer names and sizes files by task, so byte-identical reruns are easiest to
+guarantee this way, and the driver holds one batch at a time, never the corpus.
 
 Shard schema (docs/contracts.md): ``src_ids list<int32>``, ``tgt_ids list<int32>``,
 ``src_len int32``, ``tgt_len int32``, where ids are the pieces followed by EOS and a length
@@ -29,7 +29,7 @@ from transformer_core.config import EOS_ID
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SHARD_SCHEMA", "encode_column", "encode_table", "shard_corpus", "stage_config", "run"]
+__all__ = ["SHARD_SCHEMA", "encode_column", "encode_table", "RangeEncoder", "shard_corpus", "stage_config", "run"]
 
 # Parquet names a list's item "element"; using that name here too makes the schema read back equal.
 _IDS = pa.list_(pa.field("element", pa.int32()))
@@ -94,25 +94,6 @@ class _Lengths:
         }
 
 
-# One sentencepiece model per worker process, keyed by the model's bytes: a Ray worker runs many
-# encode tasks (and a rerun of the tokenizer stage may put a new model at the same path).
-_MODELS: dict[str, Any] = {}
-
-
-def _processor(model_file: str) -> Any:
-    import hashlib
-
-    data = Path(model_file).read_bytes()
-    key = hashlib.sha256(data).hexdigest()
-    sp = _MODELS.get(key)
-    if sp is None:
-        from tasks.tokenizer import Tokenizer
-
-        _MODELS.clear()
-        sp = _MODELS[key] = Tokenizer(Path(model_file)).sp
-    return sp
-
-
 def _train_ranges(files: list[Path], rows_per_task: int) -> list[dict[str, Any]]:
     """Consecutive row groups of the clean files, about ``rows_per_task`` rows a range, in order."""
     import pyarrow.parquet as pq
@@ -133,28 +114,33 @@ def _train_ranges(files: list[Path], rows_per_task: int) -> list[dict[str, Any]]
     return items
 
 
-def _encode_ranges(batch: Mapping[str, np.ndarray], model_file: str) -> pa.Table:
-    """Ray Data batch function: read each range of clean row groups and encode it."""
-    import pyarrow.parquet as pq
+class RangeEncoder:
+    """Ray Data actor: loads the tokenizer once, then reads ranges of clean row groups and
+    encodes them (reading inside the actor: only encoded rows cross the object store)."""
 
-    sp = _processor(model_file)
-    tables = []
-    for i in range(len(batch["path"])):
-        groups = [int(g) for g in batch["groups"][i]]
-        table = pq.ParquetFile(str(batch["path"][i])).read_row_groups(groups, columns=["src", "tgt"])
-        if table.num_rows != int(batch["rows"][i]):  # pragma: no cover - file changed
-            raise StageError(f"shard: {batch['path'][i]} changed while it was being read")
-        tables.append(encode_table(sp, table))
-    return pa.concat_tables(tables)
+    def __init__(self, model_file: str):
+        from tasks.tokenizer import Tokenizer
+
+        self.sp = Tokenizer(Path(model_file)).sp
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        tables = []
+        for path, groups, rows in zip(batch["path"], batch["groups"], batch["rows"], strict=True):
+            table = pq.ParquetFile(str(path)).read_row_groups([int(g) for g in groups], columns=["src", "tgt"])
+            if table.num_rows != int(rows):  # pragma: no cover - the file changed under us
+                raise StageError(f"shard: {path} changed while it was being read")
+            tables.append(encode_table(self.sp, table))
+        return pa.concat_tables(tables)
 
 
 def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> Iterator[pa.Table]:
-    """Encode the clean training files in Ray tasks; the shard rows in input order, batch by batch.
+    """Encode the clean training files in an actor pool; the shard rows in input order, batch by batch.
 
-    One task reads and encodes a range of consecutive row groups (about 16k rows): reading is
-    fused with encoding, so nothing but encoded rows crosses the object store, and tasks run on
-    already-started workers (no actor start-up), each loading the model once per process.
-    ``num_actors`` bounds the tasks in flight and ``cpus_per_actor`` is what each one reserves.
+    Each input row names a range of consecutive row groups (about 16k rows); ``num_actors``
+    ``RangeEncoder`` actors, ``cpus_per_actor`` CPUs each, read and encode the ranges. No read
+    tasks run beside the actors, so actors holding every CPU cannot starve them.
     """
     import ray
 
@@ -162,11 +148,11 @@ def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> I
     items = _train_ranges(files, rows_per_task)
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
-        _encode_ranges,
+        RangeEncoder,
+        fn_constructor_kwargs={"model_file": str(model_file)},
         batch_size=1,
         batch_format="numpy",
-        fn_kwargs={"model_file": str(model_file)},
-        compute=ray.data.TaskPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
+        compute=ray.data.ActorPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
         num_cpus=config.cpus_per_actor,
     )
     ds.context.execution_options.preserve_order = True
@@ -176,7 +162,9 @@ def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> I
 
 def _encode_eval(model_file: str, table: pa.Table) -> pa.Table:
     """A Ray task: dev and test (small) encoded in one go."""
-    return encode_table(_processor(model_file), table)
+    from tasks.tokenizer import Tokenizer
+
+    return encode_table(Tokenizer(Path(model_file)).sp, table)
 
 
 def _write(tables: Iterable[pa.Table], out: Path, config: ShardConfig) -> tuple[_Lengths, list[Path]]:
