@@ -31,6 +31,7 @@ from tasks.translator import (
 log = logging.getLogger(__name__)
 
 STAGE = "translate"
+ATTENTION_PLOT = "attention.png"
 
 
 def decode_config(config: RunConfig) -> DecodeConfig:
@@ -172,6 +173,54 @@ def translate_distributed(
     return texts, n_tokens, info
 
 
+def plot_attention(
+    weights: Path,
+    tokenizer_dir: Path,
+    texts: Sequence[str],
+    hyps: Sequence[str],
+    path: Path,
+    *,
+    n: int = 4,
+    max_src: int = 30,
+    max_tgt: int = 40,
+) -> int:
+    """Heat maps of the last decoder layer's encoder-decoder attention (mean over heads) for the
+    first ``n`` test sentences short enough to read (pieces on the axes); how many were drawn."""
+    import torch
+    from matplotlib.figure import Figure
+
+    from tasks import tokenizer as tokenizer_lib
+    from transformer_core import checkpoint
+
+    tok = tokenizer_lib.load(Path(tokenizer_dir))
+    picked = []
+    for text, hyp in zip(texts, hyps, strict=True):
+        src, tgt = encode_texts(tok, [text])[0], encode_texts(tok, [hyp])[0]
+        if 2 <= len(src) <= max_src and 2 <= len(tgt) <= max_tgt:
+            picked.append((src, tgt))
+        if len(picked) == n:
+            break
+    if not picked:
+        log.info("translate: no test sentence short enough for the attention plot")
+        return 0
+    model = checkpoint.load_model(weights, None, map_location="cpu")
+    fig = Figure(figsize=(6 * len(picked), 6))
+    axes = fig.subplots(1, len(picked), squeeze=False)[0]
+    for ax, (src, tgt) in zip(axes, picked, strict=True):
+        tgt_in = [model.config.bos_id] + tgt[:-1]  # the decoder input that predicts tgt
+        maps = model.cross_attention(torch.tensor([src]), torch.tensor([tgt_in]))
+        w = maps[-1][0].mean(dim=0).numpy()  # (T, S), last layer, mean over heads
+        ax.imshow(w, cmap="viridis", aspect="auto", vmin=0.0, vmax=1.0)
+        ax.set_xticks(range(len(src)), [tok.sp.id_to_piece(i) for i in src], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(tgt)), [tok.sp.id_to_piece(i) for i in tgt], fontsize=7)
+        ax.set_xlabel("source pieces")
+        ax.set_ylabel("output pieces")
+    fig.suptitle(f"encoder-decoder attention, layer {model.config.n_layers} (mean of heads)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    return len(picked)
+
+
 def run(
     config: RunConfig,
     inputs: Mapping[str, Path],
@@ -215,7 +264,13 @@ def run(
             "".join(h + "\n" for h in hyps), encoding="utf-8", newline="\n"
         )
         out_tokens = int(sum(n_tokens))
+        try:  # a picture for people; a failure here must not cost the decoded test set
+            plotted = plot_attention(weights, tokenizer_dir, texts, hyps, tmp / ATTENTION_PLOT)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("translate: no attention plot (%s: %s)", type(exc).__name__, exc)
+            plotted = 0
         return {
+            "attention_plot_sentences": plotted,
             "model_fingerprint": (read_manifest(average) or {}).get("fingerprint"),
             "decode": to_dict(decode),
             "split": split,

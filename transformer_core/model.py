@@ -79,6 +79,14 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(y)  # (B, T, D)
 
 
+    def weights(self, x: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The attention probabilities (B, nh, T, S) that ``forward`` applies (no dropout)."""
+        q = self._split_heads(self.q_proj(x), self.d_k)  # (B, nh, T, hk)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.d_k)  # (B, nh, T, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1)
+
     def forward_grouped(
         self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, group: int, bias: bool = False
     ) -> Tensor:
@@ -514,6 +522,31 @@ class Transformer(nn.Module):
             part = weight[start : start + self._LOGIT_CHUNK]  # (c, D), contiguous rows
             torch.mm(rows, part.t(), out=out[:, start : start + part.size(0)])
         return out.view(*x.shape[:-1], V)
+
+    @torch.no_grad()
+    def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
+        """Encoder-decoder attention probabilities of a teacher-forced pass, per decoder layer:
+        (B, nh, T, S) each, rows summing to 1 over the real source positions. For looking at
+        (attention maps), not for training: runs in eval mode and restores the mode after."""
+        captured: list[Tensor] = []
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
+            x, k = args[0], args[1]
+            captured.append(module.weights(x, k, kwargs.get("mask")))
+
+        was_training = self.training
+        handles = [
+            layer.cross_attn.register_forward_hook(hook, with_kwargs=True)
+            for layer in self.decoder_layers
+        ]
+        try:
+            self.eval()
+            self.forward(src, tgt_in)
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.train(was_training)
+        return captured
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for source (B, S) and decoder input (B, T)."""

@@ -156,6 +156,9 @@ def test_distributed_equals_single_process_in_input_order(ray_local, inputs, tmp
     assert stats["decode"]["beam_size"] == 4 and stats["decode"]["alpha"] == 0.6
     assert stats["actors"] == 2 and stats["batches"] > 2
     assert stats["hyp_tokens"] > 0 and stats["tokens_per_s"] > 0
+    # The attention maps of the first short sentences, for people (logged by the flow).
+    assert stats["attention_plot_sentences"] == 4
+    assert (out / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Up to date: a second call returns at once without decoding again.
     started = read_manifest(out)["started"]

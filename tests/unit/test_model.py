@@ -273,3 +273,26 @@ def test_bad_decoder_input_fails_clearly():
 def test_bad_vocabulary_size_fails_clearly():
     with pytest.raises(ValueError, match="vocab_size"):
         Transformer(presets.debug(), 3)
+
+
+def test_cross_attention_maps_are_the_weights_the_model_applies():
+    model = _model(seed=9).train()
+    src = _tokens(2, 6, seed=10)
+    src[1, 4:] = PAD_ID
+    tgt = _tokens(2, 5, seed=11, first=BOS_ID)
+    maps = model.cross_attention(src, tgt)
+    assert model.training  # the mode is restored
+    assert len(maps) == model.config.n_layers
+    for w in maps:
+        assert w.shape == (2, model.config.n_heads, 5, 6)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, model.config.n_heads, 5))
+        assert torch.all(w[1, :, :, 4:] == 0)  # padding gets no attention
+    # The weights reproduce the layer's output: softmax(q k^T / sqrt(d_k)) v, then out_proj.
+    attn = model.decoder_layers[0].cross_attn
+    with torch.no_grad():
+        x = torch.randn(2, 5, model.config.d_model)
+        k, v = attn.keys_values(torch.randn(2, 6, model.config.d_model))
+        mask = ~src.eq(PAD_ID)[:, None, None, :]
+        w = attn.eval().weights(x, k, mask)
+        y = (w @ v).transpose(1, 2).reshape(2, 5, -1)
+        torch.testing.assert_close(attn.out_proj(y), attn(x, k, v, mask=mask), atol=1e-5, rtol=1e-5)
