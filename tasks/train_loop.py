@@ -277,21 +277,44 @@ def evaluate(
     device: torch.device,
     autocast: Any,
 ) -> dict[str, float]:
-    """Validation loss/NLL per target token and perplexity over every rank's share of batches."""
+    """Validation loss/NLL per target token and perplexity over every rank's share of batches,
+    and ``val_encoder_spread`` (see ``encoder_spread``) on each rank's first batch."""
     model.eval()
-    totals = [torch.zeros((), device=device) for _ in range(3)]
-    for rows in batches:
+    totals = [torch.zeros((), device=device) for _ in range(5)]
+    for i, rows in enumerate(batches):
         src, tgt_in, tgt_out = (t.to(device) for t in data.batch(rows, mc.pad_id, mc.bos_id))
         with autocast():
             logits = model(src, tgt_in)
+            if i == 0:
+                totals[3] += encoder_spread(model, src, mc.pad_id)
+                totals[4] += 1
         loss, nll, n = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
         totals[0] += loss
         totals[1] += nll
         totals[2] += n
-    loss, nll, n = all_reduce_sum(totals, device)
+    loss, nll, n, spread, ranks = all_reduce_sum(totals, device)
     model.train()
     n = max(n, 1.0)
-    return {"val_loss": loss / n, "val_nll": nll / n, "val_ppl": math.exp(min(nll / n, 50.0))}
+    return {
+        "val_loss": loss / n,
+        "val_nll": nll / n,
+        "val_ppl": math.exp(min(nll / n, 50.0)),
+        "val_encoder_spread": spread / max(ranks, 1.0),
+    }
+
+
+def encoder_spread(model: torch.nn.Module, src: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """How much the encoder's output differs between the positions of a sentence: the mean
+    distance of each real position's state from its sentence's mean state, over the mean state
+    norm. About 0.5 at initialisation and for a model that reads its source; near 0 when the
+    encoder has collapsed to a source-independent output (the decoder then parses or
+    translates from its own prefix alone)."""
+    states = model.encode(src).states.float()  # (B, S, D)
+    real = src.ne(pad_id).unsqueeze(-1).float()  # (B, S, 1)
+    mean = (states * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1)
+    spread = ((states - mean).norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
+    scale = (states.norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
+    return spread / scale.clamp(min=1e-12)
 
 
 def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:

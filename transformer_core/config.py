@@ -53,6 +53,10 @@ class ModelConfig:
     """Longest sequence the positional table covers."""
     share_embeddings: bool = True
     """Tie source embedding, target embedding and pre-softmax projection (joint vocabulary)."""
+    norm_first: bool = False
+    """Layer norm placement. False: the paper's post-norm, LayerNorm(x + Dropout(Sublayer(x))).
+    True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), with a final LayerNorm after the
+    encoder and after the decoder (tensor2tensor's later default; steadier on small data)."""
     pad_id: int = PAD_ID
     """Padding token id (ignored by attention and by the loss)."""
     bos_id: int = BOS_ID

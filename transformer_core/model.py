@@ -1,8 +1,8 @@
 """The encoder-decoder Transformer of Vaswani et al. 2017, section 3, in one file.
 
 Read top to bottom: positional encoding (3.5), multi-head attention (3.2), the position-wise
-feed-forward network (3.3), encoder and decoder layers with post-layer-norm residuals (3.1),
-and the full model with shared embeddings (3.4). Loss and decoding live elsewhere
+feed-forward network (3.3), encoder and decoder layers with post-layer-norm residuals (3.1;
+pre-norm with ``ModelConfig.norm_first``), and the full model with shared embeddings (3.4). Loss and decoding live elsewhere
 (``loss.py``, ``search.py``); parallelism and mixed precision are applied by the trainer.
 
 Shapes: B batch, S source length, T target length, D d_model, V vocabulary,
@@ -139,7 +139,8 @@ class FeedForward(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each as LayerNorm(x + Dropout(Sublayer(x)))."""
+    """Self-attention then feed-forward, each as LayerNorm(x + Dropout(Sublayer(x))), or with
+    ``config.norm_first`` as x + Dropout(Sublayer(LayerNorm(x)))."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -148,9 +149,15 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(config)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         """x (B, S, D); src_mask (B, 1, 1, S) True at real source tokens."""
+        if self.norm_first:
+            h = self.norm1(x)
+            k, v = self.self_attn.keys_values(h)
+            x = x + self.dropout(self.self_attn(h, k, v, mask=src_mask))
+            return x + self.dropout(self.ffn(self.norm2(x)))
         k, v = self.self_attn.keys_values(x)
         x = self.norm1(x + self.dropout(self.self_attn(x, k, v, mask=src_mask)))
         x = self.norm2(x + self.dropout(self.ffn(x)))
@@ -158,7 +165,8 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, attention over the encoder output, feed-forward; post-norm each."""
+    """Masked self-attention, attention over the encoder output, feed-forward; post-norm each
+    (pre-norm with ``config.norm_first``)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -169,6 +177,13 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(config)
         self.norm3 = nn.LayerNorm(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def _sublayer_in(self, norm: nn.LayerNorm, x: Tensor) -> Tensor:
+        return norm(x) if self.norm_first else x
+
+    def _residual(self, norm: nn.LayerNorm, x: Tensor, y: Tensor) -> Tensor:
+        return x + self.dropout(y) if self.norm_first else norm(x + self.dropout(y))
 
     def forward(
         self,
@@ -182,7 +197,8 @@ class DecoderLayer(nn.Module):
         """x (B, T, D) holds the new positions; past_kv the cached self-attention keys/values of
         earlier positions, or ``state`` (whose buffers of layer ``layer`` take the new
         keys/values in place). Returns the output and the self-attention keys/values so far."""
-        k, v = self.self_attn.keys_values(x)  # (B, nh, T, hk), (B, nh, T, hv)
+        h = self._sublayer_in(self.norm1, x)
+        k, v = self.self_attn.keys_values(h)  # (B, nh, T, hk), (B, nh, T, hv)
         n_past = 0
         group = 1
         if state is not None:
@@ -198,20 +214,21 @@ class DecoderLayer(nn.Module):
         # A decoding step on CPU (one new position, no dropout): plain-matmul attention, no mask.
         small = state is not None and x.size(1) == 1 and not self.training and x.device.type == "cpu"
         if small:
-            attended = self.self_attn.forward_grouped(x, k, v, None, group=1, bias=True)
+            attended = self.self_attn.forward_grouped(h, k, v, None, group=1, bias=True)
         elif n_past == 0:
-            attended = self.self_attn(x, k, v, is_causal=True)  # SDPA's fused causal path
+            attended = self.self_attn(h, k, v, is_causal=True)  # SDPA's fused causal path
         else:
-            attended = self.self_attn(x, k, v, mask=causal_mask(x.size(1), n_past, x.device))
-        x = self.norm1(x + self.dropout(attended))
+            attended = self.self_attn(h, k, v, mask=causal_mask(x.size(1), n_past, x.device))
+        x = self._residual(self.norm1, x, attended)
+        h = self._sublayer_in(self.norm2, x)
         if small:  # src_mask is then additive: 0 at real source tokens, -inf at padding
-            crossed = self.cross_attn.forward_grouped(x, *cross_kv, src_mask, group, bias=True)
+            crossed = self.cross_attn.forward_grouped(h, *cross_kv, src_mask, group, bias=True)
         elif group == 1:
-            crossed = self.cross_attn(x, *cross_kv, mask=src_mask)
+            crossed = self.cross_attn(h, *cross_kv, mask=src_mask)
         else:  # the beams of a sentence share its cross-attention keys/values
-            crossed = self.cross_attn.forward_grouped(x, *cross_kv, mask=src_mask, group=group)
-        x = self.norm2(x + self.dropout(crossed))
-        x = self.norm3(x + self.dropout(self.ffn(x)))
+            crossed = self.cross_attn.forward_grouped(h, *cross_kv, mask=src_mask, group=group)
+        x = self._residual(self.norm2, x, crossed)
+        x = self._residual(self.norm3, x, self.ffn(self._sublayer_in(self.norm3, x)))
         return x, (k, v)
 
 
@@ -394,6 +411,9 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layers))
+        if config.norm_first:  # pre-norm leaves the last residual sum unnormalised
+            self.encoder_norm = nn.LayerNorm(D)
+            self.decoder_norm = nn.LayerNorm(D)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -457,6 +477,8 @@ class Transformer(nn.Module):
         x = self._embed(src, self.src_embed)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
+        if self.config.norm_first:
+            x = self.encoder_norm(x)
         return Memory(states=x, src_pad=src_pad)
 
     def init_state(self, memory: Memory, capacity: int = 0) -> DecoderState:
@@ -496,6 +518,8 @@ class Transformer(nn.Module):
         x = self._embed(tgt_in, self.tgt_embed, start=n_past)
         for i, layer in enumerate(self.decoder_layers):
             x, _ = layer(x, cross[i], src_mask, state=state, layer=i)
+        if self.config.norm_first:
+            x = self.decoder_norm(x)
         return self._logits(x)  # (B, T, V)
 
     _LOGIT_CHUNK = 2048

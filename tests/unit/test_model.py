@@ -30,8 +30,9 @@ def _tokens(B: int, T: int, seed: int = 1, first: int | None = None) -> torch.Te
 # -- incremental decoding ------------------------------------------------------------------------
 
 
-def test_incremental_decoding_equals_full_forward():
-    model = _model()
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_incremental_decoding_equals_full_forward(norm_first):
+    model = _model(norm_first=norm_first)
     src = _tokens(3, 9)
     src[1, 6:] = PAD_ID
     tgt = _tokens(3, 8, seed=2, first=BOS_ID)
@@ -45,8 +46,9 @@ def test_incremental_decoding_equals_full_forward():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-def test_incremental_decoding_after_reorder_equals_full_forward():
-    model = _model(seed=3)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_incremental_decoding_after_reorder_equals_full_forward(norm_first):
+    model = _model(seed=3, norm_first=norm_first)
     src = _tokens(3, 7, seed=4)
     src[2, 3:] = PAD_ID
     tgt = _tokens(3, 6, seed=5, first=BOS_ID)
@@ -63,10 +65,11 @@ def test_incremental_decoding_after_reorder_equals_full_forward():
     torch.testing.assert_close(tail, full[:, 3:], atol=1e-5, rtol=1e-5)
 
 
-def test_grouped_state_equals_full_forward():
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_grouped_state_equals_full_forward(norm_first):
     # Beam search's layout: one row per sentence for the first step, then k beams per sentence
     # sharing its cross-attention keys/values; a sentence drops out; then a plain reorder.
-    model = _model(seed=6)
+    model = _model(seed=6, norm_first=norm_first)
     src = _tokens(3, 7, seed=7)
     src[1, 4:] = PAD_ID
     src[2, 2:] = PAD_ID
@@ -296,3 +299,18 @@ def test_cross_attention_maps_are_the_weights_the_model_applies():
         w = attn.eval().weights(x, k, mask)
         y = (w @ v).transpose(1, 2).reshape(2, 5, -1)
         torch.testing.assert_close(attn.out_proj(y), attn(x, k, v, mask=mask), atol=1e-5, rtol=1e-5)
+
+
+def test_pre_norm_places_the_norms_before_each_sublayer_and_at_the_ends():
+    post, pre = _model(seed=12), _model(seed=12, norm_first=True)
+    assert not hasattr(post, "encoder_norm")
+    extra = 2 * 2 * pre.config.d_model  # two final LayerNorms, weight and bias
+    assert count_parameters(pre) == count_parameters(post) + extra
+    # The same weights, placed differently, compute something else.
+    pre.load_state_dict(post.state_dict(), strict=False)
+    src, tgt = _tokens(2, 5), _tokens(2, 4, first=BOS_ID)
+    with torch.no_grad():
+        assert not torch.allclose(pre(src, tgt), post(src, tgt), atol=1e-3)
+        # Pre-norm: the encoder output is the final norm of the residual stream.
+        memory = pre.encode(src).states
+    torch.testing.assert_close(memory.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
