@@ -92,12 +92,30 @@ class Repaired:
     """A well-formed tree with exactly one leaf per word."""
     fixes: Mapping[str, int] = field(default_factory=dict)
     """Fix kind -> count: stray_close, label_mismatch, unclosed, missing_leaves, extra_leaves,
-    empty_constituent, junk_token, top_level, flat."""
+    punct_tag, empty_constituent, junk_token, top_level, flat."""
 
 
 def default_tag(word: str) -> str:
     """The tag given to a word the prediction left out: its punctuation tag, else NN."""
     return _PUNCT_TAGS.get(word, "NN")
+
+
+# The punctuation tags EVALB's COLLINS.prm deletes, and the words the treebank tags with them
+# (the NLTK WSJ sample: every such word carries one, except "'", which is also POS).
+_DELETED_PUNCT = frozenset({",", ":", "``", "''", "."})
+_PUNCT_WORDS = {w: t for w, t in _PUNCT_TAGS.items() if t in _DELETED_PUNCT}
+
+
+def punctuation_tag(word: str, tag: str) -> str:
+    """``tag``, unless it contradicts the word on punctuation: a punctuation word must carry a
+    punctuation tag and any other word must not. EVALB deletes words by their own tree's tags,
+    so one such leaf (``.`` tagged ``NN``, ``Bush`` tagged ``:``) would make the whole sentence a
+    length error; the word decides instead (``_PUNCT_TAGS``, or ``default_tag``)."""
+    if word in _PUNCT_WORDS:
+        return tag if tag in _DELETED_PUNCT else _PUNCT_WORDS[word]
+    if tag in _DELETED_PUNCT and word != "'":
+        return default_tag(word)
+    return tag
 
 
 def delinearize(
@@ -135,7 +153,8 @@ def repair(
     with nothing open is dropped; constituents still open at the end are closed; leaves beyond
     the words are dropped; words without a leaf are attached to the last open constituent with
     ``default_tag``; constituents left empty are dropped; leaves or several constituents at the
-    top are joined under one root; an empty prediction gives a flat ``S`` over the words.
+    top are joined under one root; an empty prediction gives a flat ``S`` over the words; in the
+    t2t form a tag that contradicts its word on punctuation is replaced (``punctuation_tag``).
     """
     _check_form(form)
     tokens = tokens.split() if isinstance(tokens, str) else list(tokens)
@@ -154,9 +173,15 @@ def repair(
         if n_leaves >= len(words):
             fixes["extra_leaves"] += 1
             return
+        word = words[n_leaves]
         if form == "vinyals":
             tag = tags[n_leaves] if tags is not None else VINYALS_LEAF
-        stack[-1].children.append(Tree(tag, word=words[n_leaves]))
+        else:
+            fixed = punctuation_tag(word, tag)
+            if fixed != tag:
+                fixes["punct_tag"] += 1
+                tag = fixed
+        stack[-1].children.append(Tree(tag, word=word))
         n_leaves += 1
 
     def close(label: str | None) -> None:

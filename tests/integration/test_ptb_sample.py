@@ -14,7 +14,7 @@ from tasks import parse_score, treebank
 from tasks.artifacts import run_stage
 from tasks.config import config_from_dict
 from tasks.evalb import score_corpus
-from tasks.linearize import FORMS, delinearize, linearize
+from tasks.linearize import FORMS, delinearize, linearize, punctuation_tag
 from tasks.treebank import clean_tree, read_trees, write_tree
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ptb_sample"
@@ -58,7 +58,15 @@ def test_round_trip_scores_100(golds, form):
         for tree in golds
     ]
     total, _ = score_corpus(golds, back)
-    assert (total.f1, total.exact_match, total.errors) == (100.0, 100.0, 0)
+    assert (total.f1, total.exact_match) == (100.0, 100.0)
+    # Repair lets the word decide punctuation tags; the sample itself once tags a word as
+    # punctuation ("Wa" as ","), and only such gold quirks may become length errors.
+    quirks = sum(
+        any(punctuation_tag(w, t) != t for w, t in zip(tree.words(), tree.tags(), strict=True))
+        for tree in golds
+    )
+    assert total.errors == (quirks if form == "t2t" else 0)
+    assert quirks <= 1
 
 
 def test_stages_on_the_sample(tmp_path, golds):

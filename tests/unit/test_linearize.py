@@ -11,7 +11,7 @@ import pytest
 from tasks.artifacts import run_stage
 from tasks.config import config_from_dict
 from tasks.evalb import score_corpus
-from tasks.linearize import FORMS, delinearize, linearize, repair, run, source
+from tasks.linearize import FORMS, delinearize, linearize, punctuation_tag, repair, run, source
 from tasks.treebank import parse_tree, read_trees, write_tree
 
 JOHN = parse_tree("(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (. .))")
@@ -145,7 +145,23 @@ def test_too_many_pos_slots_are_dropped():
     fixed = repair("S NP NNP NNP NNP NNP /NP VP VBZ NP DT NN /NP /VP . . . /S", JOHN.words())
     _well_formed(fixed.tree, JOHN.words())
     assert fixed.fixes["extra_leaves"] == 4
-    assert fixed.tree.tags() == ["NNP", "NNP", "NNP", "NNP", "VBZ", "DT"]
+    # The sixth slot (DT) lands on ".": the word decides its punctuation tag.
+    assert fixed.tree.tags() == ["NNP", "NNP", "NNP", "NNP", "VBZ", "."]
+    assert fixed.fixes["punct_tag"] == 1
+
+
+def test_tags_that_contradict_punctuation_are_replaced_so_evalb_can_score():
+    # Slots shifted by one: "Smith" gets ":" and "." gets NN. EVALB deletes words by their own
+    # tree's tags, so without the fix the lengths differ and the sentence is not scored at all.
+    fixed = repair("S NP NNP : /NP VP VBZ NP DT NN /NP /VP NN /S", JOHN.words())
+    assert fixed.tree.tags() == ["NNP", "NN", "VBZ", "DT", "NN", "."]
+    assert fixed.fixes["punct_tag"] == 2
+    total, (sentence,) = score_corpus([JOHN], [fixed.tree])
+    assert sentence.status == "ok" and total.errors == 0
+    assert total.f1 == 100 and total.correct_tags == 4  # the brackets fit; "Smith" NN is wrong
+    # A possessive "'" may keep POS; a correct punctuation tag is never touched.
+    assert punctuation_tag("'", "POS") == "POS" and punctuation_tag("--", ":") == ":"
+    assert punctuation_tag("?", "NN") == "." and punctuation_tag("Bush", ",") == "NN"
 
 
 @pytest.mark.parametrize("form", FORMS)
