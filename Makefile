@@ -35,7 +35,7 @@ RESULTS := benchmarks/results
 bench: $(STAMP)
 	mkdir -p $(RESULTS)
 	$(PY) benchmarks/model_throughput.py $(if $(BENCH_FULL),,--quick) --json $(RESULTS)/model_throughput.json
-	$(PY) benchmarks/decode.py $(if $(BENCH_FULL),,--quick) --json $(RESULTS)/decode.json
+	$(PY) benchmarks/decode.py $(if $(BENCH_FULL),,--quick) --bf16 --json $(RESULTS)/decode.json
 	$(PY) benchmarks/train.py --json $(RESULTS)/train.json
 	$(PY) benchmarks/data.py $(if $(BENCH_FULL),,--pairs 100000) --json $(RESULTS)/data.json
 
