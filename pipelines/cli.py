@@ -75,7 +75,9 @@ def _print_summary(config, outcomes) -> None:
     if scores:
         stats = scores.get("stats", {})
         shown = {k: v for k, v in stats.items() if isinstance(v, (int, float, str)) and k != "signature"}
-        print("\nscores: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+        print("\nscores: " + ", ".join(
+            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()
+        ))
     reg = read_manifest(config.root / "register")
     if reg:
         print("registry: " + json.dumps(reg.get("stats", {})))

@@ -279,6 +279,8 @@ class RayConfig:
     """Cluster address; null means RAY_ADDRESS or a local Ray started by the stage."""
     num_cpus: int | None = None
     """CPUs for a local Ray (null: all)."""
+    dashboard: bool = True
+    """Start the dashboard with a local Ray (on 127.0.0.1): Ray Train's cleanup uses its State API."""
 
 
 @dataclass(frozen=True, kw_only=True)

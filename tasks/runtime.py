@@ -25,10 +25,12 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         log.info("connecting to Ray at %s", address)
         ray.init(address=address, log_to_driver=True)
         return
-    # A local Ray: no dashboard server unless asked, bound to loopback, quiet logs.
+    # A local Ray, bound to loopback, quiet logs. The dashboard process also serves the State
+    # API, which Ray Train's placement-group cleaner polls (without it: a warning every second
+    # and placement groups of a dead controller never freed).
     ray.init(
         num_cpus=config.num_cpus,
-        include_dashboard=False,
+        include_dashboard=config.dashboard,
         dashboard_host="127.0.0.1",
         log_to_driver=True,
         logging_level=logging.WARNING,
