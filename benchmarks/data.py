@@ -203,7 +203,6 @@ def main() -> None:
         shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}, force=True)
         shard_s = time.perf_counter() - start
     ray.shutdown()
-    driver_peak = max(memory.driver_peak_sampled, 0)
 
     raw_s, raw_tokens = raw_encode(
         [download / "train" / "sample.en", download / "train" / "sample.de"],
@@ -260,7 +259,7 @@ def main() -> None:
         "target": ">= 0.5",
         "ray_init_s": ray_init_s,
         "warm_up_s": warm_up_s,
-        "peak_driver_mb": driver_peak / 2**20,
+        "peak_driver_mb": memory.driver_peak_sampled / 2**20,
         "peak_driver_mb_whole_run": PeakMemory.driver_peak() / 2**20,
         "peak_ray_processes_mb": memory.ray_peak / 2**20,
         "kept_pairs": kept,

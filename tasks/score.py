@@ -175,10 +175,11 @@ def test_set(config: RunConfig) -> tuple[str, str]:
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
     """What the stage fingerprints besides its inputs (metric library versions included)."""
+    test, variant = test_set(config)
     return {
         "pair": config.data.pair,
-        "test": test_set(config)[0],
-        "test_variant": test_set(config)[1],
+        "test": test,
+        "test_variant": variant,
         "sacrebleu": metadata.version("sacrebleu"),
         "sacremoses": metadata.version("sacremoses"),
     }

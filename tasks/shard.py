@@ -94,8 +94,8 @@ class _Lengths:
         }
 
 
-def _train_ranges(files: list[Path], rows_per_task: int) -> list[dict[str, Any]]:
-    """Consecutive row groups of the clean files, about ``rows_per_task`` rows a range, in order."""
+def _train_ranges(files: list[Path], rows_per_range: int) -> list[dict[str, Any]]:
+    """Consecutive row groups of the clean files, about ``rows_per_range`` rows a range, in order."""
     import pyarrow.parquet as pq
 
     items: list[dict[str, Any]] = []
@@ -106,7 +106,7 @@ def _train_ranges(files: list[Path], rows_per_task: int) -> list[dict[str, Any]]
         for g in range(meta.num_row_groups):
             groups.append(g)
             rows += meta.row_group(g).num_rows
-            if rows >= rows_per_task:
+            if rows >= rows_per_range:
                 items.append({"path": str(path), "groups": groups, "rows": rows})
                 groups, rows = [], 0
         if groups:
@@ -144,8 +144,8 @@ def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> I
     """
     import ray
 
-    rows_per_task = config.batch_size * max(1, 16384 // config.batch_size)
-    items = _train_ranges(files, rows_per_task)
+    rows_per_range = config.batch_size * max(1, 16384 // config.batch_size)
+    items = _train_ranges(files, rows_per_range)
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         RangeEncoder,

@@ -34,7 +34,7 @@ from transformer_core import checkpoint as ckpt
 from transformer_core.batching import collate, plan_batches
 from transformer_core.config import ModelConfig
 from transformer_core.loss import label_smoothed_nll
-from transformer_core.model import Transformer, count_parameters
+from transformer_core.model import Memory, Transformer, count_parameters
 from transformer_core.schedule import learning_rate, make_optimizer
 
 log = logging.getLogger(__name__)
@@ -284,9 +284,10 @@ def evaluate(
     for i, rows in enumerate(batches):
         src, tgt_in, tgt_out = (t.to(device) for t in data.batch(rows, mc.pad_id, mc.bos_id))
         with autocast():
-            logits = model(src, tgt_in)
+            memory = model.encode(src)  # model(src, tgt_in), with the encoder output kept
+            logits = model.decode(tgt_in, memory)
             if i == 0:
-                totals[3] += encoder_spread(model, src, mc.pad_id)
+                totals[3] += encoder_spread(memory)
                 totals[4] += 1
         loss, nll, n = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
         totals[0] += loss
@@ -303,14 +304,14 @@ def evaluate(
     }
 
 
-def encoder_spread(model: torch.nn.Module, src: torch.Tensor, pad_id: int) -> torch.Tensor:
+def encoder_spread(memory: Memory) -> torch.Tensor:
     """How much the encoder's output differs between the positions of a sentence: the mean
     distance of each real position's state from its sentence's mean state, over the mean state
     norm. About 0.5 at initialisation and for a model that reads its source; near 0 when the
     encoder has collapsed to a source-independent output (the decoder then parses or
     translates from its own prefix alone)."""
-    states = model.encode(src).states.float()  # (B, S, D)
-    real = src.ne(pad_id).unsqueeze(-1).float()  # (B, S, 1)
+    states = memory.states.float()  # (B, S, D)
+    real = (~memory.src_pad).unsqueeze(-1).float()  # (B, S, 1)
     mean = (states * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1)
     spread = ((states - mean).norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
     scale = (states.norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)

@@ -176,7 +176,7 @@ def translate_distributed(
 def plot_attention(
     weights: Path,
     tokenizer_dir: Path,
-    texts: Sequence[str],
+    src_ids: Sequence[Sequence[int]],
     hyps: Sequence[str],
     path: Path,
     *,
@@ -185,7 +185,8 @@ def plot_attention(
     max_tgt: int = 40,
 ) -> int:
     """Heat maps of the last decoder layer's encoder-decoder attention (mean over heads) for the
-    first ``n`` test sentences short enough to read (pieces on the axes); how many were drawn."""
+    first ``n`` test sentences short enough to read (pieces on the axes); how many were drawn.
+    ``src_ids`` are the encoded sources, ``hyps`` their translations as text."""
     import torch
     from matplotlib.figure import Figure
 
@@ -194,10 +195,12 @@ def plot_attention(
 
     tok = tokenizer_lib.load(Path(tokenizer_dir))
     picked = []
-    for text, hyp in zip(texts, hyps, strict=True):
-        src, tgt = encode_texts(tok, [text])[0], encode_texts(tok, [hyp])[0]
-        if 2 <= len(src) <= max_src and 2 <= len(tgt) <= max_tgt:
-            picked.append((src, tgt))
+    for src, hyp in zip(src_ids, hyps, strict=True):
+        if not 2 <= len(src) <= max_src:
+            continue
+        tgt = encode_texts(tok, [hyp])[0]
+        if 2 <= len(tgt) <= max_tgt:
+            picked.append((list(src), tgt))
         if len(picked) == n:
             break
     if not picked:
@@ -265,7 +268,7 @@ def run(
         )
         out_tokens = int(sum(n_tokens))
         try:  # a picture for people; a failure here must not cost the decoded test set
-            plotted = plot_attention(weights, tokenizer_dir, texts, hyps, tmp / ATTENTION_PLOT)
+            plotted = plot_attention(weights, tokenizer_dir, src_ids, hyps, tmp / ATTENTION_PLOT)
         except Exception as exc:  # noqa: BLE001
             log.warning("translate: no attention plot (%s: %s)", type(exc).__name__, exc)
             plotted = 0

@@ -190,13 +190,12 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         cross_kv: tuple[Tensor, Tensor],
         src_mask: Tensor,
-        past_kv: tuple[Tensor, Tensor] | None = None,
         state: DecoderState | None = None,
         layer: int = 0,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x (B, T, D) holds the new positions; past_kv the cached self-attention keys/values of
-        earlier positions, or ``state`` (whose buffers of layer ``layer`` take the new
-        keys/values in place). Returns the output and the self-attention keys/values so far."""
+    ) -> Tensor:
+        """x (B, T, D) holds the new positions; without ``state`` they are the whole target,
+        with it they follow the cached ones (whose buffers of layer ``layer`` take the new
+        self-attention keys/values in place)."""
         h = self._sublayer_in(self.norm1, x)
         k, v = self.self_attn.keys_values(h)  # (B, nh, T, hk), (B, nh, T, hv)
         n_past = 0
@@ -205,10 +204,6 @@ class DecoderLayer(nn.Module):
             n_past = state.self_kv[layer][0].size(2)  # this layer's length before the append
             group = state.group
             k, v = state._append(layer, k, v)  # (B, nh, n_past + T, hk), views of the buffers
-        elif past_kv is not None:
-            n_past = past_kv[0].size(2)
-            k = torch.cat([past_kv[0], k], dim=2)  # (B, nh, n_past + T, hk)
-            v = torch.cat([past_kv[1], v], dim=2)  # (B, nh, n_past + T, hv)
         # Targets are right-padded, so the causal mask alone keeps real positions from seeing
         # padding; outputs at padded positions are ignored by the loss.
         # A decoding step on CPU (one new position, no dropout): plain-matmul attention, no mask.
@@ -228,8 +223,7 @@ class DecoderLayer(nn.Module):
         else:  # the beams of a sentence share its cross-attention keys/values
             crossed = self.cross_attn.forward_grouped(h, *cross_kv, mask=src_mask, group=group)
         x = self._residual(self.norm2, x, crossed)
-        x = self._residual(self.norm3, x, self.ffn(self._sublayer_in(self.norm3, x)))
-        return x, (k, v)
+        return self._residual(self.norm3, x, self.ffn(self._sublayer_in(self.norm3, x)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,8 +266,14 @@ class DecoderState:
     """Consecutive batch rows that share one row of ``cross_kv`` and ``src_pad``."""
     capacity: int = 0
     """Positions to preallocate in the self-attention buffers (a hint; they grow as needed)."""
-    _buffers: list[tuple[Tensor, Tensor] | None] = field(default_factory=list, repr=False)
-    _spare: list[tuple[Tensor, Tensor] | None] = field(default_factory=list, repr=False)
+    _buffers: list[tuple[Tensor, Tensor] | None] = field(init=False, repr=False)
+    _spare: list[tuple[Tensor, Tensor] | None] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Per layer: the buffers the cached keys/values are views of, and a second pair that
+        # reordering gathers into (then the two swap); None until a layer's first append.
+        self._buffers = [None] * len(self.self_kv)
+        self._spare = [None] * len(self.self_kv)
 
     @property
     def length(self) -> int:
@@ -286,16 +286,10 @@ class DecoderState:
 
     def _buffer(self, layer: int, past: Tensor) -> tuple[Tensor, Tensor] | None:
         """Layer ``layer``'s buffers if ``past`` (its cached keys) is a view of them."""
-        buf = self._buffers[layer] if layer < len(self._buffers) else None
+        buf = self._buffers[layer]
         if buf is None or buf[0].data_ptr() != past.data_ptr() or buf[0].size(0) != past.size(0):
             return None
         return buf
-
-    @staticmethod
-    def _slot(table: list, layer: int, value: object) -> None:
-        while len(table) <= layer:
-            table.append(None)
-        table[layer] = value
 
     def _append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new keys/values (B, nh, T, hk) of ``layer`` after the cached ones, in place;
@@ -313,7 +307,7 @@ class DecoderState:
             if t:
                 buf[0][:, :, :t].copy_(past_k)
                 buf[1][:, :, :t].copy_(past_v)
-            self._slot(self._buffers, layer, buf)
+            self._buffers[layer] = buf
         buf[0][:, :, t : t + T].copy_(k)
         buf[1][:, :, t : t + T].copy_(v)
         kv = (buf[0][:, :, : t + T], buf[1][:, :, : t + T])
@@ -329,7 +323,7 @@ class DecoderState:
             if buf is None:  # not (yet) in a buffer: a plain gather
                 self.self_kv[layer] = (k.index_select(0, indices), v.index_select(0, indices))
                 continue
-            spare = self._spare[layer] if layer < len(self._spare) else None
+            spare = self._spare[layer]
             capacity = buf[0].size(2)
             if spare is None or spare[0].size(0) < n or spare[0].size(2) != capacity:
                 spare = (
@@ -339,8 +333,7 @@ class DecoderState:
             spare = (spare[0][:n], spare[1][:n])  # leading rows: still contiguous
             torch.index_select(k, 0, indices, out=spare[0][:, :, :t])
             torch.index_select(v, 0, indices, out=spare[1][:, :, :t])
-            self._slot(self._spare, layer, buf)
-            self._slot(self._buffers, layer, spare)
+            self._spare[layer], self._buffers[layer] = buf, spare
             self.self_kv[layer] = (spare[0][:, :, :t], spare[1][:, :, :t])
 
     def _pick_cross(self, indices: Tensor) -> None:
@@ -361,14 +354,13 @@ class DecoderState:
         """Beam search's reorder: keep self-attention rows ``rows`` (B',), keep cross-attention
         rows ``groups`` (all when None), and let each serve ``group`` consecutive rows. The
         caller guarantees that row i of the result belongs to group i // ``group``."""
+        n_groups = self.src_pad.size(0) if groups is None else groups.size(0)
+        if n_groups * group != rows.size(0):
+            raise ValueError(f"{rows.size(0)} rows do not make {n_groups} groups of {group}")
         self._pick_self(rows)
         if groups is not None:
             self._pick_cross(groups)
         self.group = group
-        if self.batch_size != rows.size(0):
-            raise ValueError(
-                f"{rows.size(0)} rows do not make {self.src_pad.size(0)} groups of {group}"
-            )
         return self
 
 
@@ -517,7 +509,7 @@ class Transformer(nn.Module):
             src_mask = torch.zeros(pad.shape, dtype=dtype).masked_fill_(pad, float("-inf"))
         x = self._embed(tgt_in, self.tgt_embed, start=n_past)
         for i, layer in enumerate(self.decoder_layers):
-            x, _ = layer(x, cross[i], src_mask, state=state, layer=i)
+            x = layer(x, cross[i], src_mask, state=state, layer=i)
         if self.config.norm_first:
             x = self.decoder_norm(x)
         return self._logits(x)  # (B, T, V)

@@ -43,9 +43,13 @@ def _output_limits(
     return limits.clamp(min=1, max=model.config.max_len)
 
 
-def _next_log_probs(logits: Tensor, model: Transformer) -> Tensor:
-    """(N, V) last-position logits -> float32 log-probabilities with PAD and BOS excluded."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
+def _next_log_probs(logits: Tensor, model: Transformer, out: Tensor | None = None) -> Tensor:
+    """(N, V) last-position logits -> float32 log-probabilities with PAD and BOS excluded
+    (written into ``out`` when given, e.g. a buffer reused every step)."""
+    if out is None:
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+    else:
+        log_probs = torch.log_softmax(logits.float(), dim=-1, out=out)
     log_probs[:, [model.config.pad_id, model.config.bos_id]] = float("-inf")
     return log_probs
 
@@ -182,11 +186,8 @@ def beam_search_hypotheses(
                 V = logits.size(-1)
                 if log_prob_buffer is None:
                     log_prob_buffer = torch.empty(n * k, V, device=device)
-                # _next_log_probs, then + scores, in place in the buffer (same arithmetic).
-                log_probs = log_prob_buffer[: n * k]  # leading rows: contiguous
-                torch.log_softmax(logits.float(), dim=-1, out=log_probs)
-                log_probs[:, config.pad_id] = float("-inf")
-                log_probs[:, config.bos_id] = float("-inf")
+                # In the buffer's leading rows (contiguous), then + scores in place.
+                log_probs = _next_log_probs(logits, model, out=log_prob_buffer[: n * k])
                 candidates = log_probs.add_(scores.view(n * k, 1)).view(n, k * V)  # (n, k*V)
             top_scores, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
             top_beam = top_index // V  # (n, 2k) which beam each continuation extends

@@ -13,18 +13,8 @@ from tasks.artifacts import StageError, read_manifest, run_stage
 from tasks.config import CleanConfig, DataConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
 from transformer_core.config import EOS_ID
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    import ray
-
-    from tasks.runtime import ensure_ray
-
-    ensure_ray(RayConfig(num_cpus=2))
-    yield
-    ray.shutdown()
+# Every test here runs stages on a local Ray.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_local")]
 
 
 def make_config(root: Path, **changes) -> RunConfig:

@@ -57,26 +57,6 @@ def write_config(path: Path, config: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from tasks.config import RayConfig
-    from tasks.runtime import ensure_ray
-
-    ensure_ray(RayConfig(num_cpus=2))
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def first_run(tmp_path_factory, harness, ray_local):
     from pipelines.flows import wmt14_flow
 

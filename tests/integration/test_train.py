@@ -144,15 +144,6 @@ def metric_history(config: RunConfig, run_id: str, key: str) -> dict[int, float]
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def trained(ray_local, tmp_path_factory):
     from tasks import train
 

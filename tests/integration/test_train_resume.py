@@ -21,15 +21,6 @@ TRACES = ("loss", "nll", "lr", "grad_norm", "epoch", "batch_index")
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tracking(tmp_path_factory):
     """One MLflow database for the module (creating one costs seconds)."""
     return tmp_path_factory.mktemp("mlflow")

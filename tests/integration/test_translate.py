@@ -113,17 +113,6 @@ def run_config(root: Path, **decode) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from tasks.runtime import ensure_ray
-
-    ensure_ray(RayConfig(num_cpus=2))
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("translate")
     tok = make_tokenizer(root)

@@ -20,18 +20,8 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.skipif(not (SAMPLE / "train.en").is_file(), reason=f"{SAMPLE} is absent"),
+    pytest.mark.usefixtures("ray_local"),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    import ray
-
-    from tasks.runtime import ensure_ray
-
-    ensure_ray(RayConfig(num_cpus=2))
-    yield
-    ray.shutdown()
 
 
 def sample_download(root: Path) -> Path:
