@@ -25,17 +25,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report, vocab_for  # noqa: E402
 
-from transformer_core import EOS_ID, PAD_ID, Transformer, presets  # noqa: E402
+from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets  # noqa: E402
 from transformer_core.search import beam_search, greedy_search  # noqa: E402
 
 
-class NoEOS(Transformer):
-    """The model with EOS masked out, so outputs run to the requested fixed length."""
+def no_eos(decode):
+    """A decoder entry point with EOS masked out, so outputs run to the requested fixed length."""
 
-    def decode(self, tgt_in, memory, state=None):
-        logits = super().decode(tgt_in, memory, state)
+    def masked(*args):
+        logits = decode(*args)
         logits[..., EOS_ID] = float("-inf")
         return logits
+
+    return masked
+
+
+class NoEOS(Transformer):
+    """The model with EOS masked out of the full pass (search without the cache)."""
+
+    decode = no_eos(Transformer.decode)
+
+
+# And out of the incremental step (search with the cache), which search looks up on the module.
+decoding.decode_step = no_eos(decoding.decode_step)
 
 
 def sources(batch: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:

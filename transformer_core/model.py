@@ -1,9 +1,10 @@
 """The encoder-decoder Transformer of Vaswani et al. 2017, section 3, in one file.
 
 Read top to bottom: positional encoding (3.5), multi-head attention (3.2), the position-wise
-feed-forward network (3.3), encoder and decoder layers with post-layer-norm residuals (3.1;
-pre-norm with ``ModelConfig.norm_first``), and the full model with shared embeddings (3.4). Loss and decoding live elsewhere
-(``loss.py``, ``search.py``); parallelism and mixed precision are applied by the trainer.
+feed-forward network (3.3), the residual connection around every sub-layer (5.4), encoder and
+decoder layers (3.1), and the full model with shared embeddings (3.4). Incremental decoding
+lives in ``decoding.py``, search in ``search.py``, the loss in ``loss.py``; parallelism and
+mixed precision are applied by the trainer.
 
 Shapes: B batch, S source length, T target length, D d_model, V vocabulary,
 nh heads, hk / hv per-head key / value width.
@@ -12,7 +13,8 @@ nh heads, hk / hv per-head key / value width.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +80,6 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, nh*hv)
         return self.out_proj(y)  # (B, T, D)
 
-
     def weights(self, x: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
         """The attention probabilities (B, nh, T, S) that ``forward`` applies (no dropout)."""
         q = self._split_heads(self.q_proj(x), self.d_k)  # (B, nh, T, hk)
@@ -87,43 +88,9 @@ class MultiHeadAttention(nn.Module):
             scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1)
 
-    def forward_grouped(
-        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, group: int, bias: bool = False
-    ) -> Tensor:
-        """Like ``forward`` for x (n*g, T, D) whose g consecutive rows share the keys/values
-        k (n, nh, S, hk), v and mask (n, 1, 1, S): the g*T queries of a group attend together
-        (beams of one sentence over its source), so k and v are never copied per row. With
-        ``bias``, ``mask`` is additive (0 or -inf) and the attention runs as plain matmuls,
-        about twice as fast on CPU as SDPA's kernel for the few queries of a decoding step."""
-        B, T, _ = x.shape
-        n = B // group
-        q = self.q_proj(x).view(n, group * T, self.n_heads, self.d_k).transpose(1, 2)
-        if bias:
-            y = _small_attention(q, k, v, mask)  # (n, nh, g*T, hv)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (n, nh, g*T, hv)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (n*g, T, nh*hv)
-        return self.out_proj(y)
-
-
-def _small_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-    """softmax(q k^T / sqrt(d_k) + bias) v with plain matmuls (inference, no dropout)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.size(-1)))
-    if bias is not None:
-        scores.add_(bias)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
-def causal_mask(n_new: int, n_past: int, device: torch.device) -> Tensor | None:
-    """Boolean (n_new, n_past + n_new) mask: new query i sees keys 0 .. n_past + i. None if the
-    mask allows everything (a single new position)."""
-    if n_new == 1:
-        return None
-    return torch.ones(n_new, n_past + n_new, dtype=torch.bool, device=device).tril(diagonal=n_past)
-
 
 # ---------------------------------------------------------------------------------------------
-# Feed-forward network (section 3.3) and the two layer kinds (section 3.1)
+# Feed-forward network (section 3.3), residual connections (5.4), the two layer kinds (3.1)
 
 
 class FeedForward(nn.Module):
@@ -138,96 +105,86 @@ class FeedForward(nn.Module):
         return self.w2(F.relu(self.w1(x)))
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each as LayerNorm(x + Dropout(Sublayer(x))), or with
-    ``config.norm_first`` as x + Dropout(Sublayer(LayerNorm(x)))."""
+class ResidualLayer(nn.Module):
+    """Base of both layer kinds: the residual connection and layer norm around each sub-layer."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def sublayer(self, norm: nn.LayerNorm, x: Tensor, f: Callable[[Tensor], Tensor]) -> Tensor:
+        """Sub-layer f with its residual connection: post-norm LayerNorm(x + Dropout(f(x))), the
+        paper's, or with ``config.norm_first`` pre-norm x + Dropout(f(LayerNorm(x)))."""
+        if self.norm_first:
+            return x + self.dropout(f(norm(x)))
+        return norm(x + self.dropout(f(x)))
+
+
+class EncoderLayer(ResidualLayer):
+    """Self-attention, then feed-forward, each inside ``sublayer``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
         self.self_attn = MultiHeadAttention(config)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config)
         self.norm2 = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
-        self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         """x (B, S, D); src_mask (B, 1, 1, S) True at real source tokens."""
-        if self.norm_first:
-            h = self.norm1(x)
-            k, v = self.self_attn.keys_values(h)
-            x = x + self.dropout(self.self_attn(h, k, v, mask=src_mask))
-            return x + self.dropout(self.ffn(self.norm2(x)))
-        k, v = self.self_attn.keys_values(x)
-        x = self.norm1(x + self.dropout(self.self_attn(x, k, v, mask=src_mask)))
-        x = self.norm2(x + self.dropout(self.ffn(x)))
-        return x
+
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, *self.self_attn.keys_values(h), mask=src_mask)
+
+        x = self.sublayer(self.norm1, x, self_attention)
+        return self.sublayer(self.norm2, x, self.ffn)
 
 
-class DecoderLayer(nn.Module):
-    """Masked self-attention, attention over the encoder output, feed-forward; post-norm each
-    (pre-norm with ``config.norm_first``)."""
+class DecoderLayer(ResidualLayer):
+    """Masked self-attention, attention over the encoder output, feed-forward, each inside
+    ``sublayer``; the three blocks take the attention to run so that incremental decoding can
+    attend over its cache with the same norms and residuals."""
 
     def __init__(self, config: ModelConfig):
-        super().__init__()
+        super().__init__(config)
         self.self_attn = MultiHeadAttention(config)
         self.norm1 = nn.LayerNorm(config.d_model)
         self.cross_attn = MultiHeadAttention(config)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config)
         self.norm3 = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
-        self.norm_first = config.norm_first
 
-    def _sublayer_in(self, norm: nn.LayerNorm, x: Tensor) -> Tensor:
-        return norm(x) if self.norm_first else x
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """x (B, T, D) the whole target; memory (B, S, D) the encoder output; src_mask
+        (B, 1, 1, S) True at real source tokens."""
 
-    def _residual(self, norm: nn.LayerNorm, x: Tensor, y: Tensor) -> Tensor:
-        return x + self.dropout(y) if self.norm_first else norm(x + self.dropout(y))
-
-    def forward(
-        self,
-        x: Tensor,
-        cross_kv: tuple[Tensor, Tensor],
-        src_mask: Tensor,
-        state: DecoderState | None = None,
-        layer: int = 0,
-    ) -> Tensor:
-        """x (B, T, D) holds the new positions; without ``state`` they are the whole target,
-        with it they follow the cached ones (whose buffers of layer ``layer`` take the new
-        self-attention keys/values in place)."""
-        h = self._sublayer_in(self.norm1, x)
-        k, v = self.self_attn.keys_values(h)  # (B, nh, T, hk), (B, nh, T, hv)
-        n_past = 0
-        group = 1
-        if state is not None:
-            n_past = state.self_kv[layer][0].size(2)  # this layer's length before the append
-            group = state.group
-            k, v = state._append(layer, k, v)  # (B, nh, n_past + T, hk), views of the buffers
         # Targets are right-padded, so the causal mask alone keeps real positions from seeing
         # padding; outputs at padded positions are ignored by the loss.
-        # A decoding step on CPU (one new position, no dropout): plain-matmul attention, no mask.
-        small = state is not None and x.size(1) == 1 and not self.training and x.device.type == "cpu"
-        if small:
-            attended = self.self_attn.forward_grouped(h, k, v, None, group=1, bias=True)
-        elif n_past == 0:
-            attended = self.self_attn(h, k, v, is_causal=True)  # SDPA's fused causal path
-        else:
-            attended = self.self_attn(h, k, v, mask=causal_mask(x.size(1), n_past, x.device))
-        x = self._residual(self.norm1, x, attended)
-        h = self._sublayer_in(self.norm2, x)
-        if small:  # src_mask is then additive: 0 at real source tokens, -inf at padding
-            crossed = self.cross_attn.forward_grouped(h, *cross_kv, src_mask, group, bias=True)
-        elif group == 1:
-            crossed = self.cross_attn(h, *cross_kv, mask=src_mask)
-        else:  # the beams of a sentence share its cross-attention keys/values
-            crossed = self.cross_attn.forward_grouped(h, *cross_kv, mask=src_mask, group=group)
-        x = self._residual(self.norm2, x, crossed)
-        return self._residual(self.norm3, x, self.ffn(self._sublayer_in(self.norm3, x)))
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, *self.self_attn.keys_values(h), is_causal=True)
+
+        k, v = self.cross_attn.keys_values(memory)  # (B, nh, S, hk), (B, nh, S, hv)
+
+        def cross_attention(h: Tensor) -> Tensor:
+            return self.cross_attn(h, k, v, mask=src_mask)
+
+        x = self.self_attn_block(x, self_attention)
+        x = self.cross_attn_block(x, cross_attention)
+        return self.ffn_block(x)
+
+    def self_attn_block(self, x: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
+        return self.sublayer(self.norm1, x, attend)
+
+    def cross_attn_block(self, x: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
+        return self.sublayer(self.norm2, x, attend)
+
+    def ffn_block(self, x: Tensor) -> Tensor:
+        return self.sublayer(self.norm3, x, self.ffn)
 
 
 # ---------------------------------------------------------------------------------------------
-# What passes between encoder, decoder and search
+# The model (sections 3.1 and 3.4)
 
 
 @dataclass
@@ -242,130 +199,6 @@ class Memory:
     def index_select(self, indices: Tensor) -> Memory:
         """The rows ``indices`` (used to expand a batch into beams)."""
         return Memory(self.states.index_select(0, indices), self.src_pad.index_select(0, indices))
-
-
-@dataclass
-class DecoderState:
-    """Incremental decoding cache: per layer, self-attention keys/values of the positions fed so
-    far, and cross-attention keys/values of the encoder output (computed once).
-
-    The self-attention keys/values live in per-layer buffers preallocated along the time axis
-    (``capacity`` positions, doubled when exceeded): each ``decode`` call writes its new
-    positions in place, and ``reorder`` gathers the rows into a second buffer kept for that,
-    so no step allocates or concatenates a growing cache. With ``group`` > 1, each row of
-    ``cross_kv`` and ``src_pad`` serves ``group`` consecutive batch rows (the beams of one
-    sentence), so reordering beams within their sentences never copies them."""
-
-    self_kv: list[tuple[Tensor, Tensor]]
-    """Per layer: (B, nh, t, hk), (B, nh, t, hv); t grows with every ``decode`` call."""
-    cross_kv: list[tuple[Tensor, Tensor]]
-    """Per layer: (B / group, nh, S, hk), (B / group, nh, S, hv)."""
-    src_pad: Tensor
-    """(B / group, S) bool, True at padding."""
-    group: int = 1
-    """Consecutive batch rows that share one row of ``cross_kv`` and ``src_pad``."""
-    capacity: int = 0
-    """Positions to preallocate in the self-attention buffers (a hint; they grow as needed)."""
-    _buffers: list[tuple[Tensor, Tensor] | None] = field(init=False, repr=False)
-    _spare: list[tuple[Tensor, Tensor] | None] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        # Per layer: the buffers the cached keys/values are views of, and a second pair that
-        # reordering gathers into (then the two swap); None until a layer's first append.
-        self._buffers = [None] * len(self.self_kv)
-        self._spare = [None] * len(self.self_kv)
-
-    @property
-    def length(self) -> int:
-        """Number of target positions already decoded."""
-        return self.self_kv[0][0].size(2)
-
-    @property
-    def batch_size(self) -> int:
-        return self.src_pad.size(0) * self.group
-
-    def _buffer(self, layer: int, past: Tensor) -> tuple[Tensor, Tensor] | None:
-        """Layer ``layer``'s buffers if ``past`` (its cached keys) is a view of them."""
-        buf = self._buffers[layer]
-        if buf is None or buf[0].data_ptr() != past.data_ptr() or buf[0].size(0) != past.size(0):
-            return None
-        return buf
-
-    def _append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new keys/values (B, nh, T, hk) of ``layer`` after the cached ones, in place;
-        returns the views (B, nh, t + T, hk), (B, nh, t + T, hv) of everything so far."""
-        past_k, past_v = self.self_kv[layer]
-        t, T = past_k.size(2), k.size(2)
-        buf = self._buffer(layer, past_k)
-        if buf is None or buf[0].size(2) < t + T or buf[0].dtype != k.dtype:
-            capacity = max(t + T, self.capacity, 2 * t, 8)
-            B, nh = k.size(0), k.size(1)
-            buf = (
-                k.new_empty(B, nh, capacity, k.size(3)),
-                v.new_empty(B, nh, capacity, v.size(3)),
-            )
-            if t:
-                buf[0][:, :, :t].copy_(past_k)
-                buf[1][:, :, :t].copy_(past_v)
-            self._buffers[layer] = buf
-        buf[0][:, :, t : t + T].copy_(k)
-        buf[1][:, :, t : t + T].copy_(v)
-        kv = (buf[0][:, :, : t + T], buf[1][:, :, : t + T])
-        self.self_kv[layer] = kv
-        return kv
-
-    def _pick_self(self, indices: Tensor) -> None:
-        """Keep rows ``indices`` of the self-attention cache, gathered into the spare buffers."""
-        n = indices.size(0)
-        for layer, (k, v) in enumerate(self.self_kv):
-            buf = self._buffer(layer, k)
-            t = k.size(2)
-            if buf is None:  # not (yet) in a buffer: a plain gather
-                self.self_kv[layer] = (k.index_select(0, indices), v.index_select(0, indices))
-                continue
-            spare = self._spare[layer]
-            capacity = buf[0].size(2)
-            if spare is None or spare[0].size(0) < n or spare[0].size(2) != capacity:
-                spare = (
-                    buf[0].new_empty(n, buf[0].size(1), capacity, buf[0].size(3)),
-                    buf[1].new_empty(n, buf[1].size(1), capacity, buf[1].size(3)),
-                )
-            spare = (spare[0][:n], spare[1][:n])  # leading rows: still contiguous
-            torch.index_select(k, 0, indices, out=spare[0][:, :, :t])
-            torch.index_select(v, 0, indices, out=spare[1][:, :, :t])
-            self._spare[layer], self._buffers[layer] = buf, spare
-            self.self_kv[layer] = (spare[0][:, :, :t], spare[1][:, :, :t])
-
-    def _pick_cross(self, indices: Tensor) -> None:
-        self.cross_kv = [(k.index_select(0, indices), v.index_select(0, indices)) for k, v in self.cross_kv]
-        self.src_pad = self.src_pad.index_select(0, indices)
-
-    def reorder(self, indices: Tensor) -> DecoderState:
-        """Keep rows ``indices`` (B',) in that order, in place: beams reorder, finished drop out."""
-        if self.group > 1:  # rows may now mix sentences: one cross-attention row per batch row
-            self._pick_cross(torch.div(indices, self.group, rounding_mode="floor"))
-            self.group = 1
-        else:
-            self._pick_cross(indices)
-        self._pick_self(indices)
-        return self
-
-    def regroup(self, rows: Tensor, groups: Tensor | None, group: int) -> DecoderState:
-        """Beam search's reorder: keep self-attention rows ``rows`` (B',), keep cross-attention
-        rows ``groups`` (all when None), and let each serve ``group`` consecutive rows. The
-        caller guarantees that row i of the result belongs to group i // ``group``."""
-        n_groups = self.src_pad.size(0) if groups is None else groups.size(0)
-        if n_groups * group != rows.size(0):
-            raise ValueError(f"{rows.size(0)} rows do not make {n_groups} groups of {group}")
-        self._pick_self(rows)
-        if groups is not None:
-            self._pick_cross(groups)
-        self.group = group
-        return self
-
-
-# ---------------------------------------------------------------------------------------------
-# The model (sections 3.1 and 3.4)
 
 
 class Transformer(nn.Module):
@@ -425,7 +258,9 @@ class Transformer(nn.Module):
 
     # -- input checks and embedding ------------------------------------------------------------
 
-    def _check_tokens(self, tokens: Tensor, vocab_size: int, name: str, n_past: int = 0) -> None:
+    def check_shape(self, tokens: Tensor, name: str, start: int = 0) -> None:
+        """ValueError unless ``tokens`` is a non-empty (B, T) integer tensor whose positions
+        start .. start + T - 1 fit ``config.max_len``. Reads no values: no host sync."""
         if tokens.dim() != 2:
             raise ValueError(f"{name} must be (batch, length), got shape {tuple(tokens.shape)}")
         if tokens.dtype not in (torch.int64, torch.int32):
@@ -433,26 +268,39 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if B == 0 or T == 0:
             raise ValueError(f"{name} is empty: shape {tuple(tokens.shape)}")
-        if n_past + T > self.config.max_len:
+        if start + T > self.config.max_len:
             raise ValueError(
-                f"{name} reaches length {n_past + T}, longer than config.max_len={self.config.max_len}"
+                f"{name} reaches length {start + T}, "
+                f"longer than config.max_len={self.config.max_len}"
             )
-        if tokens.device.type != "cpu":
-            # Value checks read the tensor back to the host: a sync per call on an accelerator,
-            # where the training loop cannot afford it. Shapes were checked above.
-            return
-        low, high = torch.aminmax(tokens)
-        if int(low) < 0 or int(high) >= vocab_size:
-            raise ValueError(
-                f"{name} has token ids in [{int(low)}, {int(high)}], outside [0, {vocab_size})"
-            )
+
+    def check_values(self, src: Tensor | None = None, tgt_in: Tensor | None = None) -> None:
+        """ValueError for ids outside the vocabularies or a source row made only of padding
+        (after ``check_shape``). Reads the values back to the host, so ``encode`` and ``decode``
+        leave it to callers that can afford a sync: search calls it, the training loop does not."""
+        for tokens, name, vocab_size in (
+            (src, "src", self.src_vocab_size),
+            (tgt_in, "tgt_in", self.tgt_vocab_size),
+        ):
+            if tokens is None:
+                continue
+            self.check_shape(tokens, name)
+            low, high = (int(t) for t in torch.aminmax(tokens))
+            if low < 0 or high >= vocab_size:
+                raise ValueError(
+                    f"{name} has token ids in [{low}, {high}], outside [0, {vocab_size})"
+                )
+        # A source of only padding would leave its attention rows nothing to attend to (NaN).
+        if src is not None and bool(src.eq(self.config.pad_id).all(dim=1).any()):
+            raise ValueError("src has a row made only of padding; every source needs a token")
 
     def _positions(self, start: int, length: int) -> Tensor:
         if self.config.positional == "learned":
             return self.pos_embed.weight[start : start + length]  # (T, D)
         return self.pos_table[start : start + length]  # (T, D)
 
-    def _embed(self, tokens: Tensor, embedding: nn.Embedding, start: int = 0) -> Tensor:
+    def embed(self, tokens: Tensor, embedding: nn.Embedding, start: int = 0) -> Tensor:
+        """Ids (B, T) at positions start .. start + T - 1 -> Dropout(E sqrt(D) + PE) (B, T, D)."""
         x = embedding(tokens) * math.sqrt(self.config.d_model)  # (B, T, D)
         x = x + self._positions(start, tokens.size(1)).to(x.dtype)
         return self.dropout(x)
@@ -461,83 +309,34 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor) -> Memory:
         """Source ids (B, S) -> Memory(states (B, S, D), src_pad (B, S))."""
-        self._check_tokens(src, self.src_vocab_size, "src")
+        self.check_shape(src, "src")
         src_pad = src.eq(self.config.pad_id)  # (B, S)
-        if src.device.type == "cpu" and bool(src_pad.all(dim=1).any()):
-            raise ValueError("src has a row made only of padding; every source needs a token")
         src_mask = ~src_pad[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
-        x = self._embed(src, self.src_embed)
+        x = self.embed(src, self.src_embed)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
         if self.config.norm_first:
             x = self.encoder_norm(x)
         return Memory(states=x, src_pad=src_pad)
 
-    def init_state(self, memory: Memory, capacity: int = 0) -> DecoderState:
-        """An empty incremental-decoding cache for ``memory``, with cross-attention keys/values;
-        ``capacity`` (optional) preallocates that many target positions."""
-        B = memory.states.size(0)
-        ref = memory.states
-        empty_k = ref.new_zeros(B, self.config.n_heads, 0, self.config.head_dim_k)  # (B, nh, 0, hk)
-        empty_v = ref.new_zeros(B, self.config.n_heads, 0, self.config.head_dim_v)  # (B, nh, 0, hv)
-        return DecoderState(
-            self_kv=[(empty_k, empty_v) for _ in self.decoder_layers],
-            cross_kv=[layer.cross_attn.keys_values(memory.states) for layer in self.decoder_layers],
-            src_pad=memory.src_pad,
-            capacity=min(capacity, self.config.max_len),
-        )
-
-    def decode(self, tgt_in: Tensor, memory: Memory, state: DecoderState | None = None) -> Tensor:
-        """Decoder input ids (B, T) -> logits (B, T, V). With ``state``, ``tgt_in`` holds only
-        the new positions, which continue from the cached length; ``state`` is updated and
-        its own cross-attention cache and padding (reordered with it) are used, not ``memory``'s."""
-        n_past = 0 if state is None else state.length
-        self._check_tokens(tgt_in, self.tgt_vocab_size, "tgt_in", n_past=n_past)
-        if state is None:
-            cross = [layer.cross_attn.keys_values(memory.states) for layer in self.decoder_layers]
-            src_pad = memory.src_pad
-        else:
-            cross, src_pad = state.cross_kv, state.src_pad
-        batch = src_pad.size(0) if state is None else state.batch_size
-        if tgt_in.size(0) != batch:
-            raise ValueError(f"tgt_in has batch {tgt_in.size(0)} but the source has {batch}")
-        src_mask = ~src_pad[:, None, None, :]  # (B, 1, 1, S), or (B / group, ...) with a state
-        if state is not None and tgt_in.size(1) == 1 and not self.training and src_pad.device.type == "cpu":
-            # The decoder layers' plain-matmul path for one step takes an additive mask.
-            pad = src_pad[:, None, None, :]
-            dtype = state.cross_kv[0][0].dtype
-            src_mask = torch.zeros(pad.shape, dtype=dtype).masked_fill_(pad, float("-inf"))
-        x = self._embed(tgt_in, self.tgt_embed, start=n_past)
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, cross[i], src_mask, state=state, layer=i)
+    def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
+        """Decoder input ids (B, T), the whole target prefix -> logits (B, T, V)."""
+        self.check_shape(tgt_in, "tgt_in")
+        if tgt_in.size(0) != memory.src_pad.size(0):
+            raise ValueError(
+                f"tgt_in has batch {tgt_in.size(0)} but the source has {memory.src_pad.size(0)}"
+            )
+        src_mask = ~memory.src_pad[:, None, None, :]  # (B, 1, 1, S)
+        x = self.embed(tgt_in, self.tgt_embed)
+        for layer in self.decoder_layers:
+            x = layer(x, memory.states, src_mask)
         if self.config.norm_first:
             x = self.decoder_norm(x)
-        return self._logits(x)  # (B, T, V)
+        return self.generator(x)  # (B, T, V)
 
-    _LOGIT_CHUNK = 2048
-
-    def _logits(self, x: Tensor) -> Tensor:
-        """The pre-softmax projection (B, T, D) -> (B, T, V). Without autograd on CPU it runs in
-        vocabulary chunks of 2,048 rows written into one output: the same dot products (each
-        logit is one full-width product, so bitwise the same values), split so that both
-        threads of a small machine stay busy and each weight slice is read once per call
-        (1.3x faster than one (B*T, D) x (D, V) GEMM on 2 threads at V = 37,000)."""
-        if (
-            type(self.generator) is not nn.Linear  # e.g. quantized for CPU inference
-            or torch.is_grad_enabled()
-            or x.device.type != "cpu"
-            or x.dtype != self.generator.weight.dtype
-            or torch.is_autocast_enabled(x.device.type)
-        ):
-            return self.generator(x)
-        weight = self.generator.weight  # (V, D)
-        rows = x.reshape(-1, x.size(-1))  # (B*T, D)
-        V = weight.size(0)
-        out = rows.new_empty(rows.size(0), V)
-        for start in range(0, V, self._LOGIT_CHUNK):
-            part = weight[start : start + self._LOGIT_CHUNK]  # (c, D), contiguous rows
-            torch.mm(rows, part.t(), out=out[:, start : start + part.size(0)])
-        return out.view(*x.shape[:-1], V)
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for source (B, S) and decoder input (B, T)."""
+        return self.decode(tgt_in, self.encode(src))
 
     @torch.no_grad()
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
@@ -563,10 +362,6 @@ class Transformer(nn.Module):
                 handle.remove()
             self.train(was_training)
         return captured
-
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V) for source (B, S) and decoder input (B, T)."""
-        return self.decode(tgt_in, self.encode(src))
 
 
 def count_parameters(model: nn.Module) -> int:

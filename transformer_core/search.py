@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer_core import decoding
 from transformer_core.model import Memory, Transformer
 
 
@@ -81,17 +82,18 @@ def greedy_search(
 ) -> list[list[int]]:
     """Most probable next token at every step, for a batch of sources (B, S)."""
     config = model.config
+    model.check_values(src=src)
     with _eval_mode(model):
         memory = model.encode(src)
         B = src.size(0)
         limits = _output_limits(model, src, max_len_offset, max_len).to(src.device)  # (B,)
-        state = model.init_state(memory, capacity=int(limits.max())) if use_cache else None
+        state = decoding.init_state(model, memory, int(limits.max())) if use_cache else None
         tokens = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         lengths = limits.clone()  # output length of each row, EOS excluded
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
         for step in range(int(limits.max())):
             if use_cache:
-                logits = model.decode(tokens[:, -1:], memory, state)[:, -1]  # (B, V)
+                logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (B, V)
             else:
                 logits = model.decode(tokens, memory)[:, -1]  # (B, V)
             next_token = _next_log_probs(logits, model).argmax(dim=-1)  # (B,)
@@ -146,6 +148,7 @@ def beam_search_hypotheses(
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0 (the early stop relies on it), got {alpha}")
     config = model.config
+    model.check_values(src=src)
     k = beam_size
     device = src.device
     with _eval_mode(model):
@@ -156,7 +159,7 @@ def beam_search_hypotheses(
         if use_cache:
             # One row per sentence for the first step (its k beams are still identical); then
             # the k beams of a sentence share its cross-attention keys/values (state.group).
-            state = model.init_state(memory, capacity=n_steps)
+            state = decoding.init_state(model, memory, capacity=n_steps)
         else:
             state = None
             beam_rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,)
@@ -174,13 +177,13 @@ def beam_search_hypotheses(
         for step in range(n_steps):
             n = active.numel()
             if use_cache and step == 0:
-                logits = model.decode(tokens[::k, -1:], memory, state)[:, -1]  # (n, V)
+                logits = decoding.decode_step(model, tokens[::k, -1:], state)[:, -1]  # (n, V)
                 log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
                 V = log_probs.size(-1)
                 candidates = (scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
             else:
                 if use_cache:
-                    logits = model.decode(tokens[:, -1:], memory, state)[:, -1]  # (n*k, V)
+                    logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (n*k, V)
                 else:
                     logits = model.decode(tokens, memory)[:, -1]  # (n*k, V)
                 V = logits.size(-1)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from transformer_core import ModelConfig
-from transformer_core.model import MultiHeadAttention, causal_mask
+from transformer_core.model import MultiHeadAttention
 
 D, H = 32, 4
 
@@ -106,8 +106,3 @@ def test_distinct_key_and_value_widths_match_naive(d_k, d_v):
     want = _naive(x, mem, attn, allowed[:, 0])  # (B, 1, S) for per-head (B, T, S) logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
-
-def test_causal_mask_with_past_is_the_tail_of_the_full_mask():
-    full = torch.ones(7, 7, dtype=torch.bool).tril()
-    torch.testing.assert_close(causal_mask(3, 4, torch.device("cpu")), full[4:, :])
-    assert causal_mask(1, 5, torch.device("cpu")) is None  # one new position sees everything

@@ -1,4 +1,4 @@
-"""The full model: incremental decoding, padding, tied embeddings, positions, init, bad input."""
+"""The full model: norm order, padding, tied embeddings, positions, init, bad input."""
 
 from __future__ import annotations
 
@@ -25,106 +25,6 @@ def _tokens(B: int, T: int, seed: int = 1, first: int | None = None) -> torch.Te
     if first is not None:
         x[:, 0] = first
     return x
-
-
-# -- incremental decoding ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_incremental_decoding_equals_full_forward(norm_first):
-    model = _model(norm_first=norm_first)
-    src = _tokens(3, 9)
-    src[1, 6:] = PAD_ID
-    tgt = _tokens(3, 8, seed=2, first=BOS_ID)
-    with torch.no_grad():
-        full = model(src, tgt)
-        memory = model.encode(src)
-        state = model.init_state(memory)
-        steps = [model.decode(tgt[:, :3], memory, state)]  # a chunk first, then one at a time
-        steps += [model.decode(tgt[:, t : t + 1], memory, state) for t in range(3, 8)]
-    assert state.length == 8
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_incremental_decoding_after_reorder_equals_full_forward(norm_first):
-    model = _model(seed=3, norm_first=norm_first)
-    src = _tokens(3, 7, seed=4)
-    src[2, 3:] = PAD_ID
-    tgt = _tokens(3, 6, seed=5, first=BOS_ID)
-    order = torch.tensor([2, 0, 0, 1])  # permute, duplicate and (implicitly) grow the batch
-    with torch.no_grad():
-        memory = model.encode(src)
-        state = model.init_state(memory)
-        model.decode(tgt[:, :3], memory, state)
-        state.reorder(order)
-        tail = torch.cat(
-            [model.decode(tgt[order, t : t + 1], memory, state) for t in range(3, 6)], 1
-        )
-        full = model(src[order], tgt[order])
-    torch.testing.assert_close(tail, full[:, 3:], atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_grouped_state_equals_full_forward(norm_first):
-    # Beam search's layout: one row per sentence for the first step, then k beams per sentence
-    # sharing its cross-attention keys/values; a sentence drops out; then a plain reorder.
-    model = _model(seed=6, norm_first=norm_first)
-    src = _tokens(3, 7, seed=7)
-    src[1, 4:] = PAD_ID
-    src[2, 2:] = PAD_ID
-    tgt = _tokens(6, 7, seed=8, first=BOS_ID)  # (3 sentences x 2 beams, T), each beam its own
-    beams = torch.tensor([0, 0, 1, 1, 2, 2])
-    with torch.inference_mode():
-        memory = model.encode(src)
-        state = model.init_state(memory, capacity=3)  # smaller than needed: the buffers grow
-        model.decode(tgt[::2, :1], memory, state)  # (3, 1, V)
-        state.regroup(beams, None, 2)
-        head = torch.cat([model.decode(tgt[:, t : t + 1], memory, state) for t in (1, 2)], 1)
-        rows = torch.tensor([1, 0, 4, 5])  # sentence 1 ends; beams swap within sentence 0
-        state.regroup(rows, torch.tensor([0, 2]), 2)
-        tgt2 = tgt[rows]
-        mid = torch.cat([model.decode(tgt2[:, t : t + 1], memory, state) for t in (3, 4)], 1)
-        order = torch.tensor([3, 0])  # beams of different sentences side by side: group 1
-        state.reorder(order)
-        tgt3 = tgt2[order]
-        tail = torch.cat([model.decode(tgt3[:, t : t + 1], memory, state) for t in (5, 6)], 1)
-        full = model(src[beams], tgt)
-        full2 = model(src[beams][rows], tgt2)
-        full3 = model(src[beams][rows][order], tgt3)
-    assert state.group == 1 and state.length == 7
-    torch.testing.assert_close(head, full[:, 1:3], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(mid, full2[:, 3:5], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(tail, full3[:, 5:7], atol=1e-5, rtol=1e-5)
-
-
-def test_regroup_rejects_rows_that_do_not_fill_the_groups():
-    model = _model()
-    with torch.no_grad():
-        state = model.init_state(model.encode(_tokens(2, 5)))
-        with pytest.raises(ValueError, match="groups of 2"):
-            state.regroup(torch.tensor([0, 0, 1]), None, 2)
-
-
-def test_chunked_output_projection_equals_the_linear_layer():
-    model = _model()
-    model._LOGIT_CHUNK = 7  # V = 40: five full chunks and a short one
-    x = torch.randn(2, 3, model.config.d_model)
-    with torch.inference_mode():
-        chunked = model._logits(x)
-    torch.testing.assert_close(chunked, model.generator(x), atol=1e-6, rtol=1e-6)
-
-
-def test_state_continues_positions_from_cached_length():
-    # Feeding the same token at two steps must give different outputs: positions advance.
-    model = _model()
-    src = _tokens(1, 5)
-    with torch.no_grad():
-        memory = model.encode(src)
-        state = model.init_state(memory)
-        a = model.decode(torch.tensor([[BOS_ID]]), memory, state)
-        b = model.decode(torch.tensor([[BOS_ID]]), memory, state)
-    assert not torch.allclose(a, b, atol=1e-4)
 
 
 # -- padding ---------------------------------------------------------------------------------
@@ -173,7 +73,7 @@ def test_separate_vocabularies_have_distinct_embeddings_and_work():
     tgt = torch.randint(4, 50, (2, 5))
     assert model(src, tgt).shape == (2, 5, 50)
     with pytest.raises(ValueError, match="src has token ids"):
-        model.encode(torch.full((1, 3), 40))  # valid target id, not a valid source id
+        model.check_values(src=torch.full((1, 3), 40))  # valid target id, not a valid source id
     untied = Transformer(presets.debug().replace(share_embeddings=False), 30, 50)
     assert untied.generator.weight is not untied.tgt_embed.weight
 
@@ -193,9 +93,9 @@ def test_embedding_is_scaled_and_adds_sinusoids():
     tokens = _tokens(2, 5)
     D = model.config.d_model
     want = model.src_embed.weight[tokens] * math.sqrt(D) + sinusoids(64, D)[:5]
-    torch.testing.assert_close(model._embed(tokens, model.src_embed), want)
+    torch.testing.assert_close(model.embed(tokens, model.src_embed), want)
     torch.testing.assert_close(
-        model._embed(tokens, model.src_embed, start=3)[:, 0],
+        model.embed(tokens, model.src_embed, start=3)[:, 0],
         model.src_embed.weight[tokens[:, 0]] * math.sqrt(D) + sinusoids(64, D)[3],
     )
 
@@ -242,20 +142,29 @@ def test_state_dict_round_trip_keeps_ties():
 # -- bad input --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "src,message",
-    [
-        (torch.zeros(0, 5, dtype=torch.long), "empty"),
-        (torch.zeros(2, 0, dtype=torch.long), "empty"),
-        (torch.full((1, 65), 5), "longer than config.max_len"),
-        (torch.full((1, 4), V), "token ids"),
-        (torch.full((1, 4), -1), "token ids"),
-        (torch.tensor([[5, 6], [PAD_ID, PAD_ID]]), "only of padding"),
-        (torch.ones(4, dtype=torch.long), "batch, length"),
-        (torch.ones(1, 4), "integer"),
-    ],
-)
+SHAPE_ERRORS = [
+    (torch.zeros(0, 5, dtype=torch.long), "empty"),
+    (torch.zeros(2, 0, dtype=torch.long), "empty"),
+    (torch.full((1, 65), 5), "longer than config.max_len"),
+    (torch.ones(4, dtype=torch.long), "batch, length"),
+    (torch.ones(1, 4), "integer"),
+]
+VALUE_ERRORS = [
+    (torch.full((1, 4), V), "token ids"),
+    (torch.full((1, 4), -1), "token ids"),
+    (torch.tensor([[5, 6], [PAD_ID, PAD_ID]]), "only of padding"),
+]
+
+
+@pytest.mark.parametrize("src,message", SHAPE_ERRORS + VALUE_ERRORS)
 def test_bad_source_fails_clearly(src, message):
+    # check_values is what search runs first: shapes, then the values it reads back to the host.
+    with pytest.raises(ValueError, match=message):
+        _model().check_values(src=src)
+
+
+@pytest.mark.parametrize("src,message", SHAPE_ERRORS)
+def test_encode_checks_shapes_itself(src, message):
     with pytest.raises(ValueError, match=message):
         _model().encode(src)
 
@@ -267,10 +176,8 @@ def test_bad_decoder_input_fails_clearly():
         model.decode(torch.zeros(2, 0, dtype=torch.long), memory)
     with pytest.raises(ValueError, match="batch"):
         model.decode(_tokens(3, 2), memory)
-    state = model.init_state(memory)
-    model.decode(_tokens(2, 60), memory, state)
-    with pytest.raises(ValueError, match="reaches length 65"):  # cached 60 + 5 new > max_len 64
-        model.decode(_tokens(2, 5), memory, state)
+    with pytest.raises(ValueError, match="tgt_in has token ids"):
+        model.check_values(tgt_in=torch.full((2, 3), V))
 
 
 def test_bad_vocabulary_size_fails_clearly():
@@ -314,3 +221,62 @@ def test_pre_norm_places_the_norms_before_each_sublayer_and_at_the_ends():
         # Pre-norm: the encoder output is the final norm of the residual stream.
         memory = pre.encode(src).states
     torch.testing.assert_close(memory.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
+
+
+# -- norm order -------------------------------------------------------------------------------
+
+
+def _randomize_norms(module: torch.nn.Module) -> None:
+    # Identity LayerNorm affines would hide a norm applied in the wrong place.
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.normal_(1.0, 0.5)
+                m.bias.normal_(0.0, 0.5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_norm_order_is_one_rule_in_encoder_and_decoder_layers(norm_first):
+    # Post-norm: x <- LayerNorm(x + f(x)); pre-norm: x <- x + f(LayerNorm(x)); dropout off.
+    model = _model(seed=13, norm_first=norm_first, dropout=0.0)
+    _randomize_norms(model)
+    enc, dec = model.encoder_layers[0], model.decoder_layers[0]
+    x, memory = torch.randn(2, 5, model.config.d_model), torch.randn(2, 6, model.config.d_model)
+    src_mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    src_mask[1, ..., 4:] = False
+
+    def residual(norm, x, f):
+        return x + f(norm(x)) if norm_first else norm(x + f(x))
+
+    def self_attn(attn, mask=None, causal=False):
+        return lambda h: attn(h, *attn.keys_values(h), mask=mask, is_causal=causal)
+
+    def cross_attn(h):
+        return dec.cross_attn(h, *dec.cross_attn.keys_values(memory), mask=src_mask)
+
+    with torch.no_grad():
+        want = residual(enc.norm1, memory, self_attn(enc.self_attn, mask=src_mask))
+        want = residual(enc.norm2, want, enc.ffn)
+        torch.testing.assert_close(enc(memory, src_mask), want)
+        want = residual(dec.norm1, x, self_attn(dec.self_attn, causal=True))
+        want = residual(dec.norm2, want, cross_attn)
+        want = residual(dec.norm3, want, dec.ffn)
+        torch.testing.assert_close(dec(x, memory, src_mask), want)
+        # The other order computes something else, so the comparison above can fail.
+        other = enc.norm2(x + enc.ffn(x)) if norm_first else x + enc.ffn(enc.norm2(x))
+        assert not torch.allclose(enc.sublayer(enc.norm2, x, enc.ffn), other, atol=1e-3)
+
+
+def test_parameter_names_are_the_checkpoint_format():
+    names = set(_model(norm_first=True).state_dict())
+    layer = {
+        f"{stack}_layers.0.{name}.{p}"
+        for stack, subs in (
+            ("encoder", ("self_attn.q_proj", "norm1", "ffn.w1", "norm2")),
+            ("decoder", ("self_attn.k_proj", "norm1", "cross_attn.out_proj", "norm2", "norm3")),
+        )
+        for name in subs
+        for p in ("weight", "bias")
+    }
+    ends = {"src_embed.weight", "tgt_embed.weight", "generator.weight", "decoder_norm.bias"}
+    assert layer | ends <= names

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, presets
+from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, decoding, presets
 from transformer_core.search import (
     beam_search,
     beam_search_hypotheses,
@@ -40,41 +40,61 @@ def _sources(vocab: int = 24, seed: int = 1) -> torch.Tensor:
     return src
 
 
-class NeverEnds(Transformer):
+class Rigged(Transformer):
+    """A model whose logits ``edit`` rewrites, in the full decoder pass and in incremental steps
+    alike (the ``rigged_steps`` fixture routes ``decoding.decode_step`` through it)."""
+
+    def edit(self, logits: torch.Tensor, start: int) -> torch.Tensor:
+        """Logits (B, T, V) of positions start .. start + T - 1 -> what the model returns."""
+        return logits
+
+    def decode(self, tgt_in, memory):
+        return self.edit(super().decode(tgt_in, memory), 0)
+
+
+@pytest.fixture(autouse=True)
+def rigged_steps(monkeypatch):
+    step = decoding.decode_step
+
+    def decode_step(model, tgt_in, state):
+        logits = step(model, tgt_in, state)  # keeps the state's bookkeeping
+        if isinstance(model, Rigged):
+            logits = model.edit(logits, state.length - tgt_in.size(1))
+        return logits
+
+    monkeypatch.setattr(decoding, "decode_step", decode_step)
+
+
+class NeverEnds(Rigged):
     """A model that cannot emit EOS, so every output runs to its length limit."""
 
-    def decode(self, tgt_in, memory, state=None):
-        logits = super().decode(tgt_in, memory, state)
+    def edit(self, logits, start):
         logits[..., EOS_ID] = float("-inf")
         return logits
 
 
-class EndsAt(Transformer):
+class EndsAt(Rigged):
     """A model that emits EOS exactly as its ``end + 1``-th token: outputs hold ``end`` words."""
 
     end = 3
 
-    def decode(self, tgt_in, memory, state=None):
-        logits = super().decode(tgt_in, memory, state)
-        start = 0 if state is None else state.length - tgt_in.size(1)
-        positions = torch.arange(start, start + tgt_in.size(1))
+    def edit(self, logits, start):
+        positions = torch.arange(start, start + logits.size(1))
         logits[:, positions < self.end, EOS_ID] = float("-inf")
         logits[:, positions >= self.end, EOS_ID] = 100.0
         return logits
 
 
-class Scripted(Transformer):
+class Scripted(Rigged):
     """Next-token probabilities set by position alone: ``first`` at the first output position,
     ``later`` after it (token id -> probability; every other token is ~impossible)."""
 
     first: dict[int, float] = {}
     later: dict[int, float] = {}
 
-    def decode(self, tgt_in, memory, state=None):
-        logits = super().decode(tgt_in, memory, state)  # keeps the state's bookkeeping
-        start = 0 if state is None else state.length - tgt_in.size(1)
+    def edit(self, logits, start):
         scripted = torch.full_like(logits, -1e4)
-        for t in range(tgt_in.size(1)):
+        for t in range(logits.size(1)):
             for token, p in (self.first if start + t == 0 else self.later).items():
                 scripted[:, t, token] = math.log(p)
         return scripted
@@ -189,9 +209,9 @@ def test_eos_ends_the_output_without_being_returned():
 def test_search_stops_once_every_sentence_has_ended():
     torch.manual_seed(0)
     model = EndsAt(presets.debug(), 24)
-    calls = []
-    decode = model.decode
-    model.decode = lambda *args, **kwargs: calls.append(1) or decode(*args, **kwargs)
+    calls = []  # one edit per decoder call, cached or not
+    edit = model.edit
+    model.edit = lambda *args: calls.append(1) or edit(*args)
     src = _sources()
     greedy_search(model, src, max_len_offset=50)
     assert len(calls) == EndsAt.end + 1  # not source length + 50
@@ -214,9 +234,9 @@ def test_beam_stops_when_no_open_beam_can_win():
     # EOS first with probability 0.9: no continuation can beat log 0.9 even with the largest
     # length penalty, so the search stops after one step with 1 finished of 4.
     model = _scripted(first={EOS_ID: 0.9, 4: 0.05, 5: 0.05}, later={EOS_ID: 0.9, 4: 0.1})
-    calls = []
-    decode = model.decode
-    model.decode = lambda *args, **kwargs: calls.append(1) or decode(*args, **kwargs)
+    calls = []  # one edit per decoder call, cached or not
+    edit = model.edit
+    model.edit = lambda *args: calls.append(1) or edit(*args)
     assert beam_search(model, torch.tensor([[4, 5]]), beam_size=4, max_len=10) == [[]]
     assert len(calls) == 1
 
