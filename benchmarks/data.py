@@ -33,9 +33,10 @@ SAMPLE = ROOT.parent / "shared" / "data" / "wmt14_ende_sample"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from corpora.filters import normalize_array  # noqa: E402
 from tasks import clean, shard, tokenizer  # noqa: E402
-from tasks.artifacts import read_manifest, run_stage  # noqa: E402
 from tasks.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
+from tasks.contract import read_manifest, run_stage  # noqa: E402
 
 
 def replicate(src: Path, dst: Path, pairs: int) -> None:
@@ -94,7 +95,7 @@ def _import_stages(batch: dict) -> dict:
     import pandas  # noqa: F401  (pair_hashes)
     import sentencepiece  # noqa: F401
 
-    from tasks import clean, shard  # noqa: F401
+    from corpora import cleaning, encoding  # noqa: F401
 
     return batch
 
@@ -174,19 +175,16 @@ def main() -> None:
         src = (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
         tgt = (SAMPLE / "train.de").read_text(encoding="utf-8").splitlines()
         pq.write_table(
-            pa.table(
-                {"src": [clean.normalize(s) for s in src], "tgt": [clean.normalize(t) for t in tgt]}
-            ),
+            pa.table({"src": normalize_array(pa.array(src)), "tgt": normalize_array(pa.array(tgt))}),
             tmp / "train" / "part-00000.parquet",
         )
         return {}
 
     download = run_stage(
         "download", work / "download", {"pairs": args.pairs}, {}, write_download, hash_files=False
-    )
-    tok_dir = tokenizer.run(
-        config, {"clean": run_stage("tok_input", work / "tok_input", {}, {}, write_tok_input)}
-    )
+    ).path
+    tok_input = run_stage("tok_input", work / "tok_input", {}, {}, write_tok_input).path
+    tok_dir = tokenizer.run(config, {"clean": tok_input}).path
     start = time.perf_counter()
     ensure_ray(config.ray)
     ray_init_s = time.perf_counter() - start
@@ -197,10 +195,10 @@ def main() -> None:
 
     with PeakMemory() as memory:
         start = time.perf_counter()
-        clean_dir = clean.run(config, {"download": download}, force=True)
+        clean_dir = clean.run(config, {"download": download}, force=True).path
         clean_s = time.perf_counter() - start
         start = time.perf_counter()
-        shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}, force=True)
+        shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}, force=True).path
         shard_s = time.perf_counter() - start
     ray.shutdown()
 

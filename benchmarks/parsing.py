@@ -1,6 +1,6 @@
 """Constituency parsing on the NLTK WSJ sample within a CPU time budget (paper section 6.3).
 
-Runs the real parsing stages (``tasks.stages.run_one``: treebank -> linearize -> tokenizer ->
+Runs the real parsing stages (``tasks.graph.run_one``: treebank -> linearize -> tokenizer ->
 shard -> train -> average -> translate -> parse_score) with ``configs/ptb_sample.yaml`` plus
 overrides: 3,501 training trees (wsj_0001-0169), 176 dev, 237 test (wsj_0181-0199). Training
 is bounded by ``--steps`` and by ``--minutes``: a short first run (``train.stop_after``) measures
@@ -53,10 +53,10 @@ def stats(folder: Path) -> dict:
 
 
 def timed(config, name: str) -> tuple[Path, float]:
-    from tasks import stages
+    from tasks import graph
 
     started = time.perf_counter()
-    path = stages.run_one(config, name)
+    path = graph.run_one(config, name).path
     return path, time.perf_counter() - started
 
 

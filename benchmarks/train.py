@@ -1,10 +1,11 @@
-"""Training throughput: the Ray Train loop (1 worker) against a plain single-process PyTorch loop.
+"""Training throughput: the Trainer under Ray Train (1 worker) vs the same Trainer in one process.
 
-Both train the same model from the same seed on the same token-budget batches of synthetic
-shards (random ids, lengths 8..64), with the same accumulation; both count real (non-pad) source
-plus target tokens and skip their first steps (warm-up). The Ray path is
-``tasks.train_loop.train_loop_per_worker`` under ``TorchTrainer`` (DDP is not wrapped with one
-worker), timed by the loop itself over its logging intervals; target: >= 90% of the plain loop.
+Both run the same ``training.trainer.Trainer`` (same model, seed, token-budget batches of
+synthetic shards with random ids and lengths 8..64, same accumulation), timed by the Trainer
+itself: real (non-pad) source plus target tokens over its logging intervals, the first one
+(warm-up) skipped. The plain path steps it in this process; the Ray path is
+``training.worker.train_loop_per_worker`` under ``TorchTrainer`` (DDP is not wrapped with one
+worker), so the difference is Ray Train's overhead; target: >= 90% of the plain loop.
 With CUDA: bf16 autocast, tokens/s per GPU and model-FLOPs utilisation (MFU) for base and big.
 
     python benchmarks/train.py                       # debug on CPU (or base,big with CUDA)
@@ -14,12 +15,10 @@ With CUDA: bf16 autocast, tokens/s per GPU and model-FLOPs utilisation (MFU) for
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report, vocab_for  # noqa: E402
 
-from tasks.train_loop import BatchStream, TokenData, accumulation_steps  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+from training.data import TokenData  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
 from transformer_core import presets  # noqa: E402
-from transformer_core.loss import label_smoothed_nll  # noqa: E402
 from transformer_core.model import Transformer, count_parameters  # noqa: E402
-from transformer_core.schedule import learning_rate, make_optimizer  # noqa: E402
 
 SEED = 1234
 # Dense bf16 peak FLOP/s by device name (vendor datasheets, no sparsity).
@@ -64,55 +63,49 @@ def write_shards(folder: Path, rows: int, vocab: int, seed: int = 0) -> None:
         pq.write_table(table, folder / split / "part-00000.parquet")
 
 
-def train_settings(args: argparse.Namespace, warm: int) -> dict:
-    """A ``TrainConfig``-shaped dict: no evaluation or checkpoint before the last step."""
-    from tasks.config import TrainConfig, to_dict
-
-    return to_dict(
-        TrainConfig(
-            steps=args.steps,
-            tokens_per_step=args.tokens_per_step,
-            max_tokens_per_batch=args.max_tokens,
-            warmup_steps=4000,
-            num_workers=1,
-            use_gpu=torch.cuda.is_available(),
-            cpus_per_worker=float(os.cpu_count() or 1),
-            eval_every=args.steps,
-            checkpoint_every=0,
-            checkpoint_minutes=0.0,
-            log_every=warm,
-        )
+def train_settings(args: argparse.Namespace, warm: int) -> TrainConfig:
+    """No evaluation or checkpoint before the last step; a logging interval of ``warm`` steps."""
+    return TrainConfig(
+        steps=args.steps,
+        tokens_per_step=args.tokens_per_step,
+        max_tokens_per_batch=args.max_tokens,
+        warmup_steps=4000,
+        num_workers=1,
+        use_gpu=torch.cuda.is_available(),
+        cpus_per_worker=float(os.cpu_count() or 1),
+        eval_every=args.steps,
+        checkpoint_every=0,
+        checkpoint_minutes=0.0,
+        log_every=warm,
     )
 
 
 def ray_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, warm: int) -> dict:
-    """tokens/s as measured by the Ray Train loop itself (after its first logging interval)."""
+    """tokens/s as measured by the Trainer in a Ray Train worker (after its first logging interval)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from tasks.config import to_dict
-    from tasks.train_loop import train_loop_per_worker
+    from training.worker import train_loop_per_worker
 
     with tempfile.TemporaryDirectory() as storage:
         tc = train_settings(args, warm)
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={
-                "model": to_dict(presets.get(size)),
+                "model": presets.get(size),
                 "train": tc,
                 "seed": SEED,
                 "vocab_size": vocab,
                 "shard_dir": str(shard_dir),
-                "run_dir": f"{storage}/bench",
                 "tracking_uri": None,
                 "mlflow_run_id": None,
             },
             scaling_config=ray.train.ScalingConfig(
                 num_workers=1,
-                use_gpu=tc["use_gpu"],
+                use_gpu=tc.use_gpu,
                 resources_per_worker={
-                    "CPU": tc["cpus_per_worker"],
-                    **({"GPU": 1} if tc["use_gpu"] else {}),
+                    "CPU": tc.cpus_per_worker,
+                    **({"GPU": 1} if tc.use_gpu else {}),
                 },
             ),
             run_config=ray.train.RunConfig(name="bench", storage_path=storage),
@@ -126,52 +119,21 @@ def ray_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, w
 
 
 def plain_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, warm: int) -> dict:
-    """The same steps in one process: no Ray, no DDP, no checkpoints, no logging."""
+    """The same Trainer stepped in this process: no Ray, no DDP, no checkpoints, no MLflow."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    mc = presets.get(size)
-    data = TokenData.read(str(shard_dir / "train"), vocab)
+    train = TokenData.read(str(shard_dir / "train"), vocab)
+    dev = TokenData.read(str(shard_dir / "dev"), vocab)
     torch.manual_seed(SEED)
-    model = Transformer(mc, vocab).to(device).train()
-    optimizer = make_optimizer(model)
-    accum = accumulation_steps(args.tokens_per_step, 1, args.max_tokens)
-    stream = BatchStream(data, args.max_tokens, SEED)
-    src_lens, tgt_lens = data.src_lens, data.tgt_lens
-    autocast = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
-        if device.type == "cuda"
-        else contextlib.nullcontext
-    )
-    tokens, started = 0, None
-    for step in range(1, args.steps + 1):
-        if step == warm + 1:
-            _sync(device)
-            started, tokens = time.perf_counter(), 0
-        batches = stream.take(accum)
-        targets = int(sum(tgt_lens[b].sum() for b in batches))
-        tokens += targets + int(sum(src_lens[b].sum() for b in batches))
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, mc.d_model, 4000)
-        for rows in batches:
-            src, tgt_in, tgt_out = (t.to(device) for t in data.batch(rows, mc.pad_id, mc.bos_id))
-            with autocast():
-                logits = model(src, tgt_in)
-            loss, _, _ = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
-            (loss / targets).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    _sync(device)
-    seconds = time.perf_counter() - started
+    module = Transformer(presets.get(size), vocab).to(device)
+    trainer = Trainer(module, train_settings(args, warm), train, dev, seed=SEED)
+    while trainer.step < trainer.last_step:
+        trainer.train_step()
     return {
-        "tokens_per_s": tokens / seconds,
-        "seconds": seconds,
-        "params": count_parameters(model),
+        "tokens_per_s": trainer.timed_tokens / trainer.timed_seconds,
+        "seconds": trainer.timed_seconds,
+        "params": count_parameters(module),
         "threads": torch.get_num_threads(),
     }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def flops_per_token(size: str, vocab: int, mean_len: float) -> float:

@@ -10,8 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts import StageError
+from corpora import CorpusError
+from parsing.trees import TreebankError
+from serving import ServingError
 from tasks.config import ConfigError
+from tasks.contract import StageError
 
 PROG = "tfm"
 
@@ -43,7 +46,7 @@ def _load(path: str, overrides: list[str] | None = None):
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    from tasks.artifacts import code_version
+    from tasks.contract import code_version
 
     print(f"{PROG} {code_version()}")
     return 0
@@ -52,56 +55,54 @@ def cmd_version(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
     _prefect_env()
-    from pipelines.flows import flow_for
+    from pipelines.flows import pipeline_flow
 
-    flow = flow_for(config)
-    outcomes = flow(
+    results = pipeline_flow(
         config_path=str(Path(args.config).resolve()),
         force=list(args.force or []),
         overrides=_overrides(args.set),
     )
-    _print_summary(config, outcomes)
+    _print_summary(config, results)
     return 0
 
 
-def _print_summary(config, outcomes) -> None:
-    from tasks.artifacts import read_manifest
-
+def _print_summary(config, results) -> None:
     print(f"\n{'stage':<12} {'result':<22} {'seconds':>8}  folder")
-    for o in outcomes:
-        result = "ran" if o.ran else "up to date (skipped)"
-        print(f"{o.name:<12} {result:<22} {o.seconds:>8.1f}  {o.path}")
-    scores = read_manifest(config.root / "score") or read_manifest(config.root / "parse_score")
+    for r in results:
+        result = "ran" if r.ran else "up to date (skipped)"
+        print(f"{r.stage:<12} {result:<22} {r.seconds:>8.1f}  {r.path}")
+    stats = {r.stage: r.stats for r in results}
+    scores = stats.get("score") or stats.get("parse_score")
     if scores:
-        stats = scores.get("stats", {})
-        shown = {k: v for k, v in stats.items() if isinstance(v, (int, float, str)) and k != "signature"}
+        shown = {k: v for k, v in scores.items() if isinstance(v, (int, float, str)) and k != "signature"}
         print("\nscores: " + ", ".join(
             f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()
         ))
-    reg = read_manifest(config.root / "register")
-    if reg:
-        print("registry: " + json.dumps(reg.get("stats", {})))
+    if "register" in stats:
+        print("registry: " + json.dumps(stats["register"]))
     print(f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {config.tracking_uri} --host 127.0.0.1")
     print(f"Both UIs:   {PROG} ui <config> --start   (MLflow and Prefect, bound to 127.0.0.1)")
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
-    from tasks import stages
-    from tasks.runtime import stage_run
+    from tasks import graph
+    from tasks.runtime import log_stage_result, stage_run
 
-    stages.spec(config, args.name)
+    graph.spec(config, args.name)
     with stage_run(config, args.name):
-        path = stages.run_one(config, args.name, force=args.force)
-    print(path)
+        result = graph.run_one(config, args.name, force=args.force)
+        log_stage_result(result)
+    print(f"{result.stage}: {'ran' if result.ran else 'up to date, skipped'} ({result.reason})")
+    print(result.path)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
-    from tasks import stages
+    from tasks import graph
 
-    rows = stages.status(config)
+    rows = graph.status(config)
     print(f"{'stage':<12} {'state':<11} why")
     for name, st in rows:
         print(f"{name:<12} {st.state:<11} {st.reason}")
@@ -109,7 +110,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from tasks.register import translate_stream
+    from serving.stream import translate_stream
 
     tracking = args.tracking_uri
     if tracking is None and args.config:
@@ -224,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
         return 2
-    except StageError as exc:
+    except (StageError, CorpusError, TreebankError, ServingError) as exc:
+        if args.verbose:
+            raise
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
 

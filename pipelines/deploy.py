@@ -1,10 +1,14 @@
-"""Prefect deployments: the whole flow and the single-stage flow, on a work pool, with a schedule."""
+"""Prefect deployments: the whole flow and the single-stage flow, on a work pool, with a schedule.
+
+This is the one place deployments are defined (``tfm deploy``): configs and schedules come from
+the command line, so no deployment file can drift from the flows.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tasks import stages
+from tasks import graph
 from tasks.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,18 +25,17 @@ def deploy(
     """Register a deployment on the Prefect server named by PREFECT_API_URL; returns its id.
 
     The flow code is read from this checkout (``from_source``), so a process worker on the
-    same machine or a shared filesystem runs it; see infra/prefect/prefect.yaml for images.
+    same machine or a shared filesystem runs it.
     """
     from prefect import flow as prefect_flow
 
     if stage is not None:
-        stages.spec(config, stage)
+        graph.spec(config, stage)
         entrypoint = "pipelines/flows.py:stage_flow"
         parameters = {"config_path": str(config_path), "stage": stage, "force": True}
         name = f"{config.name}-{stage}"
     else:
-        flow_name = "parsing_flow" if stages.pipeline_name(config) == "parsing" else "wmt14_flow"
-        entrypoint = f"pipelines/flows.py:{flow_name}"
+        entrypoint = "pipelines/flows.py:pipeline_flow"
         parameters = {"config_path": str(config_path)}
         name = config.name
     remote = prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint)
@@ -42,7 +45,7 @@ def deploy(
         name=name,
         cron=cron,
         parameters=parameters,
-        tags=["transformer", stages.pipeline_name(config)],
+        tags=["transformer", graph.pipeline_name(config)],
         work_pool_name=work_pool,
     )
     deployment_id = deployment.apply(work_pool_name=work_pool)

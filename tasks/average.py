@@ -1,4 +1,6 @@
-"""The average stage: the mean of the last N checkpoints' weights (paper section 6.1).
+"""Stage average: the mean of the last N checkpoints' weights (paper section 6.1).
+
+In: ``train`` (``checkpoints.json`` and the checkpoints it lists). Out: ``model.pt``.
 
 The paper averages the last 5 checkpoints of the base model, "written at 10-minute intervals",
 and the last 20 of the big model. ``average.spacing: step`` takes the last N the train stage
@@ -15,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts import StageError, run_stage
 from tasks.config import RunConfig, to_dict
+from tasks.contract import StageError, StageResult, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ def pick_checkpoints(
     return picked[::-1]
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> Path:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
     """Average the train stage's checkpoints into ``<root>/average/model.pt``."""
     inputs = {"train": Path(inputs["train"])}
     return run_stage(
@@ -110,22 +112,4 @@ def _average(config: RunConfig, train_dir: Path, tmp: Path) -> dict[str, Any]:
             )
         )
         log.warning("average: %s", stats["warning"])
-    _log_mlflow(stats)
     return stats
-
-
-def _log_mlflow(stats: Mapping[str, Any]) -> None:
-    """Params (the sources) on the driver's active MLflow run, if there is one."""
-    import mlflow
-
-    if mlflow.active_run() is None:
-        return
-    mlflow.log_params(
-        {
-            "average.steps": ",".join(map(str, stats["steps"]))[:6000],
-            "average.count": stats["count"],
-            "average.spacing": stats["spacing"],
-        }
-    )
-    if "warning" in stats:
-        mlflow.set_tag("average.warning", stats["warning"])

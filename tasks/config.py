@@ -1,8 +1,13 @@
 """Run configs: YAML files loaded into frozen, typed dataclasses.
 
-Every section is a keyword-only dataclass with a one-line doc per field. Loading checks types,
-rejects unknown keys, and runs each section's own validation; any failure is one
+Every section is a keyword-only dataclass with a one-line doc per field; the libraries own the
+sections they read (``ModelConfig`` in transformer_core, ``DecodeConfig`` in serving). Loading
+checks types, rejects unknown keys, and runs each section's own validation; any failure is one
 ``ConfigError`` whose message starts with the dotted key path (``model.n_heads: ...``).
+
+Hand-written rather than pydantic: the whole validator is the ~100 lines of ``_build`` and
+``_coerce`` over the dataclasses' own type hints, and the sections stay plain frozen dataclasses
+that transformer_core (torch, numpy and the standard library only) can define too.
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ from typing import Any, Literal
 
 import yaml
 
+from corpora.encoding import ShardConfig
+from corpora.filters import CleanConfig
+from corpora.sources import split_pair
+from corpora.subwords import TokenizerConfig
+from serving.translator import DecodeConfig
+from training.config import TrainConfig
 from transformer_core import presets
 from transformer_core.config import ConfigError, ModelConfig
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict"]
+__all__ = ["ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict", "flatten"]
 
 
 # ----------------------------------------------------------------------------- sections
@@ -67,146 +78,14 @@ class DataConfig:
     """For source=synthetic: number of test pairs."""
 
     def __post_init__(self) -> None:
-        src, _, tgt = self.pair.partition("-")
-        if not src or not tgt or src == tgt or "-" in tgt:
-            raise ConfigError("pair", f"{self.pair!r} must be two different languages as src-tgt, e.g. en-de")
+        try:
+            split_pair(self.pair)
+        except ValueError as exc:
+            raise ConfigError("pair", str(exc)) from None
+        if self.source == "treebank" and self.pair != "words-tree":
+            raise ConfigError("pair", f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)")
         if self.max_retries < 1:
             raise ConfigError("max_retries", f"{self.max_retries} must be >= 1")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CleanConfig:
-    """Filters of the clean stage."""
-
-    min_len: int = 1
-    """Fewest whitespace tokens per side."""
-    max_len: int = 250
-    """Most whitespace tokens per side."""
-    max_ratio: float = 1.5
-    """Largest allowed token-count ratio between the longer and the shorter side."""
-    dedup: bool = True
-    """Drop exact duplicate pairs."""
-    drop_identical: bool = True
-    """Drop pairs whose source equals their target."""
-    decontaminate: bool = True
-    """Drop training pairs whose source or target occurs in the dev or test sets."""
-    batch_size: int = 4096
-    """Lines per Ray Data batch (one batch is one range of lines read from both files)."""
-    rows_per_file: int = 1_000_000
-    """Kept pairs per output Parquet file."""
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.rows_per_file < 1:
-            raise ConfigError("batch_size", f"batch_size {self.batch_size} and rows_per_file {self.rows_per_file} must be >= 1")
-        if self.min_len < 0 or self.max_len < max(1, self.min_len):
-            raise ConfigError("max_len", f"{self.max_len} must be >= min_len {self.min_len} and >= 1")
-        if self.max_ratio < 1.0:
-            raise ConfigError("max_ratio", f"{self.max_ratio} must be >= 1.0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenizerConfig:
-    """The sentencepiece model."""
-
-    kind: Literal["bpe", "wordpiece"] = "bpe"
-    """bpe: joint BPE (En-De); wordpiece: sentencepiece unigram, the open stand-in for GNMT word-pieces."""
-    vocab_size: int = 37000
-    """Vocabulary size (37,000 for En-De BPE, 32,000 for En-Fr word-pieces)."""
-    sample_size: int = 2_000_000
-    """Sentences sampled (seeded) from the clean corpus to train on."""
-    threads: int = 2
-    """Training threads."""
-    character_coverage: float = 1.0
-    """Share of characters covered by the model."""
-
-    def __post_init__(self) -> None:
-        if self.vocab_size < 8:
-            raise ConfigError("vocab_size", f"{self.vocab_size} is too small")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardConfig:
-    """Parquet shards written through Ray Data."""
-
-    rows_per_shard: int = 200_000
-    """Rows per Parquet file."""
-    num_actors: int = 2
-    """Encoding actors (each loads the tokenizer once)."""
-    batch_size: int = 4096
-    """Rows per encoding batch (also the row-group size of the shards)."""
-    cpus_per_actor: float = 1.0
-    """CPUs reserved per encoding actor (fractions let more actors than CPUs run)."""
-
-    def __post_init__(self) -> None:
-        if self.rows_per_shard < 1:
-            raise ConfigError("rows_per_shard", f"{self.rows_per_shard} must be >= 1")
-        if self.num_actors < 1 or self.batch_size < 1:
-            raise ConfigError("num_actors", f"num_actors {self.num_actors} and batch_size {self.batch_size} must be >= 1")
-        if self.cpus_per_actor <= 0:
-            raise ConfigError("cpus_per_actor", f"{self.cpus_per_actor} must be > 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """The training recipe (paper section 5) and its Ray Train scaling."""
-
-    steps: int = 100_000
-    """Optimizer steps (base 100k, big 300k)."""
-    tokens_per_step: int = 25_000
-    """Target tokens per optimizer step (the paper: ~25k source + ~25k target)."""
-    max_tokens_per_batch: int = 4096
-    """Padded tokens per device micro-batch; accumulation reaches tokens_per_step."""
-    warmup_steps: int = 4000
-    """Linear warmup steps of the inverse-square-root schedule."""
-    lr_scale: float = 1.0
-    """Multiplier on the paper's learning-rate formula."""
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    """Adam beta1, beta2."""
-    adam_eps: float = 1e-9
-    """Adam epsilon."""
-    clip_norm: float | None = None
-    """Gradient clipping norm; null disables."""
-    num_workers: int = 1
-    """Ray Train workers (one per GPU on a cluster)."""
-    use_gpu: bool = False
-    """Train on GPUs (bf16 autocast)."""
-    cpus_per_worker: float = 1.0
-    """CPUs reserved per worker; fractional on small machines so Ray Data is never starved."""
-    eval_every: int = 1000
-    """Validation loss and perplexity every N steps."""
-    checkpoint_every: int = 1000
-    """Checkpoint every N steps (0 disables the step trigger)."""
-    checkpoint_minutes: float = 10.0
-    """Checkpoint every M minutes as well (the paper: 10); 0 disables the time trigger."""
-    keep_checkpoints: int = 20
-    """Checkpoints kept (at least what averaging needs)."""
-    max_failures: int = 3
-    """Restarts after a worker dies."""
-    log_every: int = 100
-    """Metrics to MLflow every N steps."""
-    storage_path: str | None = None
-    """Ray Train storage for resume (shared folder or s3://); null: <workdir>/train_ray."""
-    stop_after: int | None = None
-    """Stop after this step (checkpointed), publish a partial result; not in the resume key."""
-    fail_at_step: int | None = None
-    """Test hook: the last worker raises at this step, once per run folder; not in the resume key."""
-
-    def __post_init__(self) -> None:
-        for name in ("stop_after", "fail_at_step"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(name, f"{getattr(self, name)} must be >= 1 or null")
-        for name in ("steps", "tokens_per_step", "max_tokens_per_batch", "num_workers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
-        if self.warmup_steps < 1:
-            raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
-        if self.cpus_per_worker <= 0:
-            raise ConfigError("cpus_per_worker", f"{self.cpus_per_worker} must be > 0")
-        for name in ("eval_every", "log_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
-        if self.checkpoint_every < 0 or self.checkpoint_minutes < 0:
-            raise ConfigError("checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,34 +100,6 @@ class AverageConfig:
     def __post_init__(self) -> None:
         if self.last < 1:
             raise ConfigError("last", f"{self.last} must be >= 1")
-
-
-DECODE_DTYPES = ("float32", "bfloat16")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeConfig:
-    """Beam search settings (paper section 6.1)."""
-
-    beam_size: int = 4
-    """Beam width."""
-    alpha: float = 0.6
-    """Length penalty exponent of ((5+len)/6)^alpha."""
-    max_len_offset: int = 50
-    """Maximum output length = source length + this."""
-    max_tokens_per_batch: int = 4096
-    """Source tokens per decoding batch."""
-    num_actors: int = 1
-    """Ray Data decoding actors."""
-    dtype: str = "float32"
-    """Weights and activations while decoding: float32, or bfloat16 (on GPUs, and on CPUs with
-    AVX512-BF16 or AMX about 2.5x faster than float32; slow on CPUs without them)."""
-
-    def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ConfigError("beam_size", f"{self.beam_size} must be >= 1")
-        if self.dtype not in DECODE_DTYPES:
-            raise ConfigError("dtype", f"{self.dtype!r} is not one of {', '.join(DECODE_DTYPES)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,15 +211,27 @@ class RunConfig:
         return Path(self.workdir.format(name=self.name))
 
     @property
+    def languages(self) -> tuple[str, str]:
+        """Source and target file suffixes, from ``data.pair`` (``words``/``tree`` for parsing)."""
+        return split_pair(self.data.pair)
+
+    @property
     def tracking_uri(self) -> str:
         """MLflow tracking URI (SQLite in the work dir unless configured)."""
         if self.mlflow.tracking_uri:
             return self.mlflow.tracking_uri
         return f"sqlite:///{(self.root / 'mlflow.db').resolve()}"
 
-    def section(self, name: str) -> dict[str, Any]:
-        """One section as a plain dict (what a stage fingerprints)."""
-        return to_dict(getattr(self, name))
+    @property
+    def decoding(self) -> DecodeConfig:
+        """How this run decodes: the decode section, with the parsing section's beam, alpha and
+        output offset for the parsing pipeline (the paper: 21, 0.3, input + 300)."""
+        if self.data.source != "treebank":
+            return self.decode
+        p = self.parsing
+        return dataclasses.replace(
+            self.decode, beam_size=p.beam_size, alpha=p.alpha, max_len_offset=p.max_len_offset
+        )
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some sections or fields replaced."""
@@ -415,6 +278,17 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     return obj
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A config or nested dict as dotted keys: ``{"train": {"steps": 1}}`` -> ``{"train.steps": 1}``."""
+    data = to_dict(data)
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
 
 
 def fingerprint(data: Any) -> str:

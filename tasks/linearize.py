@@ -1,296 +1,30 @@
-"""Trees as token sequences and back, and the ``linearize`` stage of the parsing pipeline.
+"""Stage linearize: treebank trees as (words, linearized tree) pairs, in the clean stage's layout
+so that the tokenizer and shard stages read them unchanged (``parsing.linearize``).
 
-Two target forms (the source is always the words joined by spaces):
-
-- ``t2t``, tensor2tensor's, the form the paper trained on: phrase labels and POS tags are kept,
-  a closing bracket carries its label, words are left out:
-  ``S NP NNP NNP /NP VP VBZ NP DT NN /NP /VP . /S``.
-- ``vinyals``, Vinyals & Kaiser et al. 2015 ("Grammar as a Foreign Language"): POS tags become
-  ``XX``: ``(S (NP XX XX )NP (VP XX (NP XX XX )NP )VP XX )S``.
-
-``delinearize`` turns any token sequence, however broken, into a well-formed tree over the
-given words, so that every hypothesis can be scored; ``repair`` also says what it fixed.
+In: ``treebank``. Out: ``train/part-*.parquet`` (src, tgt; the silver corpus after the gold
+trees in the semi-supervised setting), ``{dev,test}.words``, ``{dev,test}.tree``, and
+``gold.trees`` (the test split) for scoring.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts import StageError, run_stage
 from tasks.config import RunConfig
-from tasks.treebank import CLOSE, LEAF, OPEN, Tree, read_trees, walk
+from tasks.contract import StageError, StageResult, run_stage
 
-__all__ = [
-    "FORMS",
-    "FALLBACK_LABEL",
-    "Repaired",
-    "linearize",
-    "source",
-    "delinearize",
-    "repair",
-    "default_tag",
-    "stage_config",
-    "run",
-]
-
-FORMS = ("t2t", "vinyals")
-VINYALS_LEAF = "XX"
-FALLBACK_LABEL = "S"
-"""Label of the root that repair puts over a flat or multi-rooted prediction."""
+STAGE = "linearize"
 ROWS_PER_PART = 1_000_000
 """Training rows per Parquet file (the silver corpus of the semi-supervised setting is ~17M)."""
-
-PHRASE_LABELS = frozenset(
-    "ADJP ADVP CONJP FRAG INTJ LST NAC NP NX PP PRN PRT QP RRC S SBAR SBARQ SINV SQ UCP VP "
-    "WHADJP WHADVP WHNP WHPP X TOP".split()
-)
-"""Penn Treebank phrase labels: in the t2t form, these tokens open a constituent."""
-POS_TAGS = frozenset(
-    "CC CD DT EX FW IN JJ JJR JJS LS MD NN NNS NNP NNPS PDT POS PRP PRP$ RB RBR RBS RP SYM TO "
-    "UH VB VBD VBG VBN VBP VBZ WDT WP WP$ WRB # $ . , : `` '' -LRB- -RRB- -LCB- -RCB- -NONE-".split()
-)
-"""Penn Treebank POS tags: in the t2t form, these tokens are leaves."""
-_PUNCT_TAGS = {
-    ",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "-": ":", "...": ":",
-    "``": "``", "`": "``", "''": "''", "-LRB-": "-LRB-", "-RRB-": "-RRB-", "$": "$", "#": "#",
-}  # fmt: skip
-_BRACKETS = ("(", ")")
-
-
-def linearize(tree: Tree, form: str = "t2t") -> list[str]:
-    """The target token sequence of ``tree`` in ``form`` (``t2t`` or ``vinyals``)."""
-    _check_form(form)
-    tokens: list[str] = []
-    for kind, node in walk(tree):
-        if kind == LEAF:
-            tokens.append(node.label if form == "t2t" else VINYALS_LEAF)
-        elif kind == OPEN:
-            tokens.append(node.label if form == "t2t" else f"({node.label}")
-        else:
-            tokens.append(f"/{node.label}" if form == "t2t" else f"){node.label}")
-    return tokens
-
-
-def source(tree: Tree) -> str:
-    """The source side: the words joined by spaces."""
-    return " ".join(tree.words())
-
-
-# ----------------------------------------------------------------------------- back to trees
-
-
-@dataclass(frozen=True)
-class Repaired:
-    """A tree rebuilt from a prediction, and what had to be fixed (empty when nothing)."""
-
-    tree: Tree
-    """A well-formed tree with exactly one leaf per word."""
-    fixes: Mapping[str, int] = field(default_factory=dict)
-    """Fix kind -> count: stray_close, label_mismatch, unclosed, missing_leaves, extra_leaves,
-    punct_tag, empty_constituent, junk_token, top_level, flat."""
-
-
-def default_tag(word: str) -> str:
-    """The tag given to a word the prediction left out: its punctuation tag, else NN."""
-    return _PUNCT_TAGS.get(word, "NN")
-
-
-# The punctuation tags EVALB's COLLINS.prm deletes, and the words the treebank tags with them
-# (the NLTK WSJ sample: every such word carries one, except "'", which is also POS).
-_DELETED_PUNCT = frozenset({",", ":", "``", "''", "."})
-_PUNCT_WORDS = {w: t for w, t in _PUNCT_TAGS.items() if t in _DELETED_PUNCT}
-
-
-def punctuation_tag(word: str, tag: str) -> str:
-    """``tag``, unless it contradicts the word on punctuation: a punctuation word must carry a
-    punctuation tag and any other word must not. EVALB deletes words by their own tree's tags,
-    so one such leaf (``.`` tagged ``NN``, ``Bush`` tagged ``:``) would make the whole sentence a
-    length error; the word decides instead (``_PUNCT_TAGS``, or ``default_tag``)."""
-    if word in _PUNCT_WORDS:
-        return tag if tag in _DELETED_PUNCT else _PUNCT_WORDS[word]
-    if tag in _DELETED_PUNCT and word != "'":
-        return default_tag(word)
-    return tag
-
-
-def delinearize(
-    tokens: str | Sequence[str],
-    words: str | Sequence[str],
-    form: str = "t2t",
-    *,
-    tags: Sequence[str] | None = None,
-) -> Tree:
-    """A well-formed tree over ``words`` from a predicted sequence, repaired as needed (never
-    raises on junk). ``tags`` (vinyals form only) fills the leaves instead of ``XX``."""
-    return repair(tokens, words, form, tags=tags).tree
-
-
-class _Open:
-    """A constituent still open while rebuilding."""
-
-    __slots__ = ("label", "children")
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.children: list[Tree] = []
-
-
-def repair(
-    tokens: str | Sequence[str],
-    words: str | Sequence[str],
-    form: str = "t2t",
-    *,
-    tags: Sequence[str] | None = None,
-) -> Repaired:
-    """Rebuild a tree like ``delinearize`` and count the fixes.
-
-    Rules: a close whose label differs closes the innermost open constituent anyway; a close
-    with nothing open is dropped; constituents still open at the end are closed; leaves beyond
-    the words are dropped; words without a leaf are attached to the last open constituent with
-    ``default_tag``; constituents left empty are dropped; leaves or several constituents at the
-    top are joined under one root; an empty prediction gives a flat ``S`` over the words; in the
-    t2t form a tag that contradicts its word on punctuation is replaced (``punctuation_tag``).
-    """
-    _check_form(form)
-    tokens = tokens.split() if isinstance(tokens, str) else list(tokens)
-    words = words.split() if isinstance(words, str) else list(words)
-    if not words:
-        raise ValueError("delinearize needs at least one word")
-    if tags is not None and len(tags) != len(words):
-        raise ValueError(f"{len(tags)} tags for {len(words)} words")
-    fixes: Counter[str] = Counter()
-    root = _Open("")
-    stack = [root]
-    n_leaves = 0
-
-    def add_leaf(tag: str) -> None:
-        nonlocal n_leaves
-        if n_leaves >= len(words):
-            fixes["extra_leaves"] += 1
-            return
-        word = words[n_leaves]
-        if form == "vinyals":
-            tag = tags[n_leaves] if tags is not None else VINYALS_LEAF
-        else:
-            fixed = punctuation_tag(word, tag)
-            if fixed != tag:
-                fixes["punct_tag"] += 1
-                tag = fixed
-        stack[-1].children.append(Tree(tag, word=word))
-        n_leaves += 1
-
-    def close(label: str | None) -> None:
-        node = stack.pop()
-        if label and label != node.label:
-            fixes["label_mismatch"] += 1
-        if node.children:
-            stack[-1].children.append(Tree(node.label, tuple(node.children)))
-        else:
-            fixes["empty_constituent"] += 1
-
-    for kind, label in _classify(tokens, form):
-        if kind is None:
-            fixes["junk_token"] += 1
-        elif kind == OPEN:
-            stack.append(_Open(label))
-        elif kind == LEAF:
-            add_leaf(label)
-        elif len(stack) == 1:
-            fixes["stray_close"] += 1
-        else:
-            close(label)
-
-    if n_leaves < len(words):
-        fixes["missing_leaves"] += len(words) - n_leaves
-        extra = [
-            Tree(_missing_tag(form, tags, i, words[i]), word=words[i])
-            for i in range(n_leaves, len(words))
-        ]
-        last = root.children[-1] if root.children else None
-        if len(stack) > 1 or last is None or last.is_leaf:
-            stack[-1].children.extend(extra)
-        else:  # everything was closed: the last constituent at the top takes them
-            root.children[-1] = Tree(last.label, last.children + tuple(extra))
-    while len(stack) > 1:
-        fixes["unclosed"] += 1
-        close(None)
-    return Repaired(_join_top(root.children, fixes), dict(fixes))
-
-
-def _missing_tag(form: str, tags: Sequence[str] | None, i: int, word: str) -> str:
-    if form == "t2t":
-        return default_tag(word)
-    return tags[i] if tags is not None else VINYALS_LEAF
-
-
-def _classify(tokens: list[str], form: str) -> Iterator[tuple[str | None, str]]:
-    """(OPEN | LEAF | CLOSE | None for junk, label) per token."""
-    if form == "vinyals":
-        for tok in tokens:
-            head, label = tok[:1], tok[1:]
-            if not tok or (head in _BRACKETS and _has_bracket(label)):
-                yield None, tok
-            elif head == "(":
-                yield (OPEN, label) if label else (None, tok)
-            elif head == ")":
-                yield CLOSE, label
-            elif _has_bracket(tok):
-                yield None, tok
-            else:
-                yield LEAF, VINYALS_LEAF
-        return
-    # t2t: a phrase label opens; so does an unknown token whose close comes later (a label this
-    # table lacks). Every other token is a POS tag, i.e. a leaf.
-    kinds: list[tuple[str | None, str]] = []
-    closes_later: set[str] = set()
-    for tok in reversed(tokens):
-        if not tok or _has_bracket(tok):
-            kinds.append((None, tok))
-        elif tok.startswith("/") and len(tok) > 1:
-            kinds.append((CLOSE, tok[1:]))
-            closes_later.add(tok[1:])
-        elif tok in PHRASE_LABELS or (tok not in POS_TAGS and tok in closes_later):
-            kinds.append((OPEN, tok))
-        else:
-            kinds.append((LEAF, tok))
-    yield from reversed(kinds)
-
-
-def _has_bracket(token: str) -> bool:
-    return "(" in token or ")" in token
-
-
-def _join_top(children: list[Tree], fixes: Counter[str]) -> Tree:
-    """One root over what the prediction left at the top."""
-    phrases = [c for c in children if not c.is_leaf]
-    if len(children) == 1 and phrases:
-        return children[0]
-    if not phrases:
-        fixes["flat"] += 1
-        return Tree(FALLBACK_LABEL, tuple(children))
-    fixes["top_level"] += 1
-    if len(phrases) == 1:  # stray leaves beside the one root (often a final period): take them in
-        i = children.index(phrases[0])
-        root = phrases[0]
-        return Tree(root.label, tuple(children[:i]) + root.children + tuple(children[i + 1 :]))
-    return Tree(FALLBACK_LABEL, tuple(children))
-
-
-def _check_form(form: str) -> None:
-    if form not in FORMS:
-        raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
-
-
-# ----------------------------------------------------------------------------- the stage
+BATCH = 50_000
+"""Rows per row group."""
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """What the linearize stage fingerprints: the form and the silver corpus (path and size)."""
+    """The form and the silver corpus (path and size)."""
     silver = config.parsing.silver_corpus
     info = None
     if silver:
@@ -299,11 +33,12 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return {"form": config.parsing.form, "silver_corpus": info}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> Path:
-    """Linearize the treebank into the clean stage's layout: ``train/part-*.parquet`` (src, tgt),
-    ``{dev,test}.words``, ``{dev,test}.tree``, and ``gold.trees`` (test split) for scoring."""
-    if "treebank" not in inputs:
-        raise StageError("the linearize stage needs the input 'treebank'")
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+    """``inputs["treebank"]`` -> ``<root>/linearize``."""
+    from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
+    from parsing.linearize import pairs
+    from parsing.trees import read_trees
+
     treebank = Path(inputs["treebank"])
     form = config.parsing.form
     silver = Path(config.parsing.silver_corpus) if config.parsing.silver_corpus else None
@@ -312,25 +47,18 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
 
     def build(tmp: Path) -> dict[str, Any]:
         stats: dict[str, Any] = {"form": form}
-        gold = read_trees(treebank / "train.trees")
-        n_gold = _write_train(tmp / "train", _pairs(gold, form), stats, "train")
-        stats["train_pairs"] = n_gold
+        writer = ParquetShardWriter(tmp / "train", TEXT_SCHEMA, ROWS_PER_PART)
+        stats.update(_write(writer, pairs(read_trees(treebank / "train.trees"), form), "train"))
         if silver is not None:
-            silver_trees = read_trees(silver, clean=True)
-            stats["silver_pairs"] = _write_train(
-                tmp / "train",
-                _pairs(silver_trees, form),
-                stats,
-                "silver",
-                first_part=stats["parts"],
-            )
+            stats.update(_write(writer, pairs(read_trees(silver, clean=True), form), "silver"))
+        stats["parts"] = len(writer.close())
         for split in ("dev", "test"):
             n = 0
             with (
                 open(tmp / f"{split}.words", "w", encoding="utf-8") as src_out,
                 open(tmp / f"{split}.tree", "w", encoding="utf-8") as tgt_out,
             ):
-                for src, tgt in _pairs(read_trees(treebank / f"{split}.trees"), form):
+                for src, tgt in pairs(read_trees(treebank / f"{split}.trees"), form):
                     src_out.write(src + "\n")
                     tgt_out.write(tgt + "\n")
                     n += 1
@@ -338,75 +66,32 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
         shutil.copyfile(treebank / "test.trees", tmp / "gold.trees")
         return stats
 
-    return run_stage(
-        "linearize",
-        config.root / "linearize",
-        stage_config(config),
-        {"treebank": treebank},
-        build,
-        force=force,
-    )
+    return run_stage(STAGE, config.root / STAGE, stage_config(config), {"treebank": treebank}, build, force=force)
 
 
-def _pairs(trees: Iterable[Tree], form: str) -> Iterator[tuple[str, str]]:
-    for tree in trees:
-        yield source(tree), " ".join(linearize(tree, form))
-
-
-def _write_train(
-    folder: Path,
-    pairs: Iterable[tuple[str, str]],
-    stats: dict[str, Any],
-    name: str,
-    first_part: int = 0,
-    batch: int = 50_000,
-) -> int:
-    """Write (src, tgt) rows to ``part-NNNNN.parquet`` files; returns the row count."""
+def _write(writer: Any, rows: Iterable[tuple[str, str]], name: str) -> dict[str, Any]:
+    """Append (src, tgt) rows in row groups of ``BATCH``; their count and lengths (tokens)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    folder.mkdir(exist_ok=True)
-    schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
-    part, rows, in_part = first_part, 0, 0
-    writer = None
-    src_buf: list[str] = []
-    tgt_buf: list[str] = []
-    src_tokens = tgt_tokens = 0
-    max_src = max_tgt = 0
-
-    def flush() -> None:
-        if src_buf:
-            writer.write_table(pa.table({"src": src_buf, "tgt": tgt_buf}, schema=schema))
-            src_buf.clear()
-            tgt_buf.clear()
-
-    try:
-        for src, tgt in pairs:
-            if writer is None or in_part >= ROWS_PER_PART:
-                if writer is not None:
-                    flush()
-                    writer.close()
-                    part += 1
-                writer = pq.ParquetWriter(folder / f"part-{part:05d}.parquet", schema)
-                in_part = 0
-            src_buf.append(src)
-            tgt_buf.append(tgt)
-            n_src, n_tgt = src.count(" ") + 1, tgt.count(" ") + 1
-            src_tokens += n_src
-            tgt_tokens += n_tgt
-            max_src, max_tgt = max(max_src, n_src), max(max_tgt, n_tgt)
-            rows += 1
-            in_part += 1
-            if len(src_buf) >= batch:
-                flush()
-        if writer is None:  # an empty split still gets its (empty) file
-            writer = pq.ParquetWriter(folder / f"part-{part:05d}.parquet", schema)
-        flush()
-    finally:
-        if writer is not None:
-            writer.close()
-    stats["parts"] = part + 1
-    stats[f"{name}_max_src_len"] = max_src
-    stats[f"{name}_max_tgt_len"] = max_tgt
-    stats[f"{name}_tgt_per_src"] = round(tgt_tokens / src_tokens, 3) if src_tokens else 0.0
-    return rows
+    count = src_tokens = tgt_tokens = max_src = max_tgt = 0
+    src: list[str] = []
+    tgt: list[str] = []
+    for s, t in rows:
+        src.append(s)
+        tgt.append(t)
+        n_src, n_tgt = s.count(" ") + 1, t.count(" ") + 1
+        src_tokens, tgt_tokens = src_tokens + n_src, tgt_tokens + n_tgt
+        max_src, max_tgt = max(max_src, n_src), max(max_tgt, n_tgt)
+        if len(src) == BATCH:
+            writer.write(pa.table({"src": src, "tgt": tgt}))
+            count += len(src)
+            src, tgt = [], []
+    if src:
+        writer.write(pa.table({"src": src, "tgt": tgt}))
+        count += len(src)
+    return {
+        f"{name}_pairs": count,
+        f"{name}_max_src_len": max_src,
+        f"{name}_max_tgt_len": max_tgt,
+        f"{name}_tgt_per_src": round(tgt_tokens / src_tokens, 3) if src_tokens else 0.0,
+    }

@@ -1,43 +1,33 @@
-"""The ``parse_score`` stage: repair each decoded sequence into a tree over its words and score
-the trees against the gold test trees with EVALB's COLLINS.prm conventions (``tasks.evalb``).
+"""Stage parse_score: repair each decoded sequence into a tree over its words
+(``parsing.linearize.repair``) and score the trees against the gold test trees with EVALB's
+COLLINS.prm conventions (``evaluation.evalb``).
+
+In: ``translate`` (``hyp.tree``), ``linearize`` (``gold.trees``, ``test.words``). Out:
+``scores.json``, ``sentences.tsv`` (EVALB's per-sentence table, with the repairs made) and
+``repaired.trees``.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts import StageError, read_manifest, run_stage
 from tasks.config import RunConfig
-from tasks.evalb import COLLINS, score_sentence, summarize
-from tasks.linearize import repair
-from tasks.treebank import read_trees, write_tree
+from tasks.contract import StageError, StageResult, run_stage
 
-__all__ = ["stage_config", "run", "read_lines"]
-
+STAGE = "parse_score"
 HYPOTHESES = "hyp.tree"
-METRICS = ("precision", "recall", "f1", "exact_match", "tagging_accuracy", "f1_le40")
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """What the stage fingerprints: the target form and the scorer's parameters."""
+    """The target form and the scorer's parameters."""
     return {"form": config.parsing.form, "evalb": "COLLINS.prm"}
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a text file, split on ``\\n`` only (an empty line is an empty hypothesis)."""
-    text = Path(path).read_text(encoding="utf-8")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
-
-
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> Path:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
     """Score ``translate/hyp.tree`` against ``linearize/gold.trees`` into ``<root>/parse_score/``:
     ``scores.json``, ``sentences.tsv`` and ``repaired.trees``."""
     for role in ("translate", "linearize"):
@@ -49,6 +39,11 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
     form = config.parsing.form
 
     def build(tmp: Path) -> dict[str, Any]:
+        from corpora.text import read_lines
+        from evaluation.evalb import COLLINS, score_sentence, summarize
+        from parsing.linearize import repair
+        from parsing.trees import read_trees, write_tree
+
         for path in (hyp_path, gold_path, words_path):
             if not path.is_file():
                 raise StageError(f"{path} is missing")
@@ -86,7 +81,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
                 tsv.write(
                     f"{i}\t{result.length}\t{result.status}\t{result.matched}\t{result.gold}\t"
                     f"{result.test}\t{result.precision:.2f}\t{result.recall:.2f}\t{result.f1:.2f}\t"
-                    f"{result.words}\t{result.correct_tags}\t{result.tag_accuracy:.2f}\t{fixes}\n"
+                    f"{result.words}\t{result.correct_tags}\t{result.tagging_accuracy:.2f}\t{fixes}\n"
                 )
         total = summarize(scores)
         stats = total.to_dict()
@@ -99,24 +94,11 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
         (tmp / "scores.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
         return stats
 
-    out = run_stage(
-        "parse_score",
-        config.root / "parse_score",
+    return run_stage(
+        STAGE,
+        config.root / STAGE,
         stage_config(config),
         {"translate": Path(inputs["translate"]), "linearize": Path(inputs["linearize"])},
         build,
         force=force,
     )
-    _log_mlflow((read_manifest(out) or {}).get("stats", {}))
-    return out
-
-
-def _log_mlflow(stats: dict[str, Any]) -> None:
-    """Log the scores into the active MLflow run, if any."""
-    mlflow = sys.modules.get("mlflow")  # never imported means no run can be active
-    if mlflow is None or mlflow.active_run() is None:
-        return
-    metrics = {f"parse_{k}": float(stats[k]) for k in METRICS if stats.get(k) is not None}
-    metrics["parse_length_errors"] = float(stats.get("length_errors", 0))
-    metrics["parse_repaired_sentences"] = float(stats.get("repaired_sentences", 0))
-    mlflow.log_metrics(metrics)

@@ -1,19 +1,18 @@
-"""Register stage: the averaged model as an MLflow pyfunc "translator", versioned and aliased.
+"""Stage register: the averaged model as an MLflow pyfunc "translator", versioned and aliased.
 
-Each registration logs the model (weights, tokenizer, model and decoding configs as artifacts),
-creates a registry version with lineage tags (every upstream stage's fingerprint, the run
-config, the code version) and its scores, and points the ``candidate`` alias at it. The
-``champion`` alias moves only when the new version beats the champion's metric on the same
-test set under the same protocol (test set, variant, language pair, the metric's signature);
-scores measured under another protocol are never compared, and the log and ``registered.json``
-say so. ``translate_stream`` is ``tfm translate``: stdin lines in, translations out.
+In: ``average``, ``tokenizer``, ``score``. Out: ``registered.json`` (model name, version,
+aliases, the champion decision). Each registration logs the model (``serving.pyfunc``: weights,
+tokenizer, model and decoding configs as artifacts), creates a registry version with lineage
+tags (every upstream stage's fingerprint, the run config, the code version) and its scores, and
+points the ``candidate`` alias at it; ``champion`` moves as ``evaluation.champion`` decides, and
+the log and ``registered.json`` say why.
 
-The pyfunc carries its own code (``code_paths``: copies of ``transformer_core`` and ``tasks``)
-rather than a pip requirement on this project: the project is not on a package index, so an
-environment built from the model's requirements (``mlflow models serve`` with virtualenv or
-conda) could not install it, and the copy pins the exact code that wrote the weights. Its
-``pip_requirements`` pin what that code imports (torch, sentencepiece, numpy, pyarrow, pyyaml)
-to the installed versions; MLflow adds itself. Served with ``mlflow models serve -m
+The pyfunc carries its own code (``code_paths``: copies of ``serving`` and ``transformer_core``,
+nothing else) rather than a pip requirement on this project: the project is not on a package
+index, so an environment built from the model's requirements (``mlflow models serve`` with
+virtualenv or conda) could not install it, and the copy pins the exact code that wrote the
+weights. Its ``pip_requirements`` pin what that code imports (torch, sentencepiece, numpy) to
+the installed versions; MLflow adds itself. Served with ``mlflow models serve -m
 models:/<name>@champion``, it answers ``{"inputs": ["sentence", ...]}``.
 """
 
@@ -28,11 +27,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from tasks.artifacts import StageError, code_version, read_manifest, run_stage
+from evaluation.champion import decide_champion, protocol
 from tasks.config import RunConfig, fingerprint, to_dict
-from tasks.translate import decode_config
+from tasks.contract import StageError, StageResult, code_version, lineage, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +40,16 @@ CANDIDATE = "candidate"
 CHAMPION = "champion"
 ARTIFACT_NAME = "translator"
 SCORES_FILE = "scores.json"
-# What must match before two scores may be compared.
-PROTOCOL_KEYS = ("test_set", "test_variant", "pair", "signature")
-REQUIREMENTS = ("torch", "sentencepiece", "numpy", "pyarrow", "pyyaml")
-
-
-class ModelNotFoundError(StageError):
-    """A model URI that names nothing in the registry (or no loadable model)."""
+REGISTERED_FILE = "registered.json"
+REQUIREMENTS = ("torch", "sentencepiece", "numpy")
+"""What ``serving`` and ``transformer_core`` import (MLflow adds itself)."""
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """What the stage fingerprints besides its inputs (the registry it writes to included)."""
+    """The register section, the decoding settings it stores, and the registry it writes to."""
     return {
-        "register": config.section("register"),
-        "decode": to_dict(decode_config(config)),
+        "register": to_dict(config.register),
+        "decode": to_dict(config.decoding),
         "tracking_uri": config.tracking_uri,
     }
 
@@ -83,74 +78,6 @@ def read_scores(score_dir: Path, metric: str) -> dict[str, Any]:
             f"register: {path} has no numeric {metric!r} (register.metric); keys: {sorted(scores)}"
         )
     return scores
-
-
-def protocol(scores: Mapping[str, Any], metric: str) -> dict[str, str]:
-    """The test set, variant, pair and the metric's own signature (``<metric>_signature``, else
-    ``signature``), as strings. Works on scores.json and on a version's tags alike."""
-    signature = scores.get(f"{metric}_signature", scores.get("signature", ""))
-    return {
-        "test_set": str(scores.get("test_set", "")),
-        "test_variant": str(scores.get("test_variant", "")),
-        "pair": str(scores.get("pair", "")),
-        "signature": str(signature),
-    }
-
-
-def lineage(inputs: Mapping[str, Path]) -> dict[str, str]:
-    """Fingerprint of every upstream stage, found by following the manifests' ``inputs`` chains.
-
-    Keys are stage names (``download``, ``clean``, ``tokenizer``, ``shard``, ``train``, ...);
-    a folder that no longer exists is named by its role, with the fingerprint its reader recorded.
-    """
-    found: dict[str, str] = {}
-    seen: set[str] = set()
-    stack: list[tuple[str, Path, str | None]] = [
-        (role, Path(p), None) for role, p in inputs.items()
-    ]
-    while stack:
-        role, path, recorded = stack.pop()
-        key = str(path.resolve())
-        if key in seen:
-            continue
-        seen.add(key)
-        manifest = read_manifest(path)
-        if manifest is None:
-            if recorded:
-                found.setdefault(role, recorded)
-            continue
-        found.setdefault(manifest.get("stage", role), manifest["fingerprint"])
-        for up_role, info in (manifest.get("inputs") or {}).items():
-            stack.append((up_role, Path(info["path"]), info.get("fingerprint")))
-    return dict(sorted(found.items()))
-
-
-def decide_champion(
-    metric: str,
-    new_scores: Mapping[str, Any],
-    champion_tags: Mapping[str, str] | None,
-) -> tuple[bool, str]:
-    """(take the champion alias?, why). Strictly better on the same protocol wins; a champion
-    measured under another protocol (or without the metric) is kept and never compared."""
-    if champion_tags is None:
-        return True, "no champion yet"
-    new_protocol = protocol(new_scores, metric)
-    old_protocol = protocol(champion_tags, metric)
-    if new_protocol != old_protocol:
-        diff = {
-            k: (old_protocol[k], new_protocol[k])
-            for k in PROTOCOL_KEYS
-            if old_protocol[k] != new_protocol[k]
-        }
-        return False, f"not compared: protocol differs from the champion's ({diff}); champion kept"
-    try:
-        old = float(champion_tags[metric])
-    except (KeyError, ValueError):
-        return False, f"not compared: the champion has no {metric} tag; champion kept"
-    new = float(new_scores[metric])
-    if new > old:
-        return True, f"{metric} {new:.4g} beats the champion's {old:.4g}"
-    return False, f"{metric} {new:.4g} does not beat the champion's {old:.4g}; champion kept"
 
 
 # ----------------------------------------------------------------------------- MLflow
@@ -197,7 +124,8 @@ def _stage_model_files(
     staging: Path, weights: Path, tokenizer_dir: Path, config: RunConfig
 ) -> dict[str, str]:
     """Copy what the pyfunc needs into ``staging``; returns the artifacts mapping."""
-    from tasks.translator import (
+    from serving import tokenizer
+    from serving.pyfunc import (
         ARTIFACT_DECODE,
         ARTIFACT_MODEL_CONFIG,
         ARTIFACT_TOKENIZER,
@@ -207,16 +135,14 @@ def _stage_model_files(
 
     tok = staging / "tokenizer"
     tok.mkdir()
-    spm = tokenizer_dir / "spm.model"
-    if not spm.is_file():
-        raise StageError(f"register: no tokenizer model at {spm} (run `tfm stage tokenizer` first)")
-    for name in ("spm.model", "spm.vocab"):
+    tokenizer.load(tokenizer_dir)  # a clear error if there is none
+    for name in (tokenizer.MODEL_FILE, tokenizer.VOCAB_FILE):
         if (tokenizer_dir / name).is_file():
             shutil.copy2(tokenizer_dir / name, tok / name)
     model_config = checkpoint.load(weights)["config"]
     (staging / "model_config.json").write_text(json.dumps(model_config, indent=2, sort_keys=True))
     (staging / "decode.json").write_text(
-        json.dumps(to_dict(decode_config(config)), indent=2, sort_keys=True)
+        json.dumps(to_dict(config.decoding), indent=2, sort_keys=True)
     )
     return {
         ARTIFACT_WEIGHTS: str(weights),
@@ -227,12 +153,13 @@ def _stage_model_files(
 
 
 def _stage_code(staging: Path) -> list[str]:
-    """Clean copies of this project's packages for ``code_paths`` (no caches)."""
-    import tasks
+    """Clean copies of the packages a registered model runs (``serving``, ``transformer_core``)
+    for ``code_paths``, without caches."""
+    import serving
     import transformer_core
 
     paths = []
-    for package in (transformer_core, tasks):
+    for package in (serving, transformer_core):
         src = Path(package.__file__).parent
         dst = staging / "code" / src.name
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -250,7 +177,7 @@ def register_model(
     """Log the pyfunc, create a registry version, set aliases; returns what registered.json holds."""
     import mlflow
 
-    from tasks.translator import TranslatorModel
+    from serving.pyfunc import TranslatorModel
 
     name = config.register.model_name
     metric = config.register.metric
@@ -327,12 +254,10 @@ def version_tags(
 # ----------------------------------------------------------------------------- the stage
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> Path:
-    """Register the averaged model; writes ``registered.json`` and returns the folder."""
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+    """Register the averaged model; writes ``registered.json``."""
     average, tokenizer_dir, score = (Path(inputs[k]) for k in ("average", "tokenizer", "score"))
     inputs = {"average": average, "tokenizer": tokenizer_dir, "score": score}
-    out_dir = config.root / STAGE
-    force = force or _registered_version_missing(config, out_dir)
 
     def build(tmp: Path) -> dict[str, Any]:
         weights = average / "model.pt"
@@ -344,7 +269,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
         record = register_model(
             config, weights, tokenizer_dir, scores, version_tags(config, inputs, scores)
         )
-        (tmp / "registered.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        (tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         return {
             "name": record["name"],
             "version": record["version"],
@@ -354,74 +279,23 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
             config.register.metric: record["metric"]["value"],
         }
 
-    return run_stage(STAGE, out_dir, stage_config(config), inputs, build, force=force)
+    return run_stage(
+        STAGE, config.root / STAGE, stage_config(config), inputs, build, force=force,
+        outdated=lambda out: outdated(config, out),
+    )
 
 
-def _registered_version_missing(config: RunConfig, out_dir: Path) -> bool:
-    """An earlier output whose registry version is gone (a new database): register again."""
+def outdated(config: RunConfig, out_dir: Path) -> str | None:
+    """Why an otherwise up-to-date output is stale: its registry version is gone (a new
+    database); None if the version is there."""
     try:
-        record = json.loads((out_dir / "registered.json").read_text(encoding="utf-8"))
+        record = json.loads((out_dir / REGISTERED_FILE).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
-        return False
+        return f"{out_dir / REGISTERED_FILE} is unreadable"
     from mlflow.exceptions import MlflowException
 
     try:
         _client(config.tracking_uri).get_model_version(record["name"], str(record["version"]))
     except MlflowException:
-        log.info(
-            "register: %s version %s is not in %s; registering again",
-            record.get("name"),
-            record.get("version"),
-            config.tracking_uri,
-        )
-        return True
-    return False
-
-
-# ----------------------------------------------------------------------------- serving
-
-
-def load_translator(model_uri: str, tracking_uri: str | None = None) -> Any:
-    """``mlflow.pyfunc.load_model(model_uri)``; a URI that names nothing is a ModelNotFoundError."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_registry_uri(tracking_uri)
-    where = tracking_uri or mlflow.get_tracking_uri()
-    try:
-        return mlflow.pyfunc.load_model(model_uri)
-    except (MlflowException, OSError) as exc:
-        raise ModelNotFoundError(f"model {model_uri} cannot be loaded from {where}: {exc}") from exc
-
-
-def translate_stream(
-    model_uri: str,
-    stdin: IO[str],
-    stdout: IO[str],
-    tracking_uri: str | None = None,
-    batch_lines: int = 256,
-) -> int:
-    """Translate the lines of ``stdin`` to ``stdout`` (one line out per line in); returns the count.
-
-    Lines are read in chunks of ``batch_lines`` so a long stream starts producing output early.
-    """
-    model = load_translator(model_uri, tracking_uri)
-    count = 0
-    chunk: list[str] = []
-    for line in stdin:
-        chunk.append(line.rstrip("\n").rstrip("\r"))
-        if len(chunk) >= batch_lines:
-            count += _write(model, chunk, stdout)
-            chunk = []
-    if chunk:
-        count += _write(model, chunk, stdout)
-    return count
-
-
-def _write(model: Any, lines: list[str], stdout: IO[str]) -> int:
-    for hyp in model.predict(lines):
-        stdout.write(hyp + "\n")
-    stdout.flush()
-    return len(lines)
+        return f"{record['name']} version {record['version']} is not in {config.tracking_uri}"
+    return None

@@ -1,14 +1,17 @@
-"""Starting the runtimes a stage needs: Ray (local or a cluster) and MLflow tracking."""
+"""The runtimes stages run in: Ray (local or a cluster) and MLflow tracking, and logging a
+stage's result to MLflow once."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tasks.config import RayConfig, RunConfig
+from tasks.config import RayConfig, RunConfig, flatten
+from tasks.contract import MANIFEST, StageResult
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +83,40 @@ def stage_run(config: RunConfig, stage: str, tags: dict[str, Any] | None = None)
         tags={"stage": stage, "pipeline.run": config.name, **(tags or {})},
     ) as run:
         yield run
+
+
+LOGGED_SUFFIXES = (".png", ".json", ".tsv")
+"""Files of a stage folder logged as MLflow artifacts (top level only, small ones)."""
+LOGGED_MAX_BYTES = 10 << 20
+
+
+def log_stage_result(result: StageResult) -> None:
+    """Log a stage's result into the active MLflow run, once: whether it ran and why, the
+    fingerprints, the numeric stats as metrics (except those the stage logged itself, such as
+    training curves), the other scalars as tags, and the folder's manifest, plots and tables."""
+    import mlflow
+
+    run = mlflow.active_run()
+    if run is None:
+        return
+    manifest = json.loads((result.path / MANIFEST).read_text(encoding="utf-8"))
+    tags = {"skipped": str(not result.ran).lower(), "reason": result.reason[:5000],
+            "fingerprint": manifest["fingerprint"]}
+    tags.update({f"input.{role}": info["fingerprint"] for role, info in manifest["inputs"].items()})
+    logged = set(mlflow.MlflowClient().get_run(run.info.run_id).data.metrics)
+    metrics: dict[str, float] = {}
+    for key, value in flatten(result.stats).items():
+        key = key.replace("/", "_")[:250]
+        if isinstance(value, bool) or value is None:
+            tags[f"stats.{key}"] = str(value)
+        elif isinstance(value, (int, float)):
+            if key not in logged:
+                metrics[key] = float(value)
+        elif isinstance(value, str):
+            tags[f"stats.{key}"] = value[:5000]
+    mlflow.set_tags(tags)
+    if metrics:
+        mlflow.log_metrics(metrics)
+    for path in sorted(result.path.iterdir()):
+        if path.is_file() and path.suffix in LOGGED_SUFFIXES and path.stat().st_size <= LOGGED_MAX_BYTES:
+            mlflow.log_artifact(str(path), artifact_path=result.stage)

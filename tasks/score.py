@@ -1,32 +1,22 @@
-"""Score stage: BLEU of the test-set translations, measured two ways and never confused.
+"""Stage score: BLEU of the test-set translations (``evaluation.bleu``: sacreBLEU and the
+paper's tokenized BLEU, never confused) and chrF.
 
-- ``bleu_sacre``: sacreBLEU on detokenized text (its own 13a tokenization), reported with its
-  signature. This is the number to compare across papers and systems today.
-- ``bleu_tok_compound``: the paper-comparable "tokenized BLEU" of tensor2tensor's
-  ``get_ende_bleu.sh``: Moses ``tokenizer.perl -l <tgt>`` (here sacremoses, unescaped; escaping
-  maps tokens one-to-one and cannot change BLEU) on hypothesis and reference, compound hyphens
-  split as ``##AT##-##AT##``, then ``multi-bleu.perl`` (here sacreBLEU with ``tokenize='none'``
-  and no smoothing, which computes the same corpus BLEU). Not comparable with ``bleu_sacre``.
-- ``chrf``: sacreBLEU's chrF2, with its signature.
-
-The stage writes ``scores.json``, ``sentences.tsv`` (one row per segment, with sentence BLEU)
-and ``bleu_by_length.png`` (sacreBLEU per source-length bucket), and logs the metrics to the
-active MLflow run, if any.
+In: ``translate`` (``hyp.<tgt>``), and the folder holding ``test.<src>``/``test.<tgt>``. Out:
+``scores.json`` (scores, signatures, the test set), ``sentences.tsv`` (one row per segment, with
+sentence BLEU) and ``bleu_by_length.png`` (sacreBLEU per source-length bucket).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts import StageError, run_stage
 from tasks.config import RunConfig
+from tasks.contract import StageError, StageResult, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -34,135 +24,6 @@ STAGE = "score"
 SCORES_FILE = "scores.json"
 SENTENCES_FILE = "sentences.tsv"
 PLOT_FILE = "bleu_by_length.png"
-METRICS = ("bleu_sacre", "bleu_tok_compound", "chrf")
-# Source-length buckets (whitespace words) of the BLEU-by-length plot: [lo, hi).
-LENGTH_EDGES = (1, 10, 20, 30, 40, 50, 60)
-
-# tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'.
-_COMPOUND = re.compile(r"(\S)-(\S)")
-
-
-def split_compounds(text: str) -> str:
-    """Split hyphenated compounds as the paper's BLEU script does: ``a-b`` -> ``a ##AT##-##AT## b``.
-
-    One left-to-right pass, exactly like the reference perl substitution (Python's ``re.sub``
-    and perl's ``s///g`` both take non-overlapping matches). ``E-Mail-Adresse`` splits twice,
-    but a one-character part between two hyphens is consumed by the first match, so
-    ``a-b-c`` -> ``a ##AT##-##AT## b-c``, as in every published number that used the script.
-    Repeating the pass "until nothing changes" would depart from the reference and never end:
-    the marker ``##AT##-##AT##`` itself matches.
-    """
-    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
-
-
-def moses_tokenize(texts: Sequence[str], lang: str) -> list[str]:
-    """Moses tokenization (``tokenizer.perl -l <lang>``, no aggressive hyphen splitting)."""
-    from sacremoses import MosesTokenizer
-
-    tokenizer = MosesTokenizer(lang=lang)
-    return [tokenizer.tokenize(t, escape=False, return_str=True) for t in texts]
-
-
-def score_texts(hyps: Sequence[str], refs: Sequence[str], lang: str) -> dict[str, Any]:
-    """Corpus scores of detokenized ``hyps`` against one reference each, in target language ``lang``.
-
-    Returns ``bleu_sacre`` (+ ``bleu_sacre_signature``, ``bleu_sacre_details``),
-    ``bleu_tok_compound`` (+ signature), ``chrf`` (+ signature) and ``segments``.
-    """
-    from sacrebleu.metrics import BLEU, CHRF
-
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
-    if not hyps:
-        raise ValueError("cannot score an empty test set (0 segments)")
-    hyps, refs = list(hyps), list(refs)
-
-    sacre = BLEU(trg_lang=lang)
-    sacre_result = sacre.corpus_score(hyps, [refs])
-    chrf = CHRF()
-    chrf_result = chrf.corpus_score(hyps, [refs])
-
-    tok_hyps = [split_compounds(t) for t in moses_tokenize(hyps, lang)]
-    tok_refs = [split_compounds(t) for t in moses_tokenize(refs, lang)]
-    # multi-bleu.perl has no smoothing: a corpus with no matching 4-gram scores 0.
-    tok = BLEU(tokenize="none", force=True, smooth_method="none")
-    tok_result = tok.corpus_score(tok_hyps, [tok_refs])
-
-    return {
-        "bleu_sacre": sacre_result.score,
-        "bleu_sacre_signature": str(sacre.get_signature()),
-        "bleu_sacre_details": {
-            "precisions": list(sacre_result.precisions),
-            "bp": sacre_result.bp,
-            "sys_len": sacre_result.sys_len,
-            "ref_len": sacre_result.ref_len,
-        },
-        "bleu_tok_compound": tok_result.score,
-        "bleu_tok_compound_signature": (
-            f"pretok:moses-{lang}+compound-atat|{tok.get_signature()}"
-            f"|sacremoses:{metadata.version('sacremoses')}"
-        ),
-        "chrf": chrf_result.score,
-        "chrf_signature": str(chrf.get_signature()),
-        "segments": len(hyps),
-    }
-
-
-def sentence_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str) -> list[float]:
-    """sacreBLEU per segment (exp smoothing, effective order: defined for short segments)."""
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU(trg_lang=lang, effective_order=True)
-    return [bleu.sentence_score(h, [r]).score for h, r in zip(hyps, refs, strict=True)]
-
-
-def bleu_by_length(
-    sources: Sequence[str], hyps: Sequence[str], refs: Sequence[str], lang: str
-) -> list[dict[str, Any]]:
-    """Corpus sacreBLEU per source-length bucket (whitespace words); empty buckets left out."""
-    from sacrebleu.metrics import BLEU
-
-    edges = [*LENGTH_EDGES, float("inf")]
-    rows = []
-    lengths = [len(s.split()) for s in sources]
-    for lo, hi in zip([0, *edges[:-1]], edges, strict=True):
-        idx = [i for i, n in enumerate(lengths) if lo <= n < hi]
-        if not idx:
-            continue
-        if hi == float("inf"):
-            label = f"{lo}+"
-        else:
-            label = f"{lo}" if hi - lo == 1 else f"{lo}-{int(hi) - 1}"
-        score = BLEU(trg_lang=lang).corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]])
-        rows.append({"bucket": label, "segments": len(idx), "bleu_sacre": score.score})
-    return rows
-
-
-def plot_bleu_by_length(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
-    """Bar chart of ``bleu_by_length`` rows, segment counts on the bars (Agg, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    labels = [r["bucket"] for r in rows]
-    bars = ax.bar(labels, [r["bleu_sacre"] for r in rows], color="#4C72B0")
-    for bar, row in zip(bars, rows, strict=True):
-        ax.annotate(
-            f"n={row['segments']}",
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    ax.set_xlabel("source length (words)")
-    ax.set_ylabel("sacreBLEU")
-    ax.set_title(title)
-    top = max((r["bleu_sacre"] for r in rows), default=0.0)
-    ax.set_ylim(0, max(top * 1.15, 1.0))  # room for the labels
-    fig.tight_layout()
-    fig.savefig(path, format="png")
 
 
 def test_set(config: RunConfig) -> tuple[str, str]:
@@ -174,7 +35,7 @@ def test_set(config: RunConfig) -> tuple[str, str]:
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """What the stage fingerprints besides its inputs (metric library versions included)."""
+    """The pair, the test set, and the metric libraries' versions."""
     test, variant = test_set(config)
     return {
         "pair": config.data.pair,
@@ -185,64 +46,29 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def languages(config: RunConfig) -> tuple[str, str]:
-    """(source, target) language codes from ``data.pair``."""
-    src, sep, tgt = config.data.pair.partition("-")
-    if not sep or not src or not tgt:
-        raise StageError(f"score: data.pair {config.data.pair!r} is not of the form src-tgt")
-    return src, tgt
-
-
-def read_lines(path: Path) -> list[str]:
-    """One segment per line (only ``\\n`` ends a line; a trailing ``\\r`` is dropped)."""
-    if not path.is_file():
-        raise StageError(f"score: {path} does not exist")
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return [line.rstrip("\n").rstrip("\r") for line in f]
-
-
-def write_sentences(
-    path: Path,
-    sources: Sequence[str],
-    refs: Sequence[str],
-    hyps: Sequence[str],
-    scores: Sequence[float],
-) -> None:
-    """TSV with a header: index, source, reference, hypothesis, sentence_bleu (tabs -> spaces)."""
-
-    def clean(text: str) -> str:
-        return text.replace("\t", " ")
-
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write("index\tsource\treference\thypothesis\tsentence_bleu\n")
-        for i, (s, r, h, b) in enumerate(zip(sources, refs, hyps, scores, strict=True)):
-            f.write(f"{i}\t{clean(s)}\t{clean(r)}\t{clean(h)}\t{b:.2f}\n")
-
-
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> Path:
-    """Score ``<translate>/hyp.<tgt>`` against ``<download>/test.<tgt>``; returns the folder."""
-    src_lang, tgt_lang = languages(config)
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+    """Score ``<translate>/hyp.<tgt>`` against ``<download>/test.<tgt>``."""
+    src_lang, tgt_lang = config.languages
     translate, download = Path(inputs["translate"]), Path(inputs["download"])
 
     def build(tmp: Path) -> dict[str, Any]:
-        hyp_file = translate / f"hyp.{tgt_lang}"
-        ref_file = download / f"test.{tgt_lang}"
-        src_file = download / f"test.{src_lang}"
+        from corpora.text import read_lines
+        from evaluation import bleu
+
+        hyp_file, ref_file, src_file = translate / f"hyp.{tgt_lang}", download / f"test.{tgt_lang}", download / f"test.{src_lang}"
         hyps, refs, sources = read_lines(hyp_file), read_lines(ref_file), read_lines(src_file)
         if not refs:
-            raise StageError(f"score: the test set {ref_file} is empty (0 segments)")
+            raise StageError(f"the test set {ref_file} is empty (0 segments)")
         if len(hyps) != len(refs):
             raise StageError(
-                f"score: {hyp_file} has {len(hyps)} lines but {ref_file} has {len(refs)}; "
+                f"{hyp_file} has {len(hyps)} lines but {ref_file} has {len(refs)}; "
                 "every reference needs exactly one hypothesis"
             )
         if len(sources) != len(refs):
-            raise StageError(
-                f"score: {src_file} has {len(sources)} lines but {ref_file} has {len(refs)}"
-            )
-        scores = score_texts(hyps, refs, tgt_lang)
+            raise StageError(f"{src_file} has {len(sources)} lines but {ref_file} has {len(refs)}")
+        scores = bleu.score_texts(hyps, refs, tgt_lang)
         test_name, test_variant = test_set(config)
-        by_length = bleu_by_length(sources, hyps, refs, tgt_lang)
+        by_length = bleu.bleu_by_length(sources, hyps, refs, tgt_lang)
         result = {
             **scores,
             "test_set": test_name,
@@ -254,45 +80,18 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
             "bleu_by_length": by_length,
         }
         (tmp / SCORES_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        write_sentences(
-            tmp / SENTENCES_FILE, sources, refs, hyps, sentence_bleu(hyps, refs, tgt_lang)
-        )
-        plot_bleu_by_length(
-            by_length,
-            tmp / PLOT_FILE,
-            f"{test_name} ({test_variant}) {config.data.pair}: "
-            f"BLEU {scores['bleu_sacre']:.2f}",
+        bleu.write_sentences(tmp / SENTENCES_FILE, sources, refs, hyps, bleu.sentence_bleu(hyps, refs, tgt_lang))
+        bleu.plot_bleu_by_length(
+            by_length, tmp / PLOT_FILE,
+            f"{test_name} ({test_variant}) {config.data.pair}: BLEU {scores['bleu_sacre']:.2f}",
         )
         log.info(
             "score: bleu_sacre %.2f, bleu_tok_compound %.2f, chrf %.2f on %d segments",
-            scores["bleu_sacre"],
-            scores["bleu_tok_compound"],
-            scores["chrf"],
-            len(refs),
+            scores["bleu_sacre"], scores["bleu_tok_compound"], scores["chrf"], len(refs),
         )
-        return {k: result[k] for k in (*METRICS, "test_segments", "signature")}
+        return {k: result[k] for k in (*bleu.METRICS, "test_set", "test_segments", "signature")}
 
-    out = run_stage(
-        STAGE,
-        config.root / STAGE,
-        stage_config(config),
-        {"translate": translate, "download": download},
-        build,
-        force=force,
+    return run_stage(
+        STAGE, config.root / STAGE, stage_config(config), {"translate": translate, "download": download},
+        build, force=force,
     )
-    log_to_mlflow(out)
-    return out
-
-
-def log_to_mlflow(folder: Path) -> bool:
-    """Log the folder's metrics, params and files to the active MLflow run; False if none."""
-    # An active run implies mlflow was imported by whoever started it; do not import it here.
-    mlflow = sys.modules.get("mlflow")
-    if mlflow is None or mlflow.active_run() is None:
-        return False
-    scores = json.loads((folder / SCORES_FILE).read_text(encoding="utf-8"))
-    mlflow.log_metrics({k: float(scores[k]) for k in METRICS})
-    mlflow.log_params({"test_set": scores["test_set"], "test_segments": scores["test_segments"]})
-    for name in (SCORES_FILE, SENTENCES_FILE, PLOT_FILE):
-        mlflow.log_artifact(str(folder / name), artifact_path=STAGE)
-    return True

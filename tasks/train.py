@@ -3,10 +3,11 @@
 Resume: Ray Train's storage lives outside the stage folder, at a stable place keyed by the
 *resume key* (the stage fingerprint without the fields that do not change what is trained:
 ``steps``, the logging, evaluation and checkpoint cadence, ``max_failures``, ``storage_path`` and
-the ``stop_after``/``fail_at_step`` hooks). Rerunning the same config, or one that only raises
-``steps`` or drops ``stop_after``, continues from the latest checkpoint at the exact step and
-batch, logging into the same MLflow run. The stage folder is written at the end: weights-only
-copies of the kept checkpoints, ``final/model.pt`` and ``checkpoints.json``.
+``stop_after``). Rerunning the same config, or one that only raises ``steps`` or drops
+``stop_after``, continues from the latest checkpoint at the exact step and batch, logging into
+the same MLflow run. The stage folder is written at the end: weights-only copies of the kept
+checkpoints, ``final/model.pt`` and ``checkpoints.json``. The work is ``training``'s: the
+``Trainer`` and the per-worker loop that drives it under Ray Train.
 """
 
 from __future__ import annotations
@@ -15,31 +16,35 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts import (
+from tasks.config import RunConfig, flatten, to_dict
+from tasks.contract import (
     StageError,
+    StageResult,
     input_fingerprint,
     read_manifest,
     run_stage,
     stage_fingerprint,
 )
-from tasks.config import RunConfig, to_dict
 from tasks.runtime import ensure_ray, stage_run
+from training.data import accumulation_steps, open_fs, shard_files
+from training.tracking import learning_curve, log_params, mlflow_run
+from training.trainer import Callback
+from training.worker import MODEL_FILE, train_loop_per_worker
+from transformer_core import checkpoint as ckpt
+from transformer_core.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 STAGE = "train"
 CHECKPOINTS_JSON = "checkpoints.json"
-MLFLOW_RUN_FILE = "mlflow_run.json"
 # TrainConfig fields that change neither the weights nor the data order of the steps they share.
 NOT_IN_RESUME_KEY = (
     "steps",
     "stop_after",
-    "fail_at_step",
     "storage_path",
     "max_failures",
     "log_every",
@@ -75,15 +80,27 @@ def storage_location(config: RunConfig, inputs: Mapping[str, Path]) -> tuple[str
     return str((config.root / "train_ray").resolve()), f"train-{key}"
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> Path:
-    """Train on ``inputs["shard"]`` with the tokenizer ``inputs["tokenizer"]``; returns the folder."""
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+    """Train on ``inputs["shard"]`` with the tokenizer ``inputs["tokenizer"]``."""
+    return run_with_callbacks(config, inputs, (), force=force)
+
+
+def run_with_callbacks(
+    config: RunConfig,
+    inputs: Mapping[str, Path],
+    callbacks: Sequence[Callback],
+    *,
+    force: bool = False,
+) -> StageResult:
+    """``run``, with ``callbacks(trainer)`` called after every step in every worker (the tests
+    kill a worker this way). They are not fingerprinted: they must not change what is trained."""
     inputs = {name: Path(inputs[name]) for name in ("shard", "tokenizer")}
     return run_stage(
         STAGE,
         config.root / STAGE,
         stage_config(config),
         inputs,
-        lambda tmp: _train(config, inputs, tmp),
+        lambda tmp: _train(config, inputs, callbacks, tmp),
         force=force,
     )
 
@@ -94,8 +111,6 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
 def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int]:
     """Row counts and the vocabulary size; a StageError naming the path or key if anything is off."""
     import pyarrow.parquet as pq
-
-    from tasks.train_loop import open_fs, shard_files
 
     shard = Path(inputs["shard"])
     counts = {}
@@ -167,139 +182,15 @@ def check_resources(config: RunConfig) -> None:
         )
 
 
-# ----------------------------------------------------------------------------- MLflow
-
-
-def _read_json(fs: Any, path: str) -> dict[str, Any] | None:
-    import pyarrow.fs as pafs
-
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return None
-    with fs.open_input_stream(path) as f:
-        return json.loads(f.read().decode())
-
-
-def _write_json(fs: Any, path: str, data: dict[str, Any]) -> None:
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(json.dumps(data).encode())
-
-
-@contextmanager
-def mlflow_run(config: RunConfig, run_dir: str) -> Iterator[tuple[str, str]]:
-    """``(tracking_uri, run_id)`` to log into: the run this storage folder logged into before
-    (resume), else the driver's active run, else a new stage run. Remembered in the folder."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    from tasks.train_loop import open_fs
-
-    fs, root = open_fs(run_dir)
-    record_path = f"{root}/{MLFLOW_RUN_FILE}"
-    stored = _read_json(fs, record_path)
-    if stored is not None:
-        client = MlflowClient(stored["tracking_uri"])
-        try:
-            client.get_run(stored["run_id"])
-        except Exception:  # the tracking store was reset: start a new run
-            stored = None
-    if stored is not None:
-        run_id, uri = stored["run_id"], stored["tracking_uri"]
-        active = mlflow.active_run()
-        if active is not None and active.info.run_id != run_id:
-            mlflow.set_tag("train.mlflow_run_id", run_id)  # the flow's run points at the training
-        client.update_run(run_id, status="RUNNING")
-        try:
-            yield uri, run_id
-        except BaseException:
-            client.set_terminated(run_id, "FAILED")
-            raise
-        client.set_terminated(run_id, "FINISHED")
-        return
-    active = mlflow.active_run()
-    if active is not None:
-        uri = mlflow.get_tracking_uri()
-        _write_json(fs, record_path, {"tracking_uri": uri, "run_id": active.info.run_id})
-        yield uri, active.info.run_id
-        return
-    with stage_run(config, STAGE) as run:
-        uri = mlflow.get_tracking_uri()
-        _write_json(fs, record_path, {"tracking_uri": uri, "run_id": run.info.run_id})
-        yield uri, run.info.run_id
-
-
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"steps": 1}}`` -> ``{"train.steps": 1}``."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def log_params(client: Any, run_id: str, params: Mapping[str, Any]) -> None:
-    """Log params a run does not have yet; a changed value (e.g. more steps on resume) is a tag."""
-    from mlflow.entities import Param, RunTag
-
-    existing = client.get_run(run_id).data.params
-    new, changed = [], []
-    for key, value in params.items():
-        text = str(value)[:6000]
-        if key not in existing:
-            new.append(Param(key, text))
-        elif existing[key] != text:
-            changed.append(RunTag(f"param_changed.{key}", text))
-    for i in range(0, len(new), 100):
-        client.log_batch(run_id, params=new[i : i + 100])
-    if changed:
-        client.log_batch(run_id, tags=changed)
-
-
-def learning_curve(client: Any, run_id: str, path: Path) -> Path | None:
-    """Plot train loss and validation loss against step (matplotlib, Agg) into ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    drawn = False
-    for key, label in (("loss", "train loss"), ("val_loss", "validation loss")):
-        history = {m.step: m.value for m in client.get_metric_history(run_id, key)}
-        if history:
-            steps = sorted(history)
-            ax.plot(
-                steps,
-                [history[s] for s in steps],
-                label=label,
-                marker="." if len(steps) < 50 else None,
-            )
-            drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_xlabel("step")
-    ax.set_ylabel("label-smoothed loss per token")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
 # ----------------------------------------------------------------------------- the stage
 
 
-def _train(config: RunConfig, inputs: Mapping[str, Path], tmp: Path) -> dict[str, Any]:
+def _train(
+    config: RunConfig, inputs: Mapping[str, Path], callbacks: Sequence[Callback], tmp: Path
+) -> dict[str, Any]:
     import ray.train
     from mlflow.tracking import MlflowClient
     from ray.train.torch import TorchTrainer
-
-    from tasks.train_loop import accumulation_steps, train_loop_per_worker
 
     tc = config.train
     counts = check_inputs(config, inputs)
@@ -310,7 +201,7 @@ def _train(config: RunConfig, inputs: Mapping[str, Path], tmp: Path) -> dict[str
     accum = accumulation_steps(tc.tokens_per_step, tc.num_workers, tc.max_tokens_per_batch)
 
     (tmp / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
-    with mlflow_run(config, run_dir) as (tracking_uri, run_id):
+    with mlflow_run(run_dir, lambda: stage_run(config, STAGE)) as (tracking_uri, run_id):
         client = MlflowClient(tracking_uri)
         log_params(
             client,
@@ -329,14 +220,14 @@ def _train(config: RunConfig, inputs: Mapping[str, Path], tmp: Path) -> dict[str
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={
-                "model": to_dict(config.model),
-                "train": to_dict(tc),
+                "model": config.model,
+                "train": tc,
                 "seed": config.seed,
                 "vocab_size": counts["vocab_size"],
                 "shard_dir": str(Path(inputs["shard"]).resolve()),
-                "run_dir": run_dir,
                 "tracking_uri": tracking_uri,
                 "mlflow_run_id": run_id,
+                "callbacks": list(callbacks),
             },
             scaling_config=ray.train.ScalingConfig(
                 num_workers=tc.num_workers,
@@ -385,10 +276,6 @@ def _train(config: RunConfig, inputs: Mapping[str, Path], tmp: Path) -> dict[str
 
 def export(result: Any, tmp: Path) -> dict[str, Any]:
     """Weights-only copies of the kept checkpoints, ``final/model.pt`` and ``checkpoints.json``."""
-    from tasks.train_loop import MODEL_FILE
-    from transformer_core import checkpoint as ckpt
-    from transformer_core.config import ModelConfig
-
     if result.checkpoint is None:
         raise StageError("training reported no checkpoint")
     kept = sorted(result.best_checkpoints or [], key=lambda cm: cm[1]["step"])

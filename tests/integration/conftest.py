@@ -1,13 +1,18 @@
-"""Fixtures the integration tests share: a local Ray and Prefect's test harness, per module."""
+"""Fixtures the integration tests share: one local Ray and one Prefect test harness per session.
+
+Both are expensive to start (Ray ~5 s, the harness ~14 s), so every module uses the same ones;
+stages that find Ray running reuse it (``tasks.runtime.ensure_ray``).
+"""
 
 from __future__ import annotations
 
 import pytest
+from stage_folders import finished_folder, tiny_sentences
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_local():
-    """A local 2-CPU Ray started as the stages start it (``ensure_ray``), shut down after."""
+    """A local 2-CPU Ray started as the stages start it (``ensure_ray``), shut down at the end."""
     import ray
 
     from tasks.config import RayConfig
@@ -18,10 +23,77 @@ def ray_local():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def harness():
-    """Prefect's test harness: a temporary API server and database for the module's flows."""
+    """Prefect's test harness: a temporary API server and database for the session's flows."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+# ----------------------------------------------------------------------------- a tiny trained model
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    """A tokenizer stage folder: a 64-piece sentencepiece BPE model (pad 0, unk 1, bos 2, eos 3)."""
+    import sentencepiece as spm
+
+    def build(tmp):
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(tiny_sentences(300, seed=0)),
+            model_prefix=str(tmp / "spm"),
+            vocab_size=64,
+            model_type="bpe",
+            character_coverage=1.0,
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            num_threads=1,
+            minloglevel=2,
+        )
+        return {}
+
+    return finished_folder(tmp_path_factory.mktemp("tiny") / "tokenizer", "tokenizer", {"tiny": 64}, build)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, tiny_tokenizer):
+    """An average stage folder (chained to a train folder, for lineage) with a debug-size model
+    trained for 100 steps to copy its input, so that its outputs depend on the content."""
+    import torch
+
+    from serving.tokenizer import load
+    from transformer_core import checkpoint, presets
+    from transformer_core.model import Transformer
+
+    root = tmp_path_factory.mktemp("tiny-model")
+    tok = load(tiny_tokenizer)
+    data = [tok.encode(s) for s in tiny_sentences(200, seed=5)]
+
+    def build(tmp):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny model on a shared machine: extra threads only wait
+        try:
+            torch.manual_seed(0)
+            model = Transformer(presets.debug(), tok.vocab_size).train()
+            opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+            for step in range(100):
+                batch = [data[(step * 16 + i) % len(data)] for i in range(16)]
+                tgt = torch.zeros(16, max(map(len, batch)), dtype=torch.long)  # (B, T), pad 0
+                for i, ids in enumerate(batch):
+                    tgt[i, : len(ids)] = torch.tensor(ids)
+                tgt_in = torch.cat([torch.full((16, 1), 2), tgt[:, :-1]], dim=1).masked_fill(tgt.eq(0), 0)
+                logits = model(tgt, tgt_in)  # source = target: a copy task
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=0)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        finally:
+            torch.set_num_threads(threads)
+        checkpoint.save(tmp / "model.pt", model, presets.debug(), vocab_size=tok.vocab_size)
+        return {"loss": loss.item()}
+
+    train = finished_folder(root / "train", "train", {"steps": 100}, lambda tmp: {})
+    return finished_folder(root / "average", "average", {"copy": 100}, build, {"train": train})

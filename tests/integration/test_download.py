@@ -13,10 +13,8 @@ import hashlib
 import io
 import json
 import re
-import sys
 import tarfile
 import threading
-import types
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,13 +22,14 @@ from urllib.parse import unquote, urlsplit
 from xml.sax.saxutils import escape
 
 import pytest
+from sacrebleu.dataset import DATASETS
 
+from corpora import CorpusError, sources
+from corpora.archives import UnsafeArchiveError
+from corpora.fetch import ChecksumError, download
 from tasks import download as download_stage
-from tasks import sources
-from tasks.archives import UnsafeArchiveError
-from tasks.artifacts import MANIFEST, StageError, read_manifest
 from tasks.config import RunConfig, config_from_dict
-from tasks.fetch import ChecksumError, download
+from tasks.contract import MANIFEST, StageError, read_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -151,8 +150,8 @@ def wmt_layout() -> dict[str, dict[str, bytes]]:
             nc[f"training/news-commentary-v9.{pair}.{lang}"] = text(lines("news-commentary-v9", lang, 2))
         cc[f"commoncrawl.{pair}.annotation"] = b"x\n" * 3
     europarl["training/europarl-v7.cs-en.cs"] = text(["not wanted"])
-    dev = {f"dev/newstest2013.{lang}": text(lines("newstest2013", lang, DEV_SIZE)) for lang in ("de", "en", "fr")}
-    dev["dev/newstest2012.en"] = text(["older dev set"])
+    dev = {f"test/newstest2013-src.{lang}.sgm": sgm("src", lang, lines("newstest2013", lang, DEV_SIZE)) for lang in ("de", "en", "fr")}
+    dev["test/newstest2013-src.cs.sgm"] = sgm("src", "cs", ["not wanted"])
     full, filtered = {}, {}
     for pair in ("deen", "fren"):
         other = pair[:2]
@@ -171,7 +170,7 @@ def wmt_layout() -> dict[str, dict[str, bytes]]:
             f"giga-fren.release2.fixed.{lang}.gz": gzip.compress(text(lines("giga-fren", lang, 5)), mtime=0)
             for lang in ("fr", "en")
         },
-        "wmt14/dev.tgz": dev,
+        "wmt13/test.tgz": dev,
         "wmt14/test-full.tgz": full,
         "wmt14/test-filtered.tgz": filtered,
     }
@@ -196,9 +195,11 @@ def write_mirror(root: Path, layout: dict[str, dict[str, bytes]]) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_published_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tiny test archives are not statmt's: drop the registry's published md5s."""
+    """The tiny test archives are not statmt's: drop the registries' published checksums."""
     for key, archive in list(sources.ARCHIVES.items()):
         monkeypatch.setitem(sources.ARCHIVES, key, dataclasses.replace(archive, md5=None, sha256=None, bytes=None))
+    for key in sources.EVAL_SETS.values():
+        monkeypatch.setattr(DATASETS[key], "md5", [])
 
 
 @pytest.fixture
@@ -226,9 +227,10 @@ def read_lines(path: Path) -> list[str]:
 
 def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: MirrorServer):
     config = make_config(tmp_path, pair="en-de", mirror=server.url)
-    out = download_stage.run(config)
+    result = download_stage.run(config, {})
+    out = result.path
 
-    assert out == config.root / "download"
+    assert out == config.root / "download" and result.ran
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted(
         [MANIFEST, "dev.de", "dev.en", "test.de", "test.en"]
@@ -257,18 +259,15 @@ def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: M
 
     # A rerun is skipped; a forced rerun reuses the download cache: no new requests either way.
     n = len(server.requests)
-    download_stage.run(config)
-    download_stage.run(config, force=True)
+    assert not download_stage.run(config, {}).ran
+    assert download_stage.run(config, {}, force=True).ran
     assert len(server.requests) == n
     assert read_manifest(out)["fingerprint"] == manifest["fingerprint"]
-
-    pairs = list(download_stage.read_parallel(out, "train", "en", "de"))
-    assert len(pairs) == 9 and pairs[0] == (lines("commoncrawl", "en", 1)[0], lines("commoncrawl", "de", 1)[0])
 
 
 def test_filtered_test_set_and_corpus_subset(tmp_path: Path, server: MirrorServer):
     config = make_config(tmp_path, pair="de-en", mirror=server.url, corpora=["news-commentary-v9"], test_variant="filtered")
-    out = download_stage.run(config)
+    out = download_stage.run(config, {}).path
     assert sorted(p.name for p in (out / "train").iterdir()) == ["news-commentary-v9.de", "news-commentary-v9.en"]
     assert read_lines(out / "test.de") == lines("filtered", "de", FILTERED_SIZE)
     requested = {path for path, _ in server.requests}
@@ -277,7 +276,7 @@ def test_filtered_test_set_and_corpus_subset(tmp_path: Path, server: MirrorServe
 
 def test_file_mirror_en_fr_reads_un_and_gzipped_giga_members(tmp_path: Path, mirror_root: Path):
     config = make_config(tmp_path, pair="fr-en", mirror=mirror_root.as_uri(), corpora=["un", "giga-fren"])
-    out = download_stage.run(config)
+    out = download_stage.run(config, {}).path
     assert read_lines(out / "train" / "giga-fren.fr") == lines("giga-fren", "fr", 5)
     assert read_lines(out / "train" / "un.en") == lines("un", "en", 3)
     assert read_lines(out / "test.fr") == lines("full", "fr", FULL_SIZE)  # fren-src.fr is the source
@@ -293,7 +292,7 @@ def test_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorSer
     path = "wmt13/training-parallel-europarl-v7.tgz"
     served = (server.root / path).read_bytes()
     server.drop_after[path] = 100
-    out = download_stage.run(make_config(tmp_path, pair="en-de", mirror=server.url))
+    out = download_stage.run(make_config(tmp_path, pair="en-de", mirror=server.url), {}).path
 
     europarl_requests = [rng for p, rng in server.requests if p == path]
     assert europarl_requests == [None, "bytes=100-"]
@@ -301,7 +300,7 @@ def test_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorSer
 
 
 def test_a_server_that_ignores_range_restarts_the_file(tmp_path: Path, server: MirrorServer):
-    path = "wmt14/dev.tgz"
+    path = "wmt13/test.tgz"
     served = (server.root / path).read_bytes()
     server.drop_after[path] = 50
     server.ignore_range = True
@@ -314,7 +313,7 @@ def test_a_server_that_ignores_range_restarts_the_file(tmp_path: Path, server: M
 
 def test_a_file_that_changed_during_a_resume_comes_back_whole(tmp_path: Path, server: MirrorServer):
     """If-Range: the server answers a stale range with the whole new file, so nothing is spliced."""
-    path = "wmt14/dev.tgz"
+    path = "wmt13/test.tgz"
     new = b"a different file, longer than before " * 10
     server.drop_after[path] = 20
     server.replace_after_drop[path] = new
@@ -324,7 +323,7 @@ def test_a_file_that_changed_during_a_resume_comes_back_whole(tmp_path: Path, se
 
 
 def test_unavailable_server_is_retried_then_given_up(tmp_path: Path, server: MirrorServer):
-    path = "wmt14/dev.tgz"
+    path = "wmt13/test.tgz"
     served = (server.root / path).read_bytes()
     server.unavailable[path] = 2
     seen = download(f"{server.url}/{path}", tmp_path / "a" / "dev.tgz", max_retries=3, backoff=0.01)
@@ -332,13 +331,13 @@ def test_unavailable_server_is_retried_then_given_up(tmp_path: Path, server: Mir
     assert [p for p, _ in server.requests].count(path) == 3
 
     server.unavailable[path] = 5
-    with pytest.raises(StageError, match="giving up after 2 attempts without progress: HTTP 503"):
+    with pytest.raises(CorpusError, match="giving up after 2 attempts without progress: HTTP 503"):
         download(f"{server.url}/{path}", tmp_path / "b" / "dev.tgz", max_retries=2, backoff=0.01)
     assert not (tmp_path / "b" / "dev.tgz").exists()
 
 
 def test_missing_file_on_the_mirror_fails_without_retrying(tmp_path: Path, server: MirrorServer):
-    with pytest.raises(StageError, match="HTTP 404"):
+    with pytest.raises(CorpusError, match="HTTP 404"):
         download(f"{server.url}/wmt14/nothere.tgz", tmp_path / "x.tgz", max_retries=3, backoff=0.01)
     assert [p for p, _ in server.requests] == ["wmt14/nothere.tgz"]
 
@@ -358,7 +357,7 @@ def test_checksum_mismatch_fails_and_leaves_nothing_complete(
     monkeypatch.setitem(sources.ARCHIVES, "europarl-v7", dataclasses.replace(sources.ARCHIVES["europarl-v7"], sha256="0" * 64))
     config = make_config(tmp_path, pair="en-de", mirror=server.url)
     with pytest.raises(ChecksumError, match="training-parallel-europarl-v7.tgz: sha256 is .* expects 0{64}"):
-        download_stage.run(config)
+        download_stage.run(config, {})
     cached = config.root / "cache" / "downloads" / "wmt13"
     assert not list(cached.iterdir())  # neither the final file nor a .part
     assert_nothing_looks_complete(config)
@@ -366,13 +365,13 @@ def test_checksum_mismatch_fails_and_leaves_nothing_complete(
 
 def test_a_changed_upstream_file_fails_against_the_lock(tmp_path: Path, mirror_root: Path):
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
-    download_stage.run(config)
+    download_stage.run(config, {})
     layout = wmt_layout()["wmt13/training-parallel-commoncrawl.tgz"]
     layout["commoncrawl.de-en.de"] = text(lines("changed", "de", 3))
     write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", layout)
     fresh_cache = config.replace(data=dataclasses.replace(config.data, cache_dir=str(tmp_path / "cache2")))
     with pytest.raises(ChecksumError, match="downloads.lock.json expects"):
-        download_stage.run(fresh_cache, force=True)
+        download_stage.run(fresh_cache, {}, force=True)
     assert not (tmp_path / "cache2" / "wmt13" / "training-parallel-commoncrawl.tgz").exists()
 
 
@@ -382,8 +381,8 @@ def test_misaligned_corpus_names_both_counts(tmp_path: Path, mirror_root: Path):
     cc["commoncrawl.de-en.en"] = text(lines("commoncrawl", "en", 2))
     write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", cc)
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
-    with pytest.raises(StageError, match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, commoncrawl.de-en.de \(de\) has 3 lines"):
-        download_stage.run(config)
+    with pytest.raises(CorpusError, match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, commoncrawl.de-en.de \(de\) has 3 lines"):
+        download_stage.run(config, {})
     assert_nothing_looks_complete(config)
 
 
@@ -396,7 +395,7 @@ def test_unsafe_tarball_is_refused(tmp_path: Path, mirror_root: Path, bad: str):
     write_archive(archive, wmt_layout()["wmt14/training-parallel-nc-v9.tgz"], extra=[info])
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["news-commentary-v9", "europarl-v7"])
     with pytest.raises(UnsafeArchiveError, match=f"refusing member '{info.name}' of .*training-parallel-nc-v9.tgz"):
-        download_stage.run(config)
+        download_stage.run(config, {})
     assert not (tmp_path / "evil").exists() and not (config.root / "evil").exists()
     assert_nothing_looks_complete(config)
 
@@ -406,8 +405,8 @@ def test_missing_member_points_at_the_registry(tmp_path: Path, mirror_root: Path
     wrong = dataclasses.replace(corpus, members={"de": "training/commoncrawl.de-en.de", "en": "commoncrawl.de-en.en"})
     monkeypatch.setitem(sources.TRAIN["de-en"], "commoncrawl", wrong)
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
-    with pytest.raises(StageError, match="no member 'training/commoncrawl.de-en.de' .*sources.py.*similar members: commoncrawl.de-en.de"):
-        download_stage.run(config)
+    with pytest.raises(CorpusError, match="no member 'training/commoncrawl.de-en.de' .*sources.py.*similar members: commoncrawl.de-en.de"):
+        download_stage.run(config, {})
 
 
 # ----------------------------------------------------------------------------- other sources
@@ -423,13 +422,13 @@ def test_local_source_copies_the_shared_sample(tmp_path: Path):
             "local_train": ["train"], "local_dev": "newstest2012", "local_test": "newstest2014.full",
         },
     })
-    out = download_stage.run(config)
+    out = download_stage.run(config, {}).path
     stats = read_manifest(out)["stats"]
     assert (stats["train_lines"], stats["dev_lines"], stats["test_lines"]) == (10000, 3000, 3003)
     assert sorted(p.name for p in (out / "train").iterdir()) == ["train.de", "train.en"]
     assert (out / "test.de").read_bytes() == (SHARED_SAMPLE / "newstest2014.full.de").read_bytes()
     assert stats["corpora"]["train"]["inputs"]["en"]["path"] == str((SHARED_SAMPLE / "train.en").resolve())
-    assert next(download_stage.read_parallel(out, "dev", "en", "de"))[0] == read_lines(SHARED_SAMPLE / "newstest2012.en")[0]
+    assert read_lines(out / "dev.en") == read_lines(SHARED_SAMPLE / "newstest2012.en")
 
 
 def test_local_source_names_missing_files(tmp_path: Path):
@@ -438,27 +437,27 @@ def test_local_source_names_missing_files(tmp_path: Path):
     for name in ("train.en", "train.de", "dev.en", "dev.de", "test.en"):
         (folder / name).write_text("a\n")
     config = config_from_dict({"name": "l", "workdir": str(tmp_path / "run"), "data": {"source": "local", "local_dir": str(folder)}})
-    with pytest.raises(StageError, match=r"missing file\(s\): .*test\.de"):
-        download_stage.run(config)
+    with pytest.raises(CorpusError, match=r"missing file\(s\): .*test\.de"):
+        download_stage.run(config, {})
 
 
-def test_synthetic_source_dispatches_to_tasks_synthetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    calls = []
+def test_synthetic_source_writes_the_layout_from_the_seed(tmp_path: Path):
+    def config(seed: int):
+        return config_from_dict({
+            "name": "syn", "seed": seed, "workdir": str(tmp_path / "run"),
+            "data": {"source": "synthetic", "synthetic_train": 30, "synthetic_dev": 5, "synthetic_test": 5},
+        })
 
-    def write_corpus(out_dir: Path, config: RunConfig) -> dict:
-        calls.append(config.name)
-        (out_dir / "train").mkdir()
-        for name in ("train/synthetic.en", "train/synthetic.de", "dev.en", "dev.de", "test.en", "test.de"):
-            (out_dir / name).write_text("x\n")
-        return {"source": "synthetic"}
-
-    monkeypatch.setitem(sys.modules, "tasks.synthetic", types.SimpleNamespace(write_corpus=write_corpus))
-    config = config_from_dict({"name": "syn", "workdir": str(tmp_path / "run"), "data": {"source": "synthetic"}})
-    out = download_stage.run(config)
-    assert calls == ["syn"] and read_manifest(out)["stats"] == {"source": "synthetic"}
+    first = download_stage.run(config(1), {})
+    assert first.stats == {"corpus": "synthetic", "train": 30, "dev": 5, "test": 5}
+    assert len(read_lines(first.path / "train" / "synthetic.de")) == 30
+    before = read_lines(first.path / "test.en")
+    # The grammar draws from the run's seed: another seed is another corpus, not "up to date".
+    second = download_stage.run(config(2), {})
+    assert second.ran and read_lines(second.path / "test.en") != before
 
 
 def test_treebank_source_is_refused(tmp_path: Path):
-    config = config_from_dict({"name": "tb", "workdir": str(tmp_path / "run"), "data": {"source": "treebank"}})
+    config = config_from_dict({"name": "tb", "workdir": str(tmp_path / "run"), "data": {"source": "treebank", "pair": "words-tree"}})
     with pytest.raises(StageError, match="treebank stage"):
-        download_stage.run(config)
+        download_stage.run(config, {})

@@ -1,16 +1,19 @@
 """The whole WMT14 flow on a tiny synthetic config, under Prefect's test harness.
 
-One module-scoped first run, then reruns that check skipping, ``--force``, a deleted artifact
-folder and a failing stage. Real Ray, real Prefect, real MLflow (SQLite), real sentencepiece.
+One module-scoped first run, then reruns that check skipping, and (slow: each retrains)
+``--force``, a deleted artifact folder and a failing stage. Real Ray, real Prefect, real MLflow
+(SQLite), real sentencepiece.
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from stage_folders import TINY_TRAINING
 
 pytestmark = pytest.mark.integration
 
@@ -18,30 +21,18 @@ WMT14_STAGES = ["download", "clean", "tokenizer", "shard", "train", "average", "
 
 
 def tiny_config(workdir: Path, **overrides) -> dict:
-    config = {
+    config = copy.deepcopy({
         "name": "flowtest",
         "seed": 7,
         "workdir": str(workdir / "{name}"),
         "data": {"source": "synthetic", "synthetic_train": 400, "synthetic_dev": 30, "synthetic_test": 30},
         "tokenizer": {"kind": "bpe", "vocab_size": 300, "sample_size": 1000, "threads": 1},
         "shard": {"rows_per_shard": 200, "num_actors": 1, "cpus_per_actor": 0.5},
-        "model": {"preset": "debug", "n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2},
-        "train": {
-            "steps": 6,
-            "tokens_per_step": 1024,
-            "max_tokens_per_batch": 1024,
-            "warmup_steps": 4,
-            "eval_every": 3,
-            "checkpoint_every": 2,
-            "checkpoint_minutes": 0,
-            "log_every": 1,
-            "cpus_per_worker": 0.5,
-        },
-        "average": {"last": 2},
+        **TINY_TRAINING,
         "decode": {"beam_size": 2, "max_len_offset": 5},
         "register": {"model_name": "flowtest"},
         "ray": {"num_cpus": 2},
-    }
+    })
     for dotted, value in overrides.items():
         node = config
         *parents, last = dotted.split(".")
@@ -58,16 +49,16 @@ def write_config(path: Path, config: dict) -> str:
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, harness, ray_local):
-    from pipelines.flows import wmt14_flow
+    from pipelines.flows import pipeline_flow
 
     workdir = tmp_path_factory.mktemp("flow")
     path = write_config(workdir / "tiny.yaml", tiny_config(workdir))
-    outcomes = wmt14_flow(config_path=path)
+    outcomes = pipeline_flow(config_path=path)
     return workdir, path, outcomes
 
 
-def ran(outcomes) -> list[str]:
-    return [o.name for o in outcomes if o.ran]
+def ran(results) -> list[str]:
+    return [r.stage for r in results if r.ran]
 
 
 def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(first_run):
@@ -76,7 +67,7 @@ def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(firs
     from tasks.config import load_config
 
     workdir, path, outcomes = first_run
-    assert [o.name for o in outcomes] == WMT14_STAGES
+    assert [r.stage for r in outcomes] == WMT14_STAGES
     assert ran(outcomes) == WMT14_STAGES
     config = load_config(path)
     for name in WMT14_STAGES:
@@ -96,53 +87,63 @@ def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(firs
     shard_child = next(r for r in children if r.data.tags["stage"] == "shard")
     logged = {a.path for a in client.list_artifacts(shard_child.info.run_id, "shard")}
     assert {"shard/manifest.json", "shard/lengths.png"} <= logged
+    # Each stage's stats reach its child run once; training keeps its own curves.
+    score_child = next(r for r in children if r.data.tags["stage"] == "score")
+    scores = next(r for r in outcomes if r.stage == "score").stats
+    assert score_child.data.metrics["bleu_sacre"] == scores["bleu_sacre"]
+    assert score_child.data.tags["skipped"] == "false"
+    val_loss = client.get_metric_history(train_child.info.run_id, "val_loss")
+    assert sorted(m.step for m in val_loss) == [3, 6]
     champion = client.get_model_version_by_alias("flowtest", "champion")
     assert str(champion.version) == "1"
 
 
 def test_second_run_skips_every_stage(first_run):
-    from pipelines.flows import wmt14_flow
+    from pipelines.flows import pipeline_flow
 
     _, path, _ = first_run
-    outcomes = wmt14_flow(config_path=path)
+    outcomes = pipeline_flow(config_path=path)
     assert ran(outcomes) == []
 
 
 def test_status_reports_every_stage_up_to_date(first_run):
-    from tasks import stages
+    from tasks import graph
     from tasks.config import load_config
 
     _, path, _ = first_run
-    rows = stages.status(load_config(path))
+    rows = graph.status(load_config(path))
     assert [name for name, _ in rows] == WMT14_STAGES
     assert all(st.up_to_date for _, st in rows), rows
 
 
+@pytest.mark.slow  # a rerun of train .. register: ~25 s
 def test_force_shard_reruns_shard_and_everything_after_it(first_run):
-    from pipelines.flows import wmt14_flow
+    from pipelines.flows import pipeline_flow
 
     _, path, _ = first_run
-    outcomes = wmt14_flow(config_path=path, force=["shard"])
+    outcomes = pipeline_flow(config_path=path, force=["shard"])
     assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("shard"):]
 
 
+@pytest.mark.slow  # a rerun of train .. register: ~25 s
 def test_deleted_tokenizer_folder_reruns_tokenizer_and_after(first_run):
-    from pipelines.flows import wmt14_flow
-    from tasks import stages
+    from pipelines.flows import pipeline_flow
+    from tasks import graph
     from tasks.config import load_config
 
     _, path, _ = first_run
     config = load_config(path)
     shutil.rmtree(config.root / "tokenizer")
-    status = dict(stages.status(config))
+    status = dict(graph.status(config))
     assert status["tokenizer"].state == "missing"
     assert status["clean"].up_to_date and not status["shard"].up_to_date
-    outcomes = wmt14_flow(config_path=path)
+    outcomes = pipeline_flow(config_path=path)
     assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("tokenizer"):]
 
 
+@pytest.mark.slow  # a rerun of train .. register: ~25 s
 def test_failing_stage_stops_the_flow_and_a_fixed_rerun_continues_there(first_run):
-    from pipelines.flows import wmt14_flow
+    from pipelines.flows import pipeline_flow
 
     workdir, path, _ = first_run
     bad = write_config(
@@ -151,13 +152,13 @@ def test_failing_stage_stops_the_flow_and_a_fixed_rerun_continues_there(first_ru
     from tasks.config import ConfigError
 
     with pytest.raises(ConfigError, match="average.spacing"):
-        wmt14_flow(config_path=bad)
+        pipeline_flow(config_path=bad)
     # A value that passes validation but makes one stage fail: training on a missing GPU.
     bad = write_config(workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8, "train.use_gpu": True}))
     with pytest.raises(Exception, match="GPU"):
-        wmt14_flow(config_path=bad)
+        pipeline_flow(config_path=bad)
     good = write_config(workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8}))
-    outcomes = wmt14_flow(config_path=good)
+    outcomes = pipeline_flow(config_path=good)
     assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("train"):]
 
 
@@ -186,7 +187,7 @@ def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path
             return await client.read_deployment(deployment_id)
 
     flow_dep = asyncio.run(read(flow_id))
-    assert flow_dep.entrypoint == "pipelines/flows.py:wmt14_flow"
+    assert flow_dep.entrypoint == "pipelines/flows.py:pipeline_flow"
     assert flow_dep.parameters == {"config_path": path}
     assert [s.schedule.cron for s in flow_dep.schedules] == ["0 3 * * 1"]
     stage_dep = asyncio.run(read(stage_id))

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from stage_folders import finished_folder
 
+from evaluation.evalb import score_corpus
+from parsing.linearize import FORMS, delinearize, linearize, punctuation_tag
+from parsing.trees import clean_tree, read_trees, write_tree
 from tasks import linearize as linearize_stage
 from tasks import parse_score, treebank
-from tasks.artifacts import run_stage
 from tasks.config import config_from_dict
-from tasks.evalb import score_corpus
-from tasks.linearize import FORMS, delinearize, linearize, punctuation_tag
-from tasks.treebank import clean_tree, read_trees, write_tree
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ptb_sample"
 COMBINED = SAMPLE / "combined"
@@ -83,14 +83,14 @@ def test_stages_on_the_sample(tmp_path, golds):
             },
         }
     )
-    tb = treebank.run(config)
+    tb = treebank.run(config, {}).path
     stats = json.loads((tb / "manifest.json").read_text())["stats"]
     assert (stats["train_files"], stats["dev_files"], stats["test_files"]) == (180, 0, 19)
     assert stats["train_trees"] + stats["test_trees"] == 3914 and stats["dev_trees"] == 0
     test_trees = (tb / "test.trees").read_text().splitlines()
     assert test_trees == [write_tree(t) for t in golds[-stats["test_trees"] :]]
 
-    lin = linearize_stage.run(config, {"treebank": tb})
+    lin = linearize_stage.run(config, {"treebank": tb}).path
     table = pq.read_table(lin / "train" / "part-00000.parquet")
     assert table.num_rows == stats["train_trees"]
     first = golds[0]
@@ -102,17 +102,15 @@ def test_stages_on_the_sample(tmp_path, golds):
 
     # Up to date: a second run returns at once.
     started = json.loads((lin / "manifest.json").read_text())["started"]
-    assert linearize_stage.run(config, {"treebank": tb}) == lin
+    assert not linearize_stage.run(config, {"treebank": tb}).ran
     assert json.loads((lin / "manifest.json").read_text())["started"] == started
 
     # A perfect "translation" (the gold sequences) scores 100 through parse_score.
     def fake_translate(tmp):
         (tmp / "hyp.tree").write_text((lin / "test.tree").read_text())
 
-    translated = run_stage(
-        "translate", tmp_path / "run" / "translate", {"fake": 1}, {}, fake_translate
-    )
-    scored = parse_score.run(config, {"translate": translated, "linearize": lin})
+    translated = finished_folder(tmp_path / "run" / "translate", "translate", {"fake": 1}, fake_translate)
+    scored = parse_score.run(config, {"translate": translated, "linearize": lin}).path
     scores = json.loads((scored / "scores.json").read_text())
     assert scores["f1"] == 100.0 and scores["sentences"] == stats["test_trees"]
     assert scores["repaired_sentences"] == 0 and scores["length_errors"] == 0

@@ -10,61 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from stage_folders import finished_folder
 
-from tasks.artifacts import read_manifest, run_stage
+from serving.stream import ModelNotFoundError, translate_stream
+from serving.translator import Translator
+from tasks import register
 from tasks.config import DecodeConfig, MlflowConfig, RegisterConfig, RunConfig
+from tasks.contract import StageError, read_manifest
 from transformer_core import presets
 
 pytestmark = pytest.mark.integration
 
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1"
 TEXTS = ["the cat sees the dog", "a big red house", "dog", "the old tree walks to the new house"]
-
-
-def make_tokenizer(root: Path) -> Path:
-    """A tiny sentencepiece model (pad 0, unk 1, bos 2, eos 3) in a tokenizer stage folder."""
-    import sentencepiece as spm
-
-    words = "the a cat dog house tree sees likes big small red blue walks to old new".split()
-    corpus = [
-        " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(1 + i % 9)) for i in range(200)
-    ]
-
-    def build(tmp: Path) -> dict:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(corpus),
-            model_prefix=str(tmp / "spm"),
-            vocab_size=60,
-            model_type="bpe",
-            character_coverage=1.0,
-            pad_id=0,
-            unk_id=1,
-            bos_id=2,
-            eos_id=3,
-            num_threads=1,
-            minloglevel=2,
-        )
-        return {}
-
-    return run_stage("tokenizer", root / "tokenizer", {"test": "tiny"}, {}, build)
-
-
-def make_average(root: Path, vocab_size: int) -> Path:
-    """A random debug-size checkpoint in an average stage folder whose manifest chains to 'train'."""
-    import torch
-
-    from transformer_core import checkpoint
-    from transformer_core.model import Transformer
-
-    train = run_stage("train", root / "train", {"steps": 0}, {}, lambda tmp: {})
-
-    def build(tmp: Path) -> dict:
-        torch.manual_seed(0)
-        model = Transformer(presets.debug(), vocab_size)
-        checkpoint.save(tmp / "model.pt", model, presets.debug(), vocab_size=vocab_size)
-        return {}
-
-    return run_stage("average", root / "average", {"last": 1}, {"train": train}, build)
 
 
 def make_score(root: Path, bleu: float, variant: str = "full") -> Path:
@@ -82,17 +40,14 @@ def make_score(root: Path, bleu: float, variant: str = "full") -> Path:
         (tmp / "scores.json").write_text(json.dumps(scores))
         return scores
 
-    return run_stage("score", root / "score", scores, {}, build)
+    return finished_folder(root / "score", "score", scores, build)
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_model, tiny_tokenizer):
     from mlflow.tracking import MlflowClient
 
-    from tasks import tokenizer
-
     root = tmp_path_factory.mktemp("register")
-    tok = make_tokenizer(root)
     config = RunConfig(
         name="reg",
         workdir=str(root / "run"),
@@ -101,21 +56,22 @@ def setup(tmp_path_factory):
         register=RegisterConfig(model_name="tiny-translator"),
         mlflow=MlflowConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}"),
     )
-    average = make_average(root, tokenizer.load(tok).vocab_size)
     # Artifacts under tmp_path: a new experiment's default location is ./mlruns in the CWD.
     MlflowClient(tracking_uri=config.tracking_uri).create_experiment(
         config.mlflow.experiment, artifact_location=(root / "mlartifacts").as_uri()
     )
-    return config, {"average": average, "tokenizer": tok}, root
+    return config, {"average": tiny_model, "tokenizer": tiny_tokenizer}, root
 
 
 def _register(
     config: RunConfig, inputs: dict, root: Path, bleu: float, variant: str = "full"
 ) -> dict:
-    from tasks import register
-
-    out = register.run(config, {**inputs, "score": make_score(root, bleu, variant)})
+    out = register.run(config, {**inputs, "score": make_score(root, bleu, variant)}).path
     return json.loads((out / "registered.json").read_text())
+
+
+def translate_here(inputs: dict[str, Path], texts: list[str], decode: DecodeConfig) -> list[str]:
+    return Translator.load(inputs["average"], inputs["tokenizer"], decode).translate(texts)
 
 
 def _champion(config: RunConfig) -> str:
@@ -127,8 +83,6 @@ def _champion(config: RunConfig) -> str:
 
 def test_registry_promotion_and_pyfunc(setup) -> None:
     from mlflow.tracking import MlflowClient
-
-    from tasks import register, translate
 
     config, inputs, root = setup
     name = config.register.model_name
@@ -145,7 +99,7 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     assert tags["bleu_sacre"] == "20.0" and tags["test_set"] == "newstest2014"
     assert tags["signature"] == SIGNATURE and tags["code_version"]
     assert tags["lineage.average"] == read_manifest(inputs["average"])["fingerprint"]
-    assert tags["lineage.train"] == read_manifest(root / "train")["fingerprint"]
+    assert tags["lineage.train"] == read_manifest(inputs["average"].parent / "train")["fingerprint"]
     assert tags["lineage.tokenizer"] == read_manifest(inputs["tokenizer"])["fingerprint"]
     assert json.loads(tags["config"])["register"]["model_name"] == name
 
@@ -176,13 +130,14 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     import mlflow
     import pandas as pd
 
-    expected = translate.translate_texts(
-        inputs["average"], inputs["tokenizer"], TEXTS, config.decode
-    )
+    expected = translate_here(inputs, TEXTS, config.decode)
     mlflow.set_tracking_uri(config.tracking_uri)
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert model.predict(TEXTS) == expected
     assert list(model.predict(pd.DataFrame({"text": TEXTS}))) == expected
+    # The model carries the serving code and the model library, nothing else of this project.
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl")))
+    assert sorted(p.name for p in (local / "code").iterdir()) == ["serving", "transformer_core"]
 
     # 7. ... and in a fresh process, importing the code the model carries (code_paths).
     script = (
@@ -190,7 +145,7 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
         f"mlflow.set_tracking_uri({config.tracking_uri!r})\n"
         f"m = mlflow.pyfunc.load_model('models:/{name}@champion')\n"
         f"out = m.predict({TEXTS!r})\n"
-        "import tasks.translator as t\n"
+        "import serving.translator as t\n"
         "print(json.dumps({'out': out, 'code': t.__file__}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
@@ -205,11 +160,11 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["out"] == expected
-    assert f"{os.sep}code{os.sep}tasks{os.sep}" in result["code"]
+    assert f"{os.sep}code{os.sep}serving{os.sep}" in result["code"]
 
     # 8. `tfm translate`: stdin lines to stdout lines.
     stdout = io.StringIO()
-    count = register.translate_stream(
+    count = translate_stream(
         f"models:/{name}@champion",
         io.StringIO("".join(t + "\n" for t in TEXTS)),
         stdout,
@@ -219,22 +174,12 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
 
 
 def test_pip_requirements_are_pinned_and_installable() -> None:
-    from tasks.register import pip_requirements
-
-    reqs = pip_requirements()
-    assert [r.split("==")[0] for r in reqs] == [
-        "torch",
-        "sentencepiece",
-        "numpy",
-        "pyarrow",
-        "pyyaml",
-    ]
+    reqs = register.pip_requirements()
+    assert [r.split("==")[0] for r in reqs] == ["torch", "sentencepiece", "numpy"]
     assert all("==" in r and "+" not in r for r in reqs)
 
 
 def test_unknown_model_uri_is_a_clear_error(setup) -> None:
-    from tasks.register import ModelNotFoundError, translate_stream
-
     config, _, _ = setup
     uri = "models:/no-such-model@champion"
     with pytest.raises(ModelNotFoundError, match="models:/no-such-model@champion"):
@@ -244,15 +189,11 @@ def test_unknown_model_uri_is_a_clear_error(setup) -> None:
 
 
 def test_missing_metric_is_a_clear_error(setup, tmp_path) -> None:
-    from tasks import register
-    from tasks.artifacts import StageError
-
     config, inputs, _ = setup
-    score = run_stage(
-        "score",
+    score = finished_folder(
         tmp_path / "score",
+        "score",
         {"x": 1},
-        {},
         lambda tmp: (tmp / "scores.json").write_text(json.dumps({"chrf": 1.0})) and {},
     )
     with pytest.raises(StageError, match=r"scores\.json has no numeric 'bleu_sacre'"):
@@ -260,7 +201,7 @@ def test_missing_metric_is_a_clear_error(setup, tmp_path) -> None:
 
 
 def test_decide_champion_rules() -> None:
-    from tasks.register import decide_champion
+    from evaluation.champion import decide_champion
 
     new = {
         "bleu_sacre": 27.3,
@@ -306,21 +247,19 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
     import time
     import urllib.request
 
-    from tasks import translate
-
     config, inputs, root = setup
     config = config.replace(
         workdir=str(tmp_path / "run"), register=RegisterConfig(model_name="served-translator")
     )
     record = _register(config, inputs, tmp_path, bleu=1.0)
-    expected = translate.translate_texts(
-        inputs["average"], inputs["tokenizer"], TEXTS, config.decode
-    )
+    expected = translate_here(inputs, TEXTS, config.decode)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri}
+    # mlflow runs `uvicorn` by name: the environment's own scripts must come first on the PATH.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri, "PATH": path}
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log_file:
         server = subprocess.Popen(
@@ -367,9 +306,10 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
         answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
         assert answer["predictions"] == expected
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from corpora import CorpusError
+from evaluation.bleu import score_texts
 from tasks import score
-from tasks.artifacts import StageError, read_manifest, run_stage
 from tasks.config import DataConfig, MlflowConfig, RunConfig
+from tasks.contract import StageError, read_manifest, run_stage
+from tasks.runtime import log_stage_result
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +44,7 @@ def _folder(root: Path, stage: str, files: dict[str, list[str]]) -> Path:
             (tmp / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         return {}
 
-    return run_stage(stage, root / stage, {"files": files}, {}, build)
+    return run_stage(stage, root / stage, {"files": files}, {}, build).path
 
 
 def _config(root: Path, **data) -> RunConfig:
@@ -62,11 +65,11 @@ def _inputs(root: Path, hyps=HYPOTHESES, refs=REFERENCES, sources=SOURCES) -> di
 
 def test_stage_writes_scores_sentences_plot_and_manifest(tmp_path):
     config = _config(tmp_path)
-    out = score.run(config, _inputs(tmp_path))
+    out = score.run(config, _inputs(tmp_path)).path
     assert out == config.root / "score"
 
     scores = json.loads((out / "scores.json").read_text(encoding="utf-8"))
-    direct = score.score_texts(HYPOTHESES, REFERENCES, "de")
+    direct = score_texts(HYPOTHESES, REFERENCES, "de")
     for key in ("bleu_sacre", "bleu_tok_compound", "chrf"):
         assert scores[key] == pytest.approx(direct[key])
     assert 0 < scores["bleu_sacre"] < 100
@@ -93,16 +96,18 @@ def test_stage_writes_scores_sentences_plot_and_manifest(tmp_path):
 
 
 def test_synthetic_test_split_is_not_named_as_newstest(tmp_path):
-    scores = json.loads((score.run(_config(tmp_path, source="synthetic"), _inputs(tmp_path)) / "scores.json").read_text())
+    scores = json.loads((score.run(_config(tmp_path, source="synthetic"), _inputs(tmp_path)).path / "scores.json").read_text())
     assert scores["test_set"] == "synthetic" and scores["test_variant"] == "synthetic"
 
 
 def test_second_run_is_skipped_and_force_reruns(tmp_path):
     config = _config(tmp_path)
     inputs = _inputs(tmp_path)
-    first = read_manifest(score.run(config, inputs))
-    assert read_manifest(score.run(config, inputs))["started"] == first["started"]
-    assert read_manifest(score.run(config, inputs, force=True))["started"] != first["started"]
+    first = read_manifest(score.run(config, inputs).path)
+    skipped = score.run(config, inputs)
+    assert not skipped.ran and read_manifest(skipped.path)["started"] == first["started"]
+    assert skipped.stats == first["stats"]
+    assert read_manifest(score.run(config, inputs, force=True).path)["started"] != first["started"]
 
 
 def test_empty_test_set_is_an_error(tmp_path):
@@ -122,35 +127,27 @@ def test_line_count_mismatch_names_both_files(tmp_path):
 def test_missing_hypothesis_file(tmp_path):
     inputs = _inputs(tmp_path)
     (inputs["translate"] / "hyp.de").unlink()
-    with pytest.raises(StageError, match=r"hyp\.de does not exist"):
+    with pytest.raises(CorpusError, match=r"hyp\.de does not exist"):
         score.run(_config(tmp_path), inputs)
 
 
-def test_no_active_mlflow_run_means_no_logging(tmp_path):
-    assert not _active_run_exists()
-    out = score.run(_config(tmp_path), _inputs(tmp_path))
-    assert score.log_to_mlflow(out) is False
-
-
-def _active_run_exists() -> bool:
-    import sys
-
-    mlflow = sys.modules.get("mlflow")
-    return mlflow is not None and mlflow.active_run() is not None
-
-
-def test_logs_to_the_active_mlflow_run(tmp_path):
+def test_the_result_reaches_the_active_mlflow_run_once(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     config = _config(tmp_path)
     mlflow.set_tracking_uri(config.tracking_uri)
     mlflow.set_experiment("score-test")
     with mlflow.start_run() as run:
-        out = score.run(config, _inputs(tmp_path))
-    scores = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+        result = score.run(config, _inputs(tmp_path))
+        # The stage itself logs nothing: whoever runs it logs the result, once.
+        assert mlflow.get_run(run.info.run_id).data.metrics == {}
+        log_stage_result(result)
+    scores = json.loads((result.path / "scores.json").read_text(encoding="utf-8"))
     logged = mlflow.get_run(run.info.run_id).data
     for key in ("bleu_sacre", "bleu_tok_compound", "chrf"):
         assert logged.metrics[key] == pytest.approx(scores[key])
-    assert logged.params["test_set"] == "newstest2014"
-    assert logged.params["test_segments"] == "4"
+    assert logged.metrics["test_segments"] == 4
+    assert logged.tags["stats.test_set"] == "newstest2014"
+    assert logged.tags["skipped"] == "false" and logged.tags["fingerprint"] == read_manifest(result.path)["fingerprint"]
+    assert logged.tags["input.translate"] and logged.tags["input.download"]
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "score")}
-    assert {"score/sentences.tsv", "score/bleu_by_length.png"} <= artifacts
+    assert {"score/manifest.json", "score/scores.json", "score/sentences.tsv", "score/bleu_by_length.png"} <= artifacts

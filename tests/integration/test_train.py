@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.artifacts import StageError, read_manifest, run_stage
 from tasks.config import RunConfig, config_from_dict
+from tasks.contract import StageError, read_manifest, run_stage
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,8 @@ def make_tokenizer(root: Path) -> Path:
         )
         return {}
 
-    return run_stage("tokenizer", root / "tokenizer", {"test": "char", "vocab": VOCAB}, {}, build)
+    cfg = {"test": "char", "vocab": VOCAB}
+    return run_stage("tokenizer", root / "tokenizer", cfg, {}, build).path
 
 
 def write_split(folder: Path, n: int, seed: int, parts: int) -> None:
@@ -84,7 +85,7 @@ def make_shards(root: Path, n_train: int = 384, n_dev: int = 48, stats: dict | N
         return {"vocab_size": VOCAB} if stats is None else stats
 
     cfg = {"test": "reverse", "n": n_train, "stats": stats}
-    return run_stage("shard", root / "shard", cfg, {}, build)
+    return run_stage("shard", root / "shard", cfg, {}, build).path
 
 
 def make_inputs(root: Path) -> dict[str, Path]:
@@ -150,7 +151,7 @@ def trained(ray_local, tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     inputs = make_inputs(root)
     config = tiny_config(root)
-    out = train.run(config, inputs)
+    out = train.run(config, inputs).path
     return config, inputs, out
 
 
@@ -202,7 +203,8 @@ def test_up_to_date_stage_is_skipped(trained):
 
     config, inputs, out = trained
     before = read_manifest(out)["started"]
-    assert train.run(config, inputs) == out
+    result = train.run(config, inputs)
+    assert result.path == out and not result.ran
     assert read_manifest(out)["started"] == before
 
 
@@ -214,7 +216,7 @@ def test_average_stage_means_the_last_checkpoints(trained):
 
     config, _, train_out = trained
     config = config.replace(average=config.average.__class__(last=3, spacing="step"))
-    out = average.run(config, {"train": train_out})
+    out = average.run(config, {"train": train_out}).path
     manifest = read_manifest(out)
     assert manifest["stats"]["steps"] == [12, 18, 24]
     averaged = checkpoint.load(out / "model.pt")
@@ -233,7 +235,7 @@ def test_average_with_too_few_checkpoints_warns(trained):
 
     config, _, train_out = trained
     config = config.replace(average=config.average.__class__(last=50, spacing="step"))
-    out = average.run(config, {"train": train_out})
+    out = average.run(config, {"train": train_out}).path
     stats = read_manifest(out)["stats"]
     assert stats["count"] == 4 and stats["requested"] == 50 and "warning" in stats
 
@@ -267,7 +269,7 @@ def test_empty_shards_error(ray_local, tmp_path):
         write_split(tmp / "dev", 4, seed=2, parts=1)
         return {}
 
-    shard = run_stage("shard", tmp_path / "shard", {"empty": True}, {}, build)
+    shard = run_stage("shard", tmp_path / "shard", {"empty": True}, {}, build).path
     inputs = {"shard": shard, "tokenizer": make_tokenizer(tmp_path)}
     with pytest.raises(StageError, match="0 rows"):
         train.run(tiny_config(tmp_path), inputs)
@@ -305,7 +307,7 @@ def test_average_without_checkpoints_errors(tmp_path):
         (tmp / "checkpoints.json").write_text(json.dumps({"checkpoints": []}))
         return {}
 
-    train_out = run_stage("train", tmp_path / "train", {"fake": True}, {}, build)
+    train_out = run_stage("train", tmp_path / "train", {"fake": True}, {}, build).path
     config = tiny_config(tmp_path)
     with pytest.raises(StageError, match="no checkpoints"):
         average.run(config, {"train": train_out})

@@ -1,20 +1,26 @@
 """Resume is exact: after a worker failure (Ray Train restarts the workers), after a clean stop
 and after a crash, training continues at the next step with the next batch and ends with the
-weights and the loss trace of an uninterrupted run (CPU, same seed, dropout on)."""
+weights and the loss trace of an uninterrupted run (CPU, same seed, dropout on).
+
+Failures are injected by a Trainer callback defined here (``FailOnce``), handed to the workers
+through ``tasks.train.run_with_callbacks``: nothing in the config or the training code knows."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from test_train import make_inputs, metric_history, tiny_config
 
-from tasks.artifacts import StageError, read_manifest
-from tasks.train_loop import FAIL_MARKER
+from tasks.contract import StageError, read_manifest
 from transformer_core import checkpoint
 
-pytestmark = pytest.mark.integration
+# Slow (three Ray Train runs, ~2 min): `make test-slow`, which CI runs too. The default suite
+# checks the same resume arithmetic without Ray in tests/unit/test_trainer.py.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = dict(steps=12, checkpoint_every=3, eval_every=6)
 TRACES = ("loss", "nll", "lr", "grad_norm", "epoch", "batch_index")
@@ -24,6 +30,30 @@ TRACES = ("loss", "nll", "lr", "grad_norm", "epoch", "batch_index")
 def tracking(tmp_path_factory):
     """One MLflow database for the module (creating one costs seconds)."""
     return tmp_path_factory.mktemp("mlflow")
+
+
+class FailOnce:
+    """A Trainer callback: the last worker raises after step ``step`` unless ``marker`` exists,
+    which it writes first, so Ray Train's restart (or a rerun) gets past it."""
+
+    def __init__(self, step: int, marker: Path):
+        self.step, self.marker = step, marker
+
+    def __call__(self, trainer) -> None:
+        if trainer.step != self.step or trainer.rank != trainer.world_size - 1:
+            return
+        if self.marker.exists():
+            return
+        self.marker.write_text("failed once\n")
+        raise RuntimeError(f"injected worker failure at step {self.step} (test callback)")
+
+
+def fail_once(step: int, marker: Path) -> list[FailOnce]:
+    """``[FailOnce(step, marker)]``, pickled by value: Ray's workers cannot import this module."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return [FailOnce(step, marker)]
 
 
 def traces(config, out) -> dict[str, dict[int, float]]:
@@ -47,18 +77,19 @@ def baseline(ray_local, tracking, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("baseline")
     config = tiny_config(root, tracking, **STEPS)
-    out = train.run(config, make_inputs(root))
+    out = train.run(config, make_inputs(root)).path
     return traces(config, out), final_weights(out)
 
 
 def test_worker_failure_restarts_from_last_checkpoint(baseline, tracking, tmp_path):
     from tasks import train
 
-    config = tiny_config(tmp_path, tracking, fail_at_step=8, max_failures=1, **STEPS)
-    out = train.run(config, make_inputs(tmp_path))
+    config = tiny_config(tmp_path, tracking, max_failures=1, **STEPS)
+    marker = tmp_path / "failed-at-step-8"
+    out = train.run_with_callbacks(config, make_inputs(tmp_path), fail_once(8, marker)).path
     stats = read_manifest(out)["stats"]
     assert stats["resumed_from_step"] == 6  # the restarted workers began at the step-6 checkpoint
-    assert any((tmp_path / "train_ray").rglob(FAIL_MARKER.format(step=8)))
+    assert marker.is_file()
     assert_same_weights(final_weights(out), baseline[1])
     assert traces(config, out) == baseline[0]
 
@@ -68,14 +99,14 @@ def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_pat
 
     inputs = make_inputs(tmp_path)
     stopped = tiny_config(tmp_path, tracking, stop_after=5, **STEPS)
-    out = train.run(stopped, inputs)
+    out = train.run(stopped, inputs).path
     stats = read_manifest(out)["stats"]
     assert stats["step"] == 5 and not stats["complete"]
     listing = json.loads((out / "checkpoints.json").read_text())["checkpoints"]
     assert [c["step"] for c in listing] == [3, 5]
 
     config = tiny_config(tmp_path, tracking, **STEPS)  # the same run, without the stop
-    out = train.run(config, inputs)
+    out = train.run(config, inputs).path
     stats = read_manifest(out)["stats"]
     assert stats["resumed_from_step"] == 5 and stats["complete"] and stats["step"] == 12
     trace = traces(config, out)
@@ -89,11 +120,12 @@ def test_crash_then_rerun_of_the_same_config_resumes(baseline, tracking, tmp_pat
     from tasks import train
 
     inputs = make_inputs(tmp_path)
-    config = tiny_config(tmp_path, tracking, fail_at_step=8, max_failures=0, **STEPS)
+    config = tiny_config(tmp_path, tracking, max_failures=0, **STEPS)
+    callbacks = fail_once(8, tmp_path / "failed-at-step-8")
     with pytest.raises(StageError, match="rerun the same config"):
-        train.run(config, inputs)
+        train.run_with_callbacks(config, inputs, callbacks)
     assert not (tmp_path / "train").exists()
-    out = train.run(config, inputs)  # the hook fires once per run folder
+    out = train.run_with_callbacks(config, inputs, callbacks).path  # it fails only once
     assert read_manifest(out)["stats"]["resumed_from_step"] == 6
     assert_same_weights(final_weights(out), baseline[1])
     assert traces(config, out) == baseline[0]

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import clean, shard, tokenizer
-from tasks.artifacts import read_manifest, run_stage
-from tasks.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
+from serving.tokenizer import load as load_tokenizer
+from tasks import clean, download, shard, tokenizer
+from tasks.config import CleanConfig, DataConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
+from tasks.contract import read_manifest
 from transformer_core.config import UNK_ID
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wmt14_ende_sample"
@@ -24,30 +24,19 @@ pytestmark = [
 ]
 
 
-def sample_download(root: Path) -> Path:
-    """The sample in the download stage's layout (train/wmt.*, newstest2012 dev, newstest2014 full test)."""
-
-    def build(tmp: Path) -> dict:
-        (tmp / "train").mkdir()
-        for lang in ("en", "de"):
-            shutil.copyfile(SAMPLE / f"train.{lang}", tmp / "train" / f"wmt14sample.{lang}")
-            shutil.copyfile(SAMPLE / f"newstest2012.{lang}", tmp / f"dev.{lang}")
-            shutil.copyfile(SAMPLE / f"newstest2014.full.{lang}", tmp / f"test.{lang}")
-        return {}
-
-    return run_stage("download", root / "download", {"sample": str(SAMPLE)}, {}, build)
-
-
 def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
     config = RunConfig(
         name="wmt",
         workdir=str(tmp_path),
+        # The sample as a local source: train, newstest2012 as dev, newstest2014 (full) as test.
+        data=DataConfig(source="local", local_dir=str(SAMPLE), local_dev="newstest2012", local_test="newstest2014.full"),
         clean=CleanConfig(batch_size=1000),
         tokenizer=TokenizerConfig(vocab_size=8000, sample_size=100_000, threads=2),
         shard=ShardConfig(rows_per_shard=4000, num_actors=2, batch_size=1000, cpus_per_actor=0.5),
         ray=RayConfig(num_cpus=2),
     )
-    clean_dir = clean.run(config, {"download": sample_download(tmp_path)})
+    raw = download.run(config, {}).path
+    clean_dir = clean.run(config, {"download": raw}).path
     stats = read_manifest(clean_dir)["stats"]
     print("WMT sample clean:", json.dumps({k: stats[k] for k in ("input", "dropped", "kept")}))
     assert stats["input"] == 10_000
@@ -55,8 +44,8 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
     assert 5_000 < stats["kept"] < 10_000
     assert stats["dev"]["lines"] == 3000 and stats["test"]["lines"] == 3003
 
-    tok_dir = tokenizer.run(config, {"clean": clean_dir})
-    tok = tokenizer.load(tok_dir)
+    tok_dir = tokenizer.run(config, {"clean": clean_dir}).path
+    tok = load_tokenizer(tok_dir)
     assert tok.vocab_size == 8000
     test_lines = (clean_dir / "test.de").read_text(encoding="utf-8").splitlines()
     train_lines = pq.read_table(clean_dir / "train")["tgt"].to_pylist()
@@ -68,7 +57,7 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
     print(f"WMT sample tokenizer: {len(covered)}/{len(test_lines)} test.de lines free of UNK, all round-trip")
     assert len(covered) > 0.8 * len(test_lines)
 
-    shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir})
+    shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}).path
     shard_stats = read_manifest(shard_dir)["stats"]
     print("WMT sample shard:", json.dumps(shard_stats))
     assert shard_stats["train"]["rows"] == stats["kept"]

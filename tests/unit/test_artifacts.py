@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts import (
+from tasks.contract import (
     MANIFEST,
     StageError,
     check,
@@ -32,7 +32,10 @@ def _writer(calls: list[str], text: str = "hello\n"):
 
 def test_run_writes_manifest_with_files_and_stats(tmp_path: Path):
     calls: list[str] = []
-    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    result = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    out = result.path
+    assert (result.stage, out, result.ran, result.stats) == ("demo", tmp_path / "demo", True, {"rows": 2})
+    assert result.reason == f"{out} does not exist"
     manifest = read_manifest(out)
     assert manifest["stage"] == "demo"
     assert manifest["config"] == {"k": 1}
@@ -46,19 +49,30 @@ def test_run_writes_manifest_with_files_and_stats(tmp_path: Path):
 
 def test_rerun_skips_and_force_reruns(tmp_path: Path):
     calls: list[str] = []
-    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls)).path
     first = read_manifest(out)["started"]
-    run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    skipped = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
     assert len(calls) == 1 and read_manifest(out)["started"] == first
-    run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls), force=True)
-    assert len(calls) == 2
-    run_stage("demo", tmp_path / "demo", {"k": 2}, {}, _writer(calls))
-    assert len(calls) == 3
+    # A skipped stage still reports the stats its output holds, and why it was skipped.
+    assert not skipped.ran and skipped.stats == {"rows": 2} and "matches" in skipped.reason
+    forced = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls), force=True)
+    assert len(calls) == 2 and forced.ran and forced.reason == "forced"
+    changed = run_stage("demo", tmp_path / "demo", {"k": 2}, {}, _writer(calls))
+    assert len(calls) == 3 and changed.ran and "config, inputs or code changed" in changed.reason
+
+
+def test_outdated_hook_reruns_an_up_to_date_output(tmp_path: Path):
+    calls: list[str] = []
+    run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls))
+    kept = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: None)
+    assert not kept.ran and len(calls) == 1
+    gone = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: "version gone")
+    assert gone.ran and gone.reason == "version gone" and len(calls) == 2
 
 
 def test_changed_or_missing_file_makes_the_stage_stale(tmp_path: Path):
     calls: list[str] = []
-    out = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls))
+    out = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls)).path
     fp = read_manifest(out)["fingerprint"]
     assert check(out, fp).up_to_date
     (out / "out.txt").write_text("truncated")
@@ -81,7 +95,7 @@ def test_a_failing_build_leaves_nothing_that_looks_complete(tmp_path: Path):
 
 
 def test_a_failing_rerun_keeps_the_previous_output(tmp_path: Path):
-    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer([]))
+    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer([])).path
 
     def broken(tmp: Path) -> dict:
         raise ValueError("bad row")
@@ -93,9 +107,9 @@ def test_a_failing_rerun_keeps_the_previous_output(tmp_path: Path):
 
 
 def test_inputs_are_fingerprinted_and_must_exist(tmp_path: Path):
-    up = run_stage("up", tmp_path / "up", {"v": 1}, {}, _writer([]))
+    up = run_stage("up", tmp_path / "up", {"v": 1}, {}, _writer([])).path
     calls: list[str] = []
-    down = run_stage("down", tmp_path / "down", {}, {"up": up}, _writer(calls))
+    down = run_stage("down", tmp_path / "down", {}, {"up": up}, _writer(calls)).path
     manifest = read_manifest(down)
     assert manifest["inputs"]["up"]["fingerprint"] == input_fingerprint(up, "up")
     # A changed upstream changes the downstream fingerprint: it reruns.
@@ -114,6 +128,6 @@ def test_manifest_is_valid_json_and_written_last(tmp_path: Path):
         seen["manifest_during_build"] = (tmp / MANIFEST).exists()
         return {}
 
-    out = run_stage("demo", tmp_path / "demo", {}, {}, build)
+    out = run_stage("demo", tmp_path / "demo", {}, {}, build).path
     assert seen["manifest_during_build"] is False
     json.loads((out / MANIFEST).read_text())

@@ -6,27 +6,27 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks import clean
-from tasks.config import CleanConfig
+from corpora import cleaning, filters
+from corpora.filters import CleanConfig
+from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
 
 
 def judge(pairs, config=CleanConfig(), contaminants=()):
-    table = clean.clean_lines([s.encode() if isinstance(s, str) else s for s, _ in pairs],
+    table = filters.clean_lines([s.encode() if isinstance(s, str) else s for s, _ in pairs],
                               [t.encode() if isinstance(t, str) else t for _, t in pairs],
                               config, pa.array(list(contaminants), pa.string()))
     reasons = table["reason"].to_numpy()
     if config.dedup:
-        reasons = clean.mark_duplicates(reasons, table["hash"].to_numpy(), set())
-    return clean.count_reasons(reasons), table
+        reasons = filters.mark_duplicates(reasons, table["hash"].to_numpy(), set())
+    return filters.count_reasons(reasons), table
 
 
 GOOD = ("the small dog sleeps", "der kleine Hund schläft")
 
 
 def test_normalize_nfc_controls_and_whitespace():
-    assert clean.normalize("cafe\u0301") == "caf\u00e9"
-    assert clean.normalize(" a\x00b\x7f\u200b c\t\td\u00a0e\r\n") == "ab c d e"
-    assert clean.normalize("\ufeffHallo") == "Hallo"
+    texts = ["cafe\u0301", " a\x00b\x7f\u200b c\t\td\u00a0e\r\n", "\ufeffHallo", "plain"]
+    assert filters.normalize_array(pa.array(texts)).to_pylist() == ["caf\u00e9", "ab c d e", "Hallo", "plain"]
 
 
 def test_invalid_utf8_is_counted_and_dropped():
@@ -69,9 +69,9 @@ def test_duplicates_after_normalisation_keep_the_first():
 def test_duplicates_across_batches_share_the_seen_set():
     seen: set[int] = set()
     for expected in (0, 1):
-        table = clean.clean_lines([GOOD[0].encode()], [GOOD[1].encode()], CleanConfig())
-        reasons = clean.mark_duplicates(table["reason"].to_numpy(), table["hash"].to_numpy(), seen)
-        assert clean.count_reasons(reasons)["duplicate"] == expected
+        table = filters.clean_lines([GOOD[0].encode()], [GOOD[1].encode()], CleanConfig())
+        reasons = filters.mark_duplicates(table["reason"].to_numpy(), table["hash"].to_numpy(), seen)
+        assert filters.count_reasons(reasons)["duplicate"] == expected
 
 
 def test_decontamination_on_either_side():
@@ -89,8 +89,8 @@ def test_first_filter_wins_and_dropped_rows_carry_no_text():
 
 
 def test_hash_is_stable_and_pairwise():
-    a = clean.pair_hashes(pa.array(["x", "x y"]), pa.array(["y z", "z"]))
-    b = clean.pair_hashes(pa.array(["x", "x y"]), pa.array(["y z", "z"]))
+    a = filters.pair_hashes(pa.array(["x", "x y"]), pa.array(["y z", "z"]))
+    b = filters.pair_hashes(pa.array(["x", "x y"]), pa.array(["y z", "z"]))
     assert np.array_equal(a, b) and a[0] != a[1]
 
 
@@ -99,26 +99,26 @@ def test_line_index_and_ranges(tmp_path, trailing_newline):
     lines = [f"line {i}".encode() for i in range(10)] + [b"", "ümlaut".encode()]
     path = tmp_path / "f.txt"
     path.write_bytes(b"\n".join(lines) + (b"\n" if trailing_newline else b""))
-    starts, n = clean.line_index(path, every=4)
+    starts, n = cleaning.line_index(path, every=4)
     assert n == 12 and len(starts) == 3
     ends = starts[1:] + [path.stat().st_size]
-    got = [line for s, e in zip(starts, ends, strict=True) for line in clean.read_lines(str(path), s, e)]
+    got = [line for s, e in zip(starts, ends, strict=True) for line in cleaning.read_range(str(path), s, e)]
     assert got == lines
 
 
 def test_line_index_empty_and_exact_multiple(tmp_path):
     empty = tmp_path / "e.txt"
     empty.write_bytes(b"")
-    assert clean.line_index(empty, 3) == ([], 0)
+    assert cleaning.line_index(empty, 3) == ([], 0)
     exact = tmp_path / "x.txt"
     exact.write_bytes(b"a\nb\nc\n")
-    assert clean.line_index(exact, 3) == ([0], 3)
+    assert cleaning.line_index(exact, 3) == ([0], 3)
 
 
 def test_shard_writer_splits_files(tmp_path):
     import pyarrow.parquet as pq
 
-    writer = clean.ParquetShardWriter(tmp_path, clean.TRAIN_SCHEMA, rows_per_file=3)
+    writer = ParquetShardWriter(tmp_path, TEXT_SCHEMA, rows_per_file=3)
     writer.write(pa.table({"src": ["a", "b"], "tgt": ["x", "y"]}))
     writer.write(pa.table({"src": ["c", "d", "e"], "tgt": ["z", "w", "v"]}))
     files = writer.close()

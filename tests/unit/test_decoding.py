@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_model, tiny_tokens
 
-from transformer_core import BOS_ID, PAD_ID, Transformer, presets
+from transformer_core import BOS_ID, PAD_ID
 from transformer_core.decoding import causal_mask, chunked_logits, decode_step, init_state
-
-V = 40
-
-
-def _model(seed: int = 0, **changes) -> Transformer:
-    torch.manual_seed(seed)
-    config = presets.debug().replace(max_len=64, **changes)
-    return Transformer(config, V).eval()
-
-
-def _tokens(B: int, T: int, seed: int = 1, first: int | None = None) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(4, V, (B, T), generator=g)
-    if first is not None:
-        x[:, 0] = first
-    return x
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_incremental_decoding_equals_full_forward(norm_first):
-    model = _model(norm_first=norm_first)
-    src = _tokens(3, 9)
+    model = tiny_model(norm_first=norm_first)
+    src = tiny_tokens(3, 9)
     src[1, 6:] = PAD_ID
-    tgt = _tokens(3, 8, seed=2, first=BOS_ID)
+    tgt = tiny_tokens(3, 8, seed=2, first=BOS_ID)
     with torch.no_grad():
         full = model(src, tgt)
         state = init_state(model, model.encode(src))
@@ -42,10 +27,10 @@ def test_incremental_decoding_equals_full_forward(norm_first):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_incremental_decoding_after_reorder_equals_full_forward(norm_first):
-    model = _model(seed=3, norm_first=norm_first)
-    src = _tokens(3, 7, seed=4)
+    model = tiny_model(seed=3, norm_first=norm_first)
+    src = tiny_tokens(3, 7, seed=4)
     src[2, 3:] = PAD_ID
-    tgt = _tokens(3, 6, seed=5, first=BOS_ID)
+    tgt = tiny_tokens(3, 6, seed=5, first=BOS_ID)
     order = torch.tensor([2, 0, 0, 1])  # permute, duplicate and (implicitly) grow the batch
     with torch.no_grad():
         state = init_state(model, model.encode(src))
@@ -60,11 +45,11 @@ def test_incremental_decoding_after_reorder_equals_full_forward(norm_first):
 def test_grouped_state_equals_full_forward(norm_first):
     # Beam search's layout: one row per sentence for the first step, then k beams per sentence
     # sharing its cross-attention keys/values; a sentence drops out; then a plain reorder.
-    model = _model(seed=6, norm_first=norm_first)
-    src = _tokens(3, 7, seed=7)
+    model = tiny_model(seed=6, norm_first=norm_first)
+    src = tiny_tokens(3, 7, seed=7)
     src[1, 4:] = PAD_ID
     src[2, 2:] = PAD_ID
-    tgt = _tokens(6, 7, seed=8, first=BOS_ID)  # (3 sentences x 2 beams, T), each beam its own
+    tgt = tiny_tokens(6, 7, seed=8, first=BOS_ID)  # (3 sentences x 2 beams, T), each beam its own
     beams = torch.tensor([0, 0, 1, 1, 2, 2])
     with torch.inference_mode():
         state = init_state(model, model.encode(src), capacity=3)  # too small: the buffers grow
@@ -91,10 +76,10 @@ def test_grouped_state_equals_full_forward(norm_first):
 def test_grouped_chunks_without_the_cpu_fast_path_equal_full_forward():
     # Steps of two positions take the paths an accelerator takes for every step: boolean masks,
     # SDPA with a causal mask over the cache, grouped SDPA cross-attention for the beams.
-    model = _model(seed=9)
-    src = _tokens(2, 6, seed=10)
+    model = tiny_model(seed=9)
+    src = tiny_tokens(2, 6, seed=10)
     src[1, 3:] = PAD_ID
-    tgt = _tokens(4, 5, seed=11, first=BOS_ID)  # 2 sentences x 2 beams
+    tgt = tiny_tokens(4, 5, seed=11, first=BOS_ID)  # 2 sentences x 2 beams
     with torch.inference_mode():
         state = init_state(model, model.encode(src))
         decode_step(model, tgt[::2, :1], state)  # BOS, the same for both beams
@@ -106,15 +91,15 @@ def test_grouped_chunks_without_the_cpu_fast_path_equal_full_forward():
 
 
 def test_regroup_rejects_rows_that_do_not_fill_the_groups():
-    model = _model()
+    model = tiny_model()
     with torch.no_grad():
-        state = init_state(model, model.encode(_tokens(2, 5)))
+        state = init_state(model, model.encode(tiny_tokens(2, 5)))
         with pytest.raises(ValueError, match="groups of 2"):
             state.regroup(torch.tensor([0, 0, 1]), None, 2)
 
 
 def test_chunked_output_projection_equals_the_linear_layer():
-    model = _model()
+    model = tiny_model()
     x = torch.randn(2, 3, model.config.d_model)
     with torch.inference_mode():
         chunked = chunked_logits(model.generator, x, chunk=7)  # V = 40: 5 full chunks, 1 short
@@ -123,23 +108,23 @@ def test_chunked_output_projection_equals_the_linear_layer():
 
 def test_state_continues_positions_from_cached_length():
     # Feeding the same token at two steps must give different outputs: positions advance.
-    model = _model()
+    model = tiny_model()
     with torch.no_grad():
-        state = init_state(model, model.encode(_tokens(1, 5)))
+        state = init_state(model, model.encode(tiny_tokens(1, 5)))
         a = decode_step(model, torch.tensor([[BOS_ID]]), state)
         b = decode_step(model, torch.tensor([[BOS_ID]]), state)
     assert not torch.allclose(a, b, atol=1e-4)
 
 
 def test_bad_step_input_fails_clearly():
-    model = _model()
+    model = tiny_model()
     with torch.no_grad():
-        state = init_state(model, model.encode(_tokens(2, 5)))
+        state = init_state(model, model.encode(tiny_tokens(2, 5)))
         with pytest.raises(ValueError, match="batch"):
-            decode_step(model, _tokens(3, 1), state)
-        decode_step(model, _tokens(2, 60), state)
+            decode_step(model, tiny_tokens(3, 1), state)
+        decode_step(model, tiny_tokens(2, 60), state)
         with pytest.raises(ValueError, match="reaches length 65"):  # cached 60 + 5 new > max_len 64
-            decode_step(model, _tokens(2, 5), state)
+            decode_step(model, tiny_tokens(2, 5), state)
 
 
 def test_causal_mask_with_past_is_the_tail_of_the_full_mask():

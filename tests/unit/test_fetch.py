@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.archives import MissingMemberError, UnsafeArchiveError, extract_members, iter_members
-from tasks.artifacts import StageError
-from tasks.corpus_io import LineWriter, count_lines, read_sgm, read_text_lines, read_tsv
-from tasks.fetch import ChecksumError, DownloadError, Expected, LockFile, download, mirror_url
+from corpora import CorpusError
+from corpora.archives import MissingMemberError, UnsafeArchiveError, iter_members
+from corpora.fetch import ChecksumError, DownloadError, Expected, LockFile, download, mirror_url
+from corpora.text import LineWriter, read_lines, read_sgm, read_text_lines, read_tsv
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -47,7 +47,7 @@ def test_mirror_replaces_statmt_and_keeps_the_path():
     assert mirror_url(url, "http://10.0.0.5:8000/wmt/") == "http://10.0.0.5:8000/wmt/wmt13/training-parallel-europarl-v7.tgz"
     assert mirror_url(url, "file:///srv/statmt") == "file:///srv/statmt/wmt13/training-parallel-europarl-v7.tgz"
     assert mirror_url("http://statmt.org/wmt14/dev.tgz", "file:///m") == "file:///m/wmt14/dev.tgz"
-    with pytest.raises(StageError, match="file:// folder or an http"):
+    with pytest.raises(CorpusError, match="file:// folder or an http"):
         mirror_url(url, "/srv/statmt")
 
 
@@ -137,7 +137,7 @@ def test_unsafe_members_refuse_the_archive(tmp_path: Path, member, reason: str):
     archive = make_tar(tmp_path / "bad.tgz", [("training/a.de", b"hallo\n"), member])
     name = member[0] if isinstance(member, tuple) else member.name
     with pytest.raises(UnsafeArchiveError, match=f"refusing member {name!r} of .*bad.tgz: {reason}"):
-        extract_members(archive, ["training/a.de"], tmp_path / "out")
+        list(iter_members(archive, ["training/a.de"]))
     assert not (tmp_path / "evil").exists()
 
 
@@ -149,9 +149,7 @@ def test_only_named_members_are_read_in_archive_order(tmp_path: Path):
     )
     got = [(name, stream.read()) for name, stream in iter_members(archive, ["training/a.de", "training/b.en"])]
     assert got == [("training/b.en", b"b\n"), ("training/a.de", b"a\n")]
-    written = extract_members(archive, ["training/a.de"], tmp_path / "out")
-    assert written == {"training/a.de": tmp_path / "out" / "training" / "a.de"}
-    assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == ["a.de"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["ok.tar"]  # nothing written
 
 
 def test_missing_member_lists_similar_names(tmp_path: Path):
@@ -163,7 +161,7 @@ def test_missing_member_lists_similar_names(tmp_path: Path):
 def test_a_file_that_is_not_a_tarball_fails_clearly(tmp_path: Path):
     bogus = tmp_path / "x.tgz"
     bogus.write_bytes(b"<html>not found</html>")
-    with pytest.raises(StageError, match="not a readable tar archive"):
+    with pytest.raises(CorpusError, match="not a readable tar archive"):
         list(iter_members(bogus, ["a"]))
 
 
@@ -208,6 +206,12 @@ def test_line_writer_keeps_every_reader_line_aligned(tmp_path: Path):
     assert (writer.lines, writer.broken_lines, writer.replacement_chars) == (5, 2, 1)
     text = path.read_text(encoding="utf-8")
     assert text.splitlines() == ["plain", "carriage return", "line separator", "", "bad \ufffd"]
-    assert count_lines(path) == 5
-    (tmp_path / "no_newline").write_bytes(b"a\nb")
-    assert count_lines(tmp_path / "no_newline") == 2
+    assert read_lines(path) == text.splitlines()
+
+
+def test_read_lines_splits_on_newline_only_and_keeps_empty_lines(tmp_path: Path):
+    path = tmp_path / "hyp.tree"
+    path.write_bytes("S /S\r\n\nNP\u2028/NP\nlast".encode())
+    assert read_lines(path) == ["S /S", "", "NP\u2028/NP", "last"]
+    with pytest.raises(CorpusError, match="absent.txt does not exist"):
+        read_lines(tmp_path / "absent.txt")

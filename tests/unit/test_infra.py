@@ -41,7 +41,7 @@ def _check_tfm_command(command: str) -> None:
 def test_there_is_infra_for_every_runtime():
     names = {p.relative_to(ROOT / "infra").as_posix() for p in (ROOT / "infra").rglob("*") if p.is_file()}
     assert {"ray/cluster.yaml", "k8s/raycluster.yaml", "k8s/rayjob.yaml", "docker/Dockerfile",
-            "mlflow/docker-compose.yaml", "prefect/prefect.yaml"} <= names
+            "mlflow/docker-compose.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", INFRA_YAML, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -49,14 +49,13 @@ def test_yaml_parses(path: Path):
     assert _docs(path)
 
 
-def test_prefect_deployments_name_real_flows_and_configs():
-    spec = _docs(ROOT / "infra/prefect/prefect.yaml")[0]
-    assert spec["deployments"]
-    for dep in spec["deployments"]:
-        assert _entrypoint_exists(dep["entrypoint"]), dep["entrypoint"]
-        assert (ROOT / dep["parameters"]["config_path"]).is_file()
-        for schedule in dep.get("schedules", []):
-            assert len(schedule["cron"].split()) == 5
+def test_deployments_name_real_flows():
+    """``tfm deploy`` is the one place deployments are defined; its entrypoints must exist."""
+    text = (ROOT / "pipelines" / "deploy.py").read_text()
+    entrypoints = re.findall(r'"(pipelines/flows\.py:\w+)"', text)
+    assert len(entrypoints) == 2
+    for entry in entrypoints:
+        assert _entrypoint_exists(entry), entry
 
 
 def test_kuberay_job_runs_tfm_on_a_shipped_config():
@@ -85,11 +84,15 @@ def test_mlflow_server_binds_to_loopback_and_keeps_secrets_out():
     assert not re.search(r"PASSWORD:\s*[^$\s]", text), "passwords must come from the env file"
 
 
-def test_dockerfile_copies_paths_that_exist_and_runs_tfm():
+def test_dockerfile_copies_every_package_and_runs_tfm():
     text = (ROOT / "infra/docker/Dockerfile").read_text()
+    copied = set()
     for line in text.splitlines():
         if line.startswith("COPY"):
             sources = [w for w in line.split()[1:-1] if not w.startswith("--")]
             for src in sources:
                 assert (ROOT / src).exists(), src
+            copied.update(sources)
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {p.rstrip("*") for p in packages} <= copied
     assert re.search(r'CMD \["tfm"', text)

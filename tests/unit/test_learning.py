@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -11,16 +10,6 @@ from transformer_core.search import beam_search, greedy_search
 
 VOCAB = 12  # 4 special ids + 8 symbols
 FIRST_SYMBOL = 4
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two cores shared by many jobs: torch's spin-waiting intra-op threads slow down up to ~10x
-    # when oversubscribed, so these CPU-heavy tests use one thread and restore the setting after.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def reverse_task(n: int, seed: int, min_len: int = 3, max_len: int = 8):

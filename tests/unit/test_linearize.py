@@ -8,11 +8,12 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.artifacts import run_stage
+from evaluation.evalb import score_corpus
+from parsing.linearize import FORMS, delinearize, linearize, punctuation_tag, repair, source
+from parsing.trees import parse_tree, read_trees, write_tree
 from tasks.config import config_from_dict
-from tasks.evalb import score_corpus
-from tasks.linearize import FORMS, delinearize, linearize, punctuation_tag, repair, run, source
-from tasks.treebank import parse_tree, read_trees, write_tree
+from tasks.contract import run_stage
+from tasks.linearize import run
 
 JOHN = parse_tree("(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (. .))")
 
@@ -227,7 +228,7 @@ def _treebank_folder(tmp_path, trees):
         (tmp / "dev.trees").write_text(write_tree(trees[3]) + "\n")
         (tmp / "test.trees").write_text("".join(write_tree(t) + "\n" for t in trees[3:]))
 
-    return run_stage("treebank", tmp_path / "run" / "treebank", {"test": 1}, {}, build)
+    return run_stage("treebank", tmp_path / "run" / "treebank", {"test": 1}, {}, build).path
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -236,7 +237,7 @@ def test_linearize_stage_writes_the_clean_layout(tmp_path, trees, form):
     config = config_from_dict(
         {"name": "p", "workdir": str(tmp_path / "run"), "parsing": {"form": form}}
     )
-    out = run(config, {"treebank": treebank})
+    out = run(config, {"treebank": treebank}).path
     assert out == tmp_path / "run" / "linearize"
     table = pq.read_table(out / "train" / "part-00000.parquet")
     assert table.schema.names == ["src", "tgt"]
@@ -260,9 +261,8 @@ def test_linearize_stage_adds_the_silver_corpus(tmp_path, trees):
     config = config_from_dict(
         {"name": "p", "workdir": str(tmp_path / "run"), "parsing": {"silver_corpus": str(silver)}}
     )
-    out = run(config, {"treebank": treebank})
-    parts = sorted((out / "train").glob("*.parquet"))
-    assert [p.name for p in parts] == ["part-00000.parquet", "part-00001.parquet"]
-    assert pq.read_table(parts[1]).column("src").to_pylist() == [source(t) for t in trees]
+    out = run(config, {"treebank": treebank}).path
+    rows = pq.read_table(out / "train").column("src").to_pylist()
+    assert rows == [source(t) for t in trees[:3]] + [source(t) for t in trees]  # gold, then silver
     stats = json.loads((out / "manifest.json").read_text())["stats"]
     assert (stats["train_pairs"], stats["silver_pairs"]) == (3, 5)

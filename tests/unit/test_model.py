@@ -6,34 +6,18 @@ import math
 
 import pytest
 import torch
+from tiny_models import V, tiny_model, tiny_tokens
 
 from transformer_core import BOS_ID, PAD_ID, Transformer, count_parameters, presets
 from transformer_core.model import sinusoids
-
-V = 40
-
-
-def _model(seed: int = 0, **changes) -> Transformer:
-    torch.manual_seed(seed)
-    config = presets.debug().replace(max_len=64, **changes)
-    return Transformer(config, V).eval()
-
-
-def _tokens(B: int, T: int, seed: int = 1, first: int | None = None) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(4, V, (B, T), generator=g)
-    if first is not None:
-        x[:, 0] = first
-    return x
-
 
 # -- padding ---------------------------------------------------------------------------------
 
 
 def test_padding_does_not_change_real_positions():
-    model = _model(seed=6)
-    src_a, tgt_a = _tokens(1, 5, seed=7), _tokens(1, 4, seed=8, first=BOS_ID)
-    src_b, tgt_b = _tokens(1, 9, seed=9), _tokens(1, 7, seed=10, first=BOS_ID)
+    model = tiny_model(seed=6)
+    src_a, tgt_a = tiny_tokens(1, 5, seed=7), tiny_tokens(1, 4, seed=8, first=BOS_ID)
+    src_b, tgt_b = tiny_tokens(1, 9, seed=9), tiny_tokens(1, 7, seed=10, first=BOS_ID)
     src = torch.full((2, 9), PAD_ID)
     src[0, :5], src[1] = src_a[0], src_b[0]
     tgt = torch.full((2, 7), PAD_ID)
@@ -55,10 +39,10 @@ def test_padding_does_not_change_real_positions():
 
 
 def test_three_embedding_roles_are_one_tensor():
-    model = _model()
+    model = tiny_model()
     assert model.src_embed.weight is model.tgt_embed.weight
     assert model.tgt_embed.weight is model.generator.weight
-    unshared = _model(share_embeddings=False)
+    unshared = tiny_model(share_embeddings=False)
     D = model.config.d_model
     assert count_parameters(model) == count_parameters(unshared) - 2 * V * D
 
@@ -89,8 +73,8 @@ def test_sinusoids_match_the_formula():
 
 
 def test_embedding_is_scaled_and_adds_sinusoids():
-    model = _model(dropout=0.0)
-    tokens = _tokens(2, 5)
+    model = tiny_model(dropout=0.0)
+    tokens = tiny_tokens(2, 5)
     D = model.config.d_model
     want = model.src_embed.weight[tokens] * math.sqrt(D) + sinusoids(64, D)[:5]
     torch.testing.assert_close(model.embed(tokens, model.src_embed), want)
@@ -101,7 +85,7 @@ def test_embedding_is_scaled_and_adds_sinusoids():
 
 
 def test_learned_positions_are_parameters():
-    sinus, learned = _model(), _model(positional="learned")
+    sinus, learned = tiny_model(), tiny_model(positional="learned")
     config = learned.config
     assert count_parameters(learned) - count_parameters(sinus) == config.max_len * config.d_model
     assert "pos_table" not in sinus.state_dict()  # recomputed, not stored
@@ -111,7 +95,7 @@ def test_learned_positions_are_parameters():
 
 
 def test_initialisation():
-    model = _model()
+    model = tiny_model()
     D = model.config.d_model
     w = model.encoder_layers[0].ffn.w1.weight
     bound = math.sqrt(6 / (w.shape[0] + w.shape[1]))  # xavier-uniform
@@ -121,8 +105,8 @@ def test_initialisation():
 
 
 def test_dropout_only_in_training():
-    model = _model()
-    src, tgt = _tokens(2, 6), _tokens(2, 5, first=BOS_ID)
+    model = tiny_model()
+    src, tgt = tiny_tokens(2, 6), tiny_tokens(2, 5, first=BOS_ID)
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), model(src, tgt))
         model.train()
@@ -130,11 +114,11 @@ def test_dropout_only_in_training():
 
 
 def test_state_dict_round_trip_keeps_ties():
-    model = _model(seed=1)
-    fresh = _model(seed=2)
+    model = tiny_model(seed=1)
+    fresh = tiny_model(seed=2)
     fresh.load_state_dict(model.state_dict())
     assert fresh.src_embed.weight is fresh.generator.weight
-    src, tgt = _tokens(2, 6), _tokens(2, 5, first=BOS_ID)
+    src, tgt = tiny_tokens(2, 6), tiny_tokens(2, 5, first=BOS_ID)
     with torch.no_grad():
         torch.testing.assert_close(fresh(src, tgt), model(src, tgt))
 
@@ -160,22 +144,22 @@ VALUE_ERRORS = [
 def test_bad_source_fails_clearly(src, message):
     # check_values is what search runs first: shapes, then the values it reads back to the host.
     with pytest.raises(ValueError, match=message):
-        _model().check_values(src=src)
+        tiny_model().check_values(src=src)
 
 
 @pytest.mark.parametrize("src,message", SHAPE_ERRORS)
 def test_encode_checks_shapes_itself(src, message):
     with pytest.raises(ValueError, match=message):
-        _model().encode(src)
+        tiny_model().encode(src)
 
 
 def test_bad_decoder_input_fails_clearly():
-    model = _model()
-    memory = model.encode(_tokens(2, 5))
+    model = tiny_model()
+    memory = model.encode(tiny_tokens(2, 5))
     with pytest.raises(ValueError, match="empty"):
         model.decode(torch.zeros(2, 0, dtype=torch.long), memory)
     with pytest.raises(ValueError, match="batch"):
-        model.decode(_tokens(3, 2), memory)
+        model.decode(tiny_tokens(3, 2), memory)
     with pytest.raises(ValueError, match="tgt_in has token ids"):
         model.check_values(tgt_in=torch.full((2, 3), V))
 
@@ -186,10 +170,10 @@ def test_bad_vocabulary_size_fails_clearly():
 
 
 def test_cross_attention_maps_are_the_weights_the_model_applies():
-    model = _model(seed=9).train()
-    src = _tokens(2, 6, seed=10)
+    model = tiny_model(seed=9).train()
+    src = tiny_tokens(2, 6, seed=10)
     src[1, 4:] = PAD_ID
-    tgt = _tokens(2, 5, seed=11, first=BOS_ID)
+    tgt = tiny_tokens(2, 5, seed=11, first=BOS_ID)
     maps = model.cross_attention(src, tgt)
     assert model.training  # the mode is restored
     assert len(maps) == model.config.n_layers
@@ -209,13 +193,13 @@ def test_cross_attention_maps_are_the_weights_the_model_applies():
 
 
 def test_pre_norm_places_the_norms_before_each_sublayer_and_at_the_ends():
-    post, pre = _model(seed=12), _model(seed=12, norm_first=True)
+    post, pre = tiny_model(seed=12), tiny_model(seed=12, norm_first=True)
     assert not hasattr(post, "encoder_norm")
     extra = 2 * 2 * pre.config.d_model  # two final LayerNorms, weight and bias
     assert count_parameters(pre) == count_parameters(post) + extra
     # The same weights, placed differently, compute something else.
     pre.load_state_dict(post.state_dict(), strict=False)
-    src, tgt = _tokens(2, 5), _tokens(2, 4, first=BOS_ID)
+    src, tgt = tiny_tokens(2, 5), tiny_tokens(2, 4, first=BOS_ID)
     with torch.no_grad():
         assert not torch.allclose(pre(src, tgt), post(src, tgt), atol=1e-3)
         # Pre-norm: the encoder output is the final norm of the residual stream.
@@ -238,7 +222,7 @@ def _randomize_norms(module: torch.nn.Module) -> None:
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_norm_order_is_one_rule_in_encoder_and_decoder_layers(norm_first):
     # Post-norm: x <- LayerNorm(x + f(x)); pre-norm: x <- x + f(LayerNorm(x)); dropout off.
-    model = _model(seed=13, norm_first=norm_first, dropout=0.0)
+    model = tiny_model(seed=13, norm_first=norm_first, dropout=0.0)
     _randomize_norms(model)
     enc, dec = model.encoder_layers[0], model.decoder_layers[0]
     x, memory = torch.randn(2, 5, model.config.d_model), torch.randn(2, 6, model.config.d_model)
@@ -268,7 +252,7 @@ def test_norm_order_is_one_rule_in_encoder_and_decoder_layers(norm_first):
 
 
 def test_parameter_names_are_the_checkpoint_format():
-    names = set(_model(norm_first=True).state_dict())
+    names = set(tiny_model(norm_first=True).state_dict())
     layer = {
         f"{stack}_layers.0.{name}.{p}"
         for stack, subs in (

@@ -7,7 +7,13 @@ from collections import Counter
 
 import pytest
 
-from tasks.score import bleu_by_length, moses_tokenize, score_texts, sentence_bleu, split_compounds
+from evaluation.bleu import (
+    bleu_by_length,
+    moses_tokenize,
+    score_texts,
+    sentence_bleu,
+    split_compounds,
+)
 
 
 def _bleu_by_hand(hyps, refs):

@@ -17,16 +17,6 @@ from transformer_core.search import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two cores shared by many jobs: torch's spin-waiting intra-op threads slow down up to ~10x
-    # when oversubscribed, so these CPU-heavy tests use one thread and restore the setting after.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _model(vocab: int = 24, seed: int = 0, **changes) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(presets.debug().replace(max_len=128, **changes), vocab).eval()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from sacrebleu.dataset import DATASETS
 
-from tasks import sources
-from tasks.artifacts import StageError
+from corpora import CorpusError, sources
 
 
 def test_archives_are_statmt_urls_with_their_year_folder():
@@ -15,11 +15,12 @@ def test_archives_are_statmt_urls_with_their_year_folder():
         "news-commentary-v9": "https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
         "un": "https://www.statmt.org/wmt13/training-parallel-un.tgz",
         "giga-fren": "https://www.statmt.org/wmt10/training-giga-fren.tar",
-        "dev": "https://www.statmt.org/wmt14/dev.tgz",
-        "test-full": "https://www.statmt.org/wmt14/test-full.tgz",
-        "test-filtered": "https://www.statmt.org/wmt14/test-filtered.tgz",
     }
     assert {k: a.url for k, a in sources.ARCHIVES.items()} == expected
+    # Dev and test archives are sacreBLEU's, under the same canonical host (the lock file's key).
+    assert sources.archive("wmt14/full").url == "https://www.statmt.org/wmt14/test-full.tgz"
+    assert sources.archive("wmt13").url == "https://www.statmt.org/wmt13/test.tgz"
+    assert sources.archive("wmt14").md5 == DATASETS["wmt14"].md5[0]
 
 
 def test_default_training_sets_follow_the_paper():
@@ -48,30 +49,29 @@ def test_training_members_are_in_the_real_layouts():
     }
 
 
-def test_every_corpus_names_a_registered_archive_and_both_languages():
+def test_every_training_corpus_names_a_registered_archive_and_both_languages():
     entries = [(pair, c) for pair, table in sources.TRAIN.items() for c in table.values()]
-    entries += [(pair, c) for table in (*sources.DEV.values(), *sources.TEST.values()) for pair, c in table.items()]
     for pair, corpus in entries:
         assert corpus.archive in sources.ARCHIVES
         assert set(corpus.members) == set(pair.split("-")), (corpus.name, pair)
-        if corpus.format == "tsv":
-            assert set(corpus.columns) == set(pair.split("-"))
-    assert len(entries) == 3 + 5 + 2 + 8
+    assert len(entries) == 3 + 5
 
 
 def test_subsets_pick_named_corpora_and_unknown_names_fail_with_the_known_ones():
     assert [c.name for c in sources.train_corpora("en-de", ["commoncrawl"])] == ["commoncrawl"]
-    with pytest.raises(StageError, match="unknown corpus 'un' for en-de.*europarl-v7"):
+    with pytest.raises(CorpusError, match="unknown corpus 'un' for en-de.*europarl-v7"):
         sources.train_corpora("en-de", ["un"])
-    with pytest.raises(StageError, match="en-ja"):
+    with pytest.raises(CorpusError, match="en-ja"):
         sources.train_corpora("en-ja")
-    with pytest.raises(StageError, match="include English"):
+    with pytest.raises(CorpusError, match="include English"):
         sources.statmt_pair("de-fr")
+    with pytest.raises(ValueError, match="two different languages"):
+        sources.split_pair("en-en")
 
 
 def test_test_set_sides_follow_the_direction():
-    en_de = sources.get_test("newstest2014", "full", "en-de")
-    de_en = sources.get_test("newstest2014", "full", "de-en")
+    en_de = sources.eval_set("newstest2014", "full", "en-de")
+    de_en = sources.eval_set("newstest2014", "full", "de-en")
     assert en_de.members == {
         "en": "test-full/newstest2014-deen-src.en.sgm",
         "de": "test-full/newstest2014-deen-ref.de.sgm",
@@ -80,31 +80,18 @@ def test_test_set_sides_follow_the_direction():
         "de": "test-full/newstest2014-deen-src.de.sgm",
         "en": "test-full/newstest2014-deen-ref.en.sgm",
     }
-    assert en_de.lines == 3003 and en_de.format == "sgm"
-    filtered = sources.get_test("newstest2014", "filtered", "en-de")
-    assert filtered.archive == "test-filtered" and filtered.lines == 2737
+    assert (en_de.name, en_de.archive, en_de.lines, en_de.format) == ("newstest2014-full", "wmt14/full", 3003, "sgm")
+    filtered = sources.eval_set("newstest2014", "filtered", "en-de")
+    assert (filtered.name, filtered.archive, filtered.lines) == ("newstest2014-filtered", "wmt14", 2737)
     assert filtered.members["en"] == "test/newstest2014-deen-src.en.sgm"
-    with pytest.raises(StageError, match="unknown test set 'newstest2015'"):
-        sources.get_test("newstest2015", "full", "en-de")
+    assert sources.eval_set("newstest2014", "filtered", "en-fr").lines is None  # none published
+    with pytest.raises(CorpusError, match="unknown dev/test set 'newstest2015'"):
+        sources.eval_set("newstest2015", "full", "en-de")
+    with pytest.raises(CorpusError, match="has no en-ja data"):
+        sources.eval_set("newstest2014", "full", "en-ja")
 
 
-def test_dev_set_is_plain_text_newstest2013():
-    dev = sources.get_dev("newstest2013", "en-fr")
-    assert dev.archive == "dev" and dev.format == "text" and dev.lines == 3000
-    assert dev.members == {"fr": "dev/newstest2013.fr", "en": "dev/newstest2013.en"}
-    with pytest.raises(StageError, match="unknown dev set 'newstest2099'"):
-        sources.get_dev("newstest2099", "en-de")
-
-
-@pytest.mark.parametrize(("key", "dataset"), [("test-full", "wmt14/full"), ("test-filtered", "wmt14")])
-def test_test_sets_agree_with_sacrebleus_table(key: str, dataset: str):
-    """sacrebleu's dataset table is the reference for the test archives' md5 and member paths."""
-    datasets = pytest.importorskip("sacrebleu.dataset").DATASETS
-    reference = datasets[dataset]
-    assert [sources.ARCHIVES[key].md5] == reference.md5
-    assert reference.data[0].endswith(sources.ARCHIVES[key].path)
-    variant = "full" if key == "test-full" else "filtered"
-    for pair in ("en-de", "de-en", "en-fr", "fr-en"):
-        src, tgt = pair.split("-")
-        corpus = sources.get_test("newstest2014", variant, pair)
-        assert [corpus.members[src], corpus.members[tgt]] == reference.langpairs[pair][:2]
+def test_dev_set_is_newstest2013_from_the_wmt13_test_release():
+    dev = sources.eval_set("newstest2013", "full", "en-fr")
+    assert (dev.name, dev.archive, dev.format, dev.lines) == ("newstest2013", "wmt13", "sgm", 3000)
+    assert dev.members == {"en": "test/newstest2013-src.en.sgm", "fr": "test/newstest2013-src.fr.sgm"}

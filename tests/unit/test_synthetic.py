@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import random
 
-from tasks import synthetic
-from tasks.config import DataConfig, RunConfig
+from corpora import synthetic
 
 
-def config(seed: int = 5, train: int = 300, dev: int = 40, test: int = 40) -> RunConfig:
-    return RunConfig(name="s", seed=seed, data=DataConfig(synthetic_train=train, synthetic_dev=dev, synthetic_test=test))
+def config(seed: int = 5, train: int = 300, dev: int = 40, test: int = 40) -> dict:
+    return {"pair": "en-de", "seed": seed, "train": train, "dev": dev, "test": test}
 
 
 def read(folder, name):
@@ -18,9 +17,9 @@ def read(folder, name):
 
 def test_same_seed_same_corpus_and_sizes(tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    stats = synthetic.write_corpus(a, config())
-    synthetic.write_corpus(b, config())
-    synthetic.write_corpus(c, config(seed=6))
+    stats = synthetic.write_corpus(a, **config())
+    synthetic.write_corpus(b, **config())
+    synthetic.write_corpus(c, **config(seed=6))
     assert stats == {"corpus": "synthetic", "train": 300, "dev": 40, "test": 40}
     names = ["train/synthetic.en", "train/synthetic.de", "dev.en", "dev.de", "test.en", "test.de"]
     for name in names:
@@ -33,7 +32,7 @@ def test_same_seed_same_corpus_and_sizes(tmp_path):
 
 
 def test_dev_and_test_share_nothing_with_train(tmp_path):
-    synthetic.write_corpus(tmp_path, config(train=2000, dev=200, test=200))
+    synthetic.write_corpus(tmp_path, **config(train=2000, dev=200, test=200))
     train = set(read(tmp_path, "train/synthetic.en")) | set(read(tmp_path, "train/synthetic.de"))
     dev = set(read(tmp_path, "dev.en")) | set(read(tmp_path, "dev.de"))
     test = set(read(tmp_path, "test.en")) | set(read(tmp_path, "test.de"))

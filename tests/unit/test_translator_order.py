@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.translator import plan_decode_batches, restore_order
+from serving.translator import plan_decode_batches, restore_order
 
 
 def _shuffled_lengths(n: int, seed: int) -> np.ndarray:

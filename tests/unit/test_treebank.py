@@ -6,20 +6,19 @@ import json
 
 import pytest
 
-from tasks.artifacts import StageError
-from tasks.config import ParsingConfig, config_from_dict
-from tasks.treebank import (
+from parsing.trees import (
     Tree,
     TreebankError,
     clean_tree,
     iter_trees,
     parse_tree,
     read_trees,
-    run,
-    split_files,
     strip_label,
     write_tree,
 )
+from tasks.config import ParsingConfig, config_from_dict
+from tasks.contract import StageError
+from tasks.treebank import run, split_files
 
 # Three WSJ-style trees as in a .mrg file: empty root bracket, several lines per tree, function
 # tags, indices, traces (-NONE-), a constituent holding only a trace, punctuation, PRT.
@@ -155,7 +154,6 @@ def test_malformed_input_fails_with_file_and_line(tmp_path, text, line, message)
     assert str(info.value).startswith(f"{path}:{line}: ")
     assert message in str(info.value)
     assert info.value.line == line and info.value.source == str(path)
-    assert isinstance(info.value, StageError)
 
 
 def test_reading_streams():
@@ -215,7 +213,7 @@ def test_treebank_stage_writes_cleaned_splits_and_skips_when_up_to_date(tmp_path
             "parsing": {"treebank_dir": str(root)},
         }
     )
-    out = run(config)
+    out = run(config, {}).path
     assert out == tmp_path / "run" / "treebank"
     train = (out / "train.trees").read_text().splitlines()
     assert len(train) == 20
@@ -226,11 +224,12 @@ def test_treebank_stage_writes_cleaned_splits_and_skips_when_up_to_date(tmp_path
     assert (stats["train_trees"], stats["dev_trees"], stats["test_trees"]) == (20, 1, 1)
     # sections 02..21: (s % 3 + 1) words each, plus the period
     assert stats["train_words"] == sum(s % 3 + 2 for s in range(2, 22))
-    assert run(config) == out
+    again = run(config, {})
+    assert again.path == out and not again.ran
     assert json.loads((out / "manifest.json").read_text())["started"] == manifest["started"]
     # A changed treebank file changes the fingerprint: the stage runs again.
     (root / "23" / "wsj_2301.mrg").write_text("( (S (NN changed) (. .)) )\n", encoding="utf-8")
-    run(config)
+    assert run(config, {}).ran
     assert (out / "test.trees").read_text() == "(S (NN changed) (. .))\n"
 
 
@@ -242,5 +241,5 @@ def test_treebank_stage_reports_a_malformed_file(tmp_path):
         {"name": "w", "workdir": str(tmp_path / "run"), "parsing": {"treebank_dir": str(root)}}
     )
     with pytest.raises(TreebankError, match="wsj_0501.mrg:1: unbalanced"):
-        run(config)
+        run(config, {})
     assert not (tmp_path / "run" / "treebank").exists()

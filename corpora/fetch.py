@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.artifacts import StageError, write_json_atomic
+from corpora import CorpusError
 
 __all__ = [
     "ChecksumError",
@@ -54,7 +54,7 @@ STATMT_PREFIXES = (
 _PERMANENT = {400, 401, 403, 404, 405, 410, 451}
 
 
-class DownloadError(StageError):
+class DownloadError(CorpusError):
     """A download failed for good: a permanent HTTP error, or every retry used up."""
 
 
@@ -93,7 +93,7 @@ def mirror_url(url: str, mirror: str | None) -> str:
     if not mirror:
         return url
     if not mirror.startswith(("file://", "http://", "https://")):
-        raise StageError(f"data.mirror {mirror!r} must be a file:// folder or an http(s):// base")
+        raise CorpusError(f"data.mirror {mirror!r} must be a file:// folder or an http(s):// base")
     for prefix in STATMT_PREFIXES:
         if url.startswith(prefix):
             return mirror.rstrip("/") + "/" + url[len(prefix):]
@@ -104,7 +104,7 @@ def file_url_path(url: str) -> Path:
     """The local path of a ``file://`` URL."""
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
-        raise StageError(f"{url}: file:// URLs must name a local path (file:///abs/path)")
+        raise CorpusError(f"{url}: file:// URLs must name a local path (file:///abs/path)")
     return Path(urllib.request.url2pathname(parts.path))
 
 
@@ -123,7 +123,7 @@ class LockFile:
         except FileNotFoundError:
             return {}
         except json.JSONDecodeError as exc:
-            raise StageError(f"lock file {self.path} is not valid JSON: {exc}") from None
+            raise CorpusError(f"lock file {self.path} is not valid JSON: {exc}") from None
         return dict(data.get("files", {}))
 
     def expected(self, url: str) -> Expected | None:
@@ -142,7 +142,7 @@ class LockFile:
             return
         entries[url] = {"bytes": seen.bytes, "sha256": seen.sha256}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path, {"version": 1, "files": entries})
+        _write_json(self.path, {"version": 1, "files": entries})
         log.info("pinned %s (sha256 %s) in %s", url, seen.sha256[:12], self.path)
 
 
@@ -376,7 +376,14 @@ def _read_meta(part: Path) -> dict[str, Any]:
 def _write_meta(part: Path, url: str, headers: Any) -> None:
     etag = headers.get("ETag")
     validator = etag if etag and not etag.startswith("W/") else headers.get("Last-Modified")
-    write_json_atomic(_meta_path(part), {"url": url, "validator": validator})
+    _write_json(_meta_path(part), {"url": url, "validator": validator})
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Through a temporary file and a rename: a crash never leaves half a lock or meta file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _discard(part: Path) -> None:

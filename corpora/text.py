@@ -15,7 +15,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = ["LineWriter", "count_lines", "read_sgm", "read_text_lines", "read_tsv"]
+from corpora import CorpusError
+
+__all__ = ["LineWriter", "read_lines", "read_sgm", "read_text_lines", "read_tsv"]
 
 # What str.splitlines() (and so many readers) treats as a line break besides "\n".
 _BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -104,11 +106,11 @@ class LineWriter:
         self.close()
 
 
-def count_lines(path: Path) -> int:
-    """Lines in a file (a last line without ``\\n`` counts)."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
+def read_lines(path: Path) -> list[str]:
+    """The segments of a one-segment-per-line UTF-8 file: only ``\\n`` ends a line (a trailing
+    ``\\r`` is dropped), so a stray U+2028 inside a segment never shifts the lines after it."""
+    try:
+        with open(path, encoding="utf-8", newline="\n") as f:
+            return [line.rstrip("\n").rstrip("\r") for line in f]
+    except FileNotFoundError:
+        raise CorpusError(f"{path} does not exist") from None

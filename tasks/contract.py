@@ -1,9 +1,12 @@
 """The stage contract: one output folder per stage, a manifest, fingerprints, atomic writes.
 
-A stage writes into a temporary sibling folder; ``manifest.json`` is written last and the folder
-is then renamed into place, so a crash never leaves a folder that looks complete. A stage whose
-folder holds a manifest with the same fingerprint, and whose files are all there with the
-recorded sizes, is up to date and is skipped.
+Every stage is ``run(config, inputs, *, force=False) -> StageResult`` and
+``stage_config(config) -> dict`` (what it fingerprints besides its inputs), and does its work
+through ``run_stage``. A stage writes into a temporary sibling folder; ``manifest.json`` is
+written last and the folder is then renamed into place, so a crash never leaves a folder that
+looks complete. A stage whose folder holds a manifest with the same fingerprint, and whose files
+are all there with the recorded sizes, is up to date and is skipped. Stages never log to MLflow
+themselves: whoever runs them logs the ``StageResult`` once (``tasks.runtime.log_stage_result``).
 """
 
 from __future__ import annotations
@@ -76,6 +79,24 @@ def stage_fingerprint(stage: str, config: Any, inputs: Mapping[str, str]) -> str
 
 
 @dataclass(frozen=True)
+class StageResult:
+    """What running a stage did: where its output is, whether it ran and why, its stats."""
+
+    stage: str
+    """Stage name."""
+    path: Path
+    """The stage's output folder."""
+    ran: bool
+    """True if it ran now; False if its output was up to date and it was skipped."""
+    reason: str
+    """Why it ran (forced, missing, what changed) or why it was skipped."""
+    stats: dict[str, Any]
+    """The manifest's stats (also when skipped)."""
+    seconds: float
+    """Time spent in this call (checking only, when skipped)."""
+
+
+@dataclass(frozen=True)
 class Status:
     """Where a stage's output folder stands."""
 
@@ -129,26 +150,34 @@ def run_stage(
     *,
     force: bool = False,
     hash_files: bool = True,
-) -> Path:
+    outdated: Callable[[Path], str | None] | None = None,
+) -> StageResult:
     """Run ``build(tmp_dir) -> stats`` unless ``out_dir`` is up to date; publish atomically.
 
-    ``config`` is the stage's own config (a dataclass or plain data); ``inputs`` maps input
-    names to finished artifact folders. Returns ``out_dir``.
+    ``config`` is the stage's own config (``stage_config``); ``inputs`` maps input names to
+    finished artifact folders. ``outdated(out_dir)``, when given, can call an otherwise
+    up-to-date output stale for a reason outside the folder (a registry version that is gone).
     """
     out_dir = Path(out_dir)
+    started = time.time()
     input_fps = {name: input_fingerprint(Path(path), name) for name, path in inputs.items()}
     fp = stage_fingerprint(stage, config, input_fps)
     status = check(out_dir, fp)
+    reason = "forced" if force else status.reason
+    if status.up_to_date and not force and outdated is not None:
+        stale = outdated(out_dir)
+        if stale is not None:
+            status, reason = Status("stale", stale), stale
     if status.up_to_date and not force:
         log.info("stage %s: up to date, skipped (%s)", stage, out_dir)
-        return out_dir
-    log.info("stage %s: running (%s)", stage, "forced" if force else status.reason)
+        stats = (read_manifest(out_dir) or {}).get("stats", {})
+        return StageResult(stage, out_dir, False, status.reason, stats, time.time() - started)
+    log.info("stage %s: running (%s)", stage, reason)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
-    started = time.time()
     try:
-        stats = build(tmp) or {}
+        stats = to_dict(dict(build(tmp) or {}))
         manifest = {
             "stage": stage,
             "fingerprint": fp,
@@ -157,7 +186,7 @@ def run_stage(
             "code_version": code_version(),
             "started": started,
             "seconds": round(time.time() - started, 3),
-            "stats": to_dict(dict(stats)),
+            "stats": stats,
             "files": describe_files(tmp, hash_files=hash_files),
         }
         write_json_atomic(tmp / MANIFEST, manifest)
@@ -166,7 +195,33 @@ def run_stage(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("stage %s: done in %.1fs -> %s", stage, time.time() - started, out_dir)
-    return out_dir
+    return StageResult(stage, out_dir, True, reason, stats, time.time() - started)
+
+
+def lineage(inputs: Mapping[str, Path]) -> dict[str, str]:
+    """Fingerprint of every upstream stage, found by following the manifests' ``inputs`` chains.
+
+    Keys are stage names (``download``, ``clean``, ``tokenizer``, ``shard``, ``train``, ...);
+    a folder that no longer exists is named by its role, with the fingerprint its reader recorded.
+    """
+    found: dict[str, str] = {}
+    seen: set[str] = set()
+    stack: list[tuple[str, Path, str | None]] = [(role, Path(p), None) for role, p in inputs.items()]
+    while stack:
+        role, path, recorded = stack.pop()
+        key = str(path.resolve())
+        if key in seen:
+            continue
+        seen.add(key)
+        manifest = read_manifest(path)
+        if manifest is None:
+            if recorded:
+                found.setdefault(role, recorded)
+            continue
+        found.setdefault(manifest.get("stage", role), manifest["fingerprint"])
+        for up_role, info in (manifest.get("inputs") or {}).items():
+            stack.append((up_role, Path(info["path"]), info.get("fingerprint")))
+    return dict(sorted(found.items()))
 
 
 def publish(tmp: Path, out_dir: Path) -> None:

@@ -7,7 +7,7 @@ last in ``dass`` / ``weil`` / ``wenn`` clauses; participles, infinitives after `
 separable prefixes go to the end; English simple past becomes the German perfect with ``haben``
 or ``sein``. A small Transformer has to learn reordering and agreement, not word-for-word copying.
 
-``write_corpus(out_dir, config)`` writes the download stage's layout for corpus ``synthetic``.
+``write_corpus(out_dir, ...)`` writes the raw corpus layout (``corpora.assemble``) for corpus ``synthetic``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.artifacts import StageError
+from corpora import CorpusError
 
 __all__ = ["write_corpus", "generate_pairs", "Grammar", "CORPUS"]
 
@@ -707,7 +707,7 @@ def generate_pairs(n: int, seed: int | str, *, exclude: set[str] | None = None) 
     while len(pairs) < n:
         attempts += 1
         if attempts > 50 * n + 1000:
-            raise StageError(f"synthetic grammar could not make {n} distinct pairs (got {len(pairs)})")
+            raise CorpusError(f"synthetic grammar could not make {n} distinct pairs (got {len(pairs)})")
         en, de = grammar.sentence()
         if not (MIN_WORDS <= len(en.split()) <= MAX_WORDS and MIN_WORDS <= len(de.split()) <= MAX_WORDS):
             continue
@@ -719,24 +719,25 @@ def generate_pairs(n: int, seed: int | str, *, exclude: set[str] | None = None) 
     return pairs
 
 
-def write_corpus(out_dir: Path, config: Any) -> dict[str, Any]:
+def write_corpus(
+    out_dir: Path, *, pair: str, seed: int, train: int, dev: int, test: int
+) -> dict[str, Any]:
     """Write ``train/synthetic.{en,de}``, ``dev.{en,de}``, ``test.{en,de}``; returns line counts.
 
-    Train, dev and test come from separate seed streams of ``config.seed``; dev and test share
-    no sentence (on either side) with train or with each other.
+    Train, dev and test come from separate streams of ``seed``; dev and test share no sentence
+    (on either side) with train or with each other.
     """
-    data = config.data
-    if data.pair not in ("en-de", "de-en"):
-        raise StageError(f"data.pair: the synthetic corpus is English-German, not {data.pair!r}")
+    if pair not in ("en-de", "de-en"):
+        raise CorpusError(f"data.pair: the synthetic corpus is English-German, not {pair!r}")
     out_dir = Path(out_dir)
     (out_dir / "train").mkdir(parents=True, exist_ok=True)
-    train = generate_pairs(data.synthetic_train, f"{config.seed}:train")
-    seen = {s for pair in train for s in pair}
-    dev = generate_pairs(data.synthetic_dev, f"{config.seed}:dev", exclude=seen)
-    seen.update(s for pair in dev for s in pair)
-    test = generate_pairs(data.synthetic_test, f"{config.seed}:test", exclude=seen)
-    for name, pairs in ((f"train/{CORPUS}", train), ("dev", dev), ("test", test)):
+    train_pairs = generate_pairs(train, f"{seed}:train")
+    seen = {s for p in train_pairs for s in p}
+    dev_pairs = generate_pairs(dev, f"{seed}:dev", exclude=seen)
+    seen.update(s for p in dev_pairs for s in p)
+    test_pairs = generate_pairs(test, f"{seed}:test", exclude=seen)
+    for name, pairs in ((f"train/{CORPUS}", train_pairs), ("dev", dev_pairs), ("test", test_pairs)):
         for i, lang in enumerate(("en", "de")):
-            text = "".join(pair[i] + "\n" for pair in pairs)
+            text = "".join(p[i] + "\n" for p in pairs)
             (out_dir / f"{name}.{lang}").write_text(text, encoding="utf-8")
-    return {"corpus": CORPUS, "train": len(train), "dev": len(dev), "test": len(test)}
+    return {"corpus": CORPUS, "train": len(train_pairs), "dev": len(dev_pairs), "test": len(test_pairs)}

@@ -1,9 +1,13 @@
 """The source registry: where each WMT14 corpus lives and which archive members hold it.
 
-Everything here is data. Archive paths are relative to ``https://www.statmt.org/`` (a mirror keeps
-them); member paths are exactly as they appear inside the archives, so a wrong one is a one-line
-fix in the tables below. Checksums are ``None`` where statmt.org publishes none; the download
-stage then pins what it saw first in a lock file (see docs/data.md).
+Training corpora are tables here: statmt.org publishes no list of them anyone else keeps. The
+dev and test sets (newstest2013, newstest2014 full and filtered) come from sacreBLEU's own
+dataset registry (URL, md5, SGM members per direction), the table every BLEU user trusts;
+we still download them ourselves, through mirrors, the lock file and safe extraction.
+
+Archive paths are relative to ``https://www.statmt.org/`` (a mirror keeps them); member paths
+are exactly as they appear inside the archives. Checksums are ``None`` where nobody publishes
+one; the download stage then pins what it saw first in a lock file (see docs/data.md).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tasks.artifacts import StageError
+from corpora import CorpusError
 
 STATMT = "https://www.statmt.org/"
 
@@ -47,7 +51,7 @@ class Corpus:
     name: str
     """Corpus name; names the output files (``train/<name>.<lang>``)."""
     archive: str
-    """Key into ``ARCHIVES``."""
+    """Key of its archive: into ``ARCHIVES``, or a sacreBLEU dataset (``wmt14/full``)."""
     format: Format
     """How the members are written."""
     members: Mapping[str, str]
@@ -66,10 +70,8 @@ ARCHIVES: dict[str, Archive] = {
     "news-commentary-v9": Archive("wmt14/training-parallel-nc-v9.tgz"),
     "un": Archive("wmt13/training-parallel-un.tgz"),
     "giga-fren": Archive("wmt10/training-giga-fren.tar"),
-    "dev": Archive("wmt14/dev.tgz"),
-    "test-full": Archive("wmt14/test-full.tgz", md5="a8cd784e006feb32ac6f3d9ec7eb389a"),
-    "test-filtered": Archive("wmt14/test-filtered.tgz", md5="84c597844c1542e29c2aff23aaee4310"),
 }
+"""The training archives; dev and test archives are sacreBLEU's (``archive``)."""
 
 
 # ----------------------------------------------------------------------------- training corpora
@@ -122,75 +124,31 @@ DEFAULT_TRAIN: dict[str, tuple[str, ...]] = {
 
 # ----------------------------------------------------------------------------- dev and test sets
 
-DEV: dict[str, dict[str, Corpus]] = {
-    "newstest2013": {
-        "de-en": Corpus(
-            "newstest2013", "dev", "text",
-            {"de": "dev/newstest2013.de", "en": "dev/newstest2013.en"}, lines=3000,
-        ),
-        "fr-en": Corpus(
-            "newstest2013", "dev", "text",
-            {"fr": "dev/newstest2013.fr", "en": "dev/newstest2013.en"}, lines=3000,
-        ),
-    },
+EVAL_SETS: dict[tuple[str, str], str] = {
+    ("newstest2013", "full"): "wmt13",
+    ("newstest2014", "full"): "wmt14/full",
+    ("newstest2014", "filtered"): "wmt14",
 }
+"""(name, release) -> the sacreBLEU dataset that holds it."""
 
-# newstest2014 by release, keyed by direction: the source side is the ``src`` file of that
-# direction and the target side its ``ref`` file.
-TEST: dict[tuple[str, str], dict[str, Corpus]] = {
-    ("newstest2014", "full"): {
-        "en-de": Corpus(
-            "newstest2014-full", "test-full", "sgm",
-            {"en": "test-full/newstest2014-deen-src.en.sgm", "de": "test-full/newstest2014-deen-ref.de.sgm"},
-            lines=3003,
-        ),
-        "de-en": Corpus(
-            "newstest2014-full", "test-full", "sgm",
-            {"de": "test-full/newstest2014-deen-src.de.sgm", "en": "test-full/newstest2014-deen-ref.en.sgm"},
-            lines=3003,
-        ),
-        "en-fr": Corpus(
-            "newstest2014-full", "test-full", "sgm",
-            {"en": "test-full/newstest2014-fren-src.en.sgm", "fr": "test-full/newstest2014-fren-ref.fr.sgm"},
-            lines=3003,
-        ),
-        "fr-en": Corpus(
-            "newstest2014-full", "test-full", "sgm",
-            {"fr": "test-full/newstest2014-fren-src.fr.sgm", "en": "test-full/newstest2014-fren-ref.en.sgm"},
-            lines=3003,
-        ),
-    },
-    ("newstest2014", "filtered"): {
-        "en-de": Corpus(
-            "newstest2014-filtered", "test-filtered", "sgm",
-            {"en": "test/newstest2014-deen-src.en.sgm", "de": "test/newstest2014-deen-ref.de.sgm"},
-            lines=2737,
-        ),
-        "de-en": Corpus(
-            "newstest2014-filtered", "test-filtered", "sgm",
-            {"de": "test/newstest2014-deen-src.de.sgm", "en": "test/newstest2014-deen-ref.en.sgm"},
-            lines=2737,
-        ),
-        "en-fr": Corpus(
-            "newstest2014-filtered", "test-filtered", "sgm",
-            {"en": "test/newstest2014-fren-src.en.sgm", "fr": "test/newstest2014-fren-ref.fr.sgm"},
-        ),
-        "fr-en": Corpus(
-            "newstest2014-filtered", "test-filtered", "sgm",
-            {"fr": "test/newstest2014-fren-src.fr.sgm", "en": "test/newstest2014-fren-ref.en.sgm"},
-        ),
-    },
+PUBLISHED_LINES: dict[tuple[str, str], int] = {
+    ("wmt13", "de-en"): 3000,
+    ("wmt13", "fr-en"): 3000,
+    ("wmt14/full", "de-en"): 3003,
+    ("wmt14/full", "fr-en"): 3003,
+    ("wmt14", "de-en"): 2737,
 }
+"""Segments per (sacreBLEU dataset, statmt pair), where published; another count is logged."""
 
 
 # ----------------------------------------------------------------------------- look-ups
 
 
 def split_pair(pair: str) -> tuple[str, str]:
-    """``"en-de"`` -> ``("en", "de")``."""
-    src, _, tgt = pair.partition("-")
-    if not src or not tgt or src == tgt:
-        raise StageError(f"language pair {pair!r} must be src-tgt, e.g. en-de")
+    """``"en-de"`` -> ``("en", "de")``; a ValueError unless it names two different languages."""
+    src, sep, tgt = pair.partition("-")
+    if not sep or not src or not tgt or src == tgt or "-" in tgt:
+        raise ValueError(f"language pair {pair!r} must be two different languages as src-tgt, e.g. en-de")
     return src, tgt
 
 
@@ -198,17 +156,27 @@ def statmt_pair(pair: str) -> str:
     """statmt.org's name for a pair, whichever the direction: en-de and de-en are both ``de-en``."""
     src, tgt = split_pair(pair)
     if "en" not in (src, tgt):
-        raise StageError(f"WMT14 pairs all include English; {pair!r} does not")
+        raise CorpusError(f"WMT14 pairs all include English; {pair!r} does not")
     other = tgt if src == "en" else src
     return f"{other}-en"
 
 
+def _dataset(key: str):  # sacrebleu.dataset.base.Dataset
+    from sacrebleu.dataset import DATASETS
+
+    return DATASETS[key]
+
+
 def archive(key: str) -> Archive:
-    """The archive registered under ``key``."""
-    try:
+    """The archive registered under ``key``: a training archive or a sacreBLEU dataset's."""
+    if key in ARCHIVES:
         return ARCHIVES[key]
-    except KeyError:
-        raise StageError(f"no archive {key!r} in the registry (known: {', '.join(ARCHIVES)})") from None
+    if key in EVAL_SETS.values():
+        dataset = _dataset(key)
+        url = dataset.data[0]
+        path = url.split("statmt.org/", 1)[1]
+        return Archive(path, md5=dataset.md5[0] if dataset.md5 else None)
+    raise CorpusError(f"no archive {key!r} in the registry (known: {', '.join([*ARCHIVES, *EVAL_SETS.values()])})")
 
 
 def train_corpora(pair: str, names: Sequence[str] = ()) -> list[Corpus]:
@@ -216,38 +184,32 @@ def train_corpora(pair: str, names: Sequence[str] = ()) -> list[Corpus]:
     key = statmt_pair(pair)
     table = TRAIN.get(key)
     if table is None:
-        raise StageError(f"no WMT14 training data registered for {pair} (known: {_pairs(TRAIN)})")
+        raise CorpusError(f"no WMT14 training data registered for {pair} (known: {', '.join(TRAIN)})")
     names = tuple(names) or DEFAULT_TRAIN[key]
     unknown = [n for n in names if n not in table]
     if unknown:
-        raise StageError(
-            f"unknown corpus {unknown[0]!r} for {pair} (known: {', '.join(table)})"
-        )
+        raise CorpusError(f"unknown corpus {unknown[0]!r} for {pair} (known: {', '.join(table)})")
     return [table[n] for n in dict.fromkeys(names)]
 
 
-def get_dev(name: str, pair: str) -> Corpus:
-    """The named development set for ``pair``."""
-    table = DEV.get(name)
-    if table is None:
-        raise StageError(f"unknown dev set {name!r} (known: {', '.join(DEV)})")
-    corpus = table.get(statmt_pair(pair))
-    if corpus is None:
-        raise StageError(f"dev set {name} has no {pair} data (known: {_pairs(table)})")
-    return corpus
-
-
-def get_test(name: str, variant: str, pair: str) -> Corpus:
-    """The named test set release for the direction ``pair``."""
-    table = TEST.get((name, variant))
-    if table is None:
-        known = ", ".join(f"{n} ({v})" for n, v in TEST)
-        raise StageError(f"unknown test set {name!r} ({variant}) (known: {known})")
-    corpus = table.get(pair)
-    if corpus is None:
-        raise StageError(f"test set {name} ({variant}) has no {pair} data (known: {_pairs(table)})")
-    return corpus
-
-
-def _pairs(table: Mapping[str, object]) -> str:
-    return ", ".join(table)
+def eval_set(name: str, variant: str, pair: str) -> Corpus:
+    """A dev or test set release for the direction ``pair``: the source side is sacreBLEU's
+    source file of that direction, the target side its reference."""
+    key = EVAL_SETS.get((name, variant))
+    if key is None:
+        known = ", ".join(f"{n} ({v})" for n, v in EVAL_SETS)
+        raise CorpusError(f"unknown dev/test set {name!r} ({variant}) (known: {known})")
+    langpairs = _dataset(key).langpairs
+    if pair not in langpairs:
+        known = ", ".join(p for p in langpairs if "en" in p.split("-"))
+        raise CorpusError(f"{name} ({variant}) has no {pair} data (known: {known})")
+    src, tgt = split_pair(pair)
+    source_file, reference_file = langpairs[pair][:2]
+    releases = sum(n == name for n, _ in EVAL_SETS)
+    return Corpus(
+        f"{name}-{variant}" if releases > 1 else name,
+        key,
+        "sgm",
+        {src: source_file, tgt: reference_file},
+        lines=PUBLISHED_LINES.get((key, statmt_pair(pair))),
+    )

@@ -14,18 +14,17 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from tasks.artifacts import StageError
+from corpora import CorpusError
 
-__all__ = ["MissingMemberError", "UnsafeArchiveError", "check_member", "extract_members", "iter_members"]
-
-CHUNK = 1 << 20
+__all__ = ["MissingMemberError", "UnsafeArchiveError", "check_member", "iter_members"]
 
 
-class UnsafeArchiveError(StageError):
+
+class UnsafeArchiveError(CorpusError):
     """An archive holds a member that could write outside the extraction folder."""
 
 
-class MissingMemberError(StageError):
+class MissingMemberError(CorpusError):
     """An archive lacks a member the registry names."""
 
 
@@ -83,35 +82,18 @@ def iter_members(archive: Path, names: Iterable[str]) -> Iterator[tuple[str, IO[
                 if key not in wanted:
                     continue
                 if not member.isfile():
-                    raise StageError(f"member {member.name!r} of {archive} is a folder, not a file")
+                    raise CorpusError(f"member {member.name!r} of {archive} is a folder, not a file")
                 stream = tar.extractfile(member)
                 assert stream is not None  # isfile() members always have one
                 yield key, stream
                 wanted.discard(key)
     except (tarfile.TarError, EOFError) as exc:
-        raise StageError(f"{archive} is not a readable tar archive (truncated or corrupt?): {exc}") from None
+        raise CorpusError(f"{archive} is not a readable tar archive (truncated or corrupt?): {exc}") from None
     if not wanted:
         return
     missing = sorted(wanted)
     hints = sorted({h for name in missing for h in difflib.get_close_matches(name, passed, n=3)})
     raise MissingMemberError(
-        f"{archive} has no member {', '.join(map(repr, missing))} (fix the path in tasks/sources.py)"
+        f"{archive} has no member {', '.join(map(repr, missing))} (fix the path in corpora/sources.py)"
         + (f"; similar members: {', '.join(hints)}" if hints else "")
     )
-
-
-def extract_members(archive: Path, names: Iterable[str], dest: Path) -> dict[str, Path]:
-    """Write the named members under ``dest`` (keeping their relative paths); name -> path."""
-    dest = Path(dest)
-    root = dest.resolve()
-    written: dict[str, Path] = {}
-    for name, stream in iter_members(archive, names):
-        target = dest / name
-        if not target.resolve().is_relative_to(root):  # belt and braces after check_member
-            raise UnsafeArchiveError(f"refusing member {name!r} of {archive}: escapes {dest}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "wb") as out:
-            while block := stream.read(CHUNK):
-                out.write(block)
-        written[name] = target
-    return written

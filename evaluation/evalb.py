@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.treebank import CLOSE, LEAF, OPEN, Tree, walk
+from parsing.trees import CLOSE, LEAF, OPEN, Tree, walk
 
 __all__ = [
     "EvalbParams",
@@ -66,8 +66,36 @@ COLLINS = EvalbParams(
 )
 
 
+class _Rates:
+    """Precision, recall, F1 and tagging accuracy (percentages) from bracket and tag counts:
+    one sentence's or the corpus totals alike."""
+
+    matched: int
+    gold: int
+    test: int
+    words: int
+    correct_tags: int
+
+    @property
+    def precision(self) -> float:
+        return 100.0 * self.matched / self.test if self.test else 0.0
+
+    @property
+    def recall(self) -> float:
+        return 100.0 * self.matched / self.gold if self.gold else 0.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    @property
+    def tagging_accuracy(self) -> float:
+        return 100.0 * self.correct_tags / self.words if self.words else 0.0
+
+
 @dataclass(frozen=True)
-class SentenceScore:
+class SentenceScore(_Rates):
     """One sentence: EVALB's per-line result."""
 
     length: int
@@ -90,29 +118,13 @@ class SentenceScore:
         return self.status == OK
 
     @property
-    def precision(self) -> float:
-        return 100.0 * self.matched / self.test if self.test else 0.0
-
-    @property
-    def recall(self) -> float:
-        return 100.0 * self.matched / self.gold if self.gold else 0.0
-
-    @property
-    def f1(self) -> float:
-        return _f1(self.precision, self.recall)
-
-    @property
     def exact(self) -> bool:
         """EVALB's complete match: as many gold as test brackets, all matched."""
         return self.valid and self.gold == self.test == self.matched
 
-    @property
-    def tag_accuracy(self) -> float:
-        return 100.0 * self.correct_tags / self.words if self.words else 0.0
-
 
 @dataclass(frozen=True)
-class CorpusScore:
+class CorpusScore(_Rates):
     """Corpus totals, as EVALB's summary."""
 
     sentences: int
@@ -134,24 +146,8 @@ class CorpusScore:
         return self.sentences - self.errors - self.skipped
 
     @property
-    def precision(self) -> float:
-        return 100.0 * self.matched / self.test if self.test else 0.0
-
-    @property
-    def recall(self) -> float:
-        return 100.0 * self.matched / self.gold if self.gold else 0.0
-
-    @property
-    def f1(self) -> float:
-        return _f1(self.precision, self.recall)
-
-    @property
     def exact_match(self) -> float:
         return 100.0 * self.exact / self.valid if self.valid else 0.0
-
-    @property
-    def tagging_accuracy(self) -> float:
-        return 100.0 * self.correct_tags / self.words if self.words else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain numbers (percentages rounded to 4 places) for JSON and MLflow."""
@@ -169,10 +165,6 @@ class CorpusScore:
             "gold_brackets": self.gold,
             "test_brackets": self.test,
         }
-
-
-def _f1(p: float, r: float) -> float:
-    return 2 * p * r / (p + r) if p + r else 0.0
 
 
 def _spans(

@@ -1,0 +1,254 @@
+"""The raw corpus folder: one line-aligned UTF-8 file per corpus and language.
+
+Layout (what the download stage publishes, docs/contracts.md): ``train/<corpus>.<src>``,
+``train/<corpus>.<tgt>``, ``dev.<src>``, ``dev.<tgt>``, ``test.<src>``, ``test.<tgt>``.
+``from_wmt14`` fills it from the registry's archives (``corpora.sources``; cached outside the
+folder and pinned in a lock file), ``from_local`` from ``<prefix>.<lang>`` files on disk; the
+synthetic grammar writes the same layout itself (``corpora.synthetic``). Each returns the stats
+the download stage's manifest records.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import tarfile
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from corpora import CorpusError, sources
+from corpora.archives import iter_members
+from corpora.fetch import Expected, LockFile, download, hash_file, mirror_url
+from corpora.sources import Corpus, split_pair
+from corpora.text import LineWriter, read_sgm, read_text_lines, read_tsv
+
+__all__ = ["from_local", "from_wmt14"]
+
+log = logging.getLogger(__name__)
+
+# (split, corpus, output file per language) for each corpus a folder gets.
+_Plan = list[tuple[str, Corpus, dict[str, Path]]]
+
+
+def from_wmt14(
+    out: Path,
+    *,
+    pair: str,
+    corpora: Sequence[str],
+    dev: str,
+    test: str,
+    test_variant: str,
+    mirror: str | None,
+    cache: Path,
+    lock_file: Path,
+    max_retries: int,
+) -> dict[str, Any]:
+    """Download (or reuse from ``cache``) every archive the pair needs and stream the wanted
+    members into ``out``."""
+    src, tgt = split_pair(pair)
+    plan: _Plan = [
+        ("train", c, _outputs(out, "train", c.name, src, tgt))
+        for c in sources.train_corpora(pair, corpora)
+    ]
+    plan.append(("dev", sources.eval_set(dev, "full", pair), _outputs(out, "dev", "", src, tgt)))
+    plan.append(("test", sources.eval_set(test, test_variant, pair), _outputs(out, "test", "", src, tgt)))
+    by_archive: dict[str, _Plan] = {}
+    for item in plan:
+        for lang in (src, tgt):
+            if lang not in item[1].members:
+                raise CorpusError(f"registry corpus {item[1].name} has no {lang} member")
+        by_archive.setdefault(item[1].archive, []).append(item)
+
+    lock = LockFile(lock_file)
+    corpora_stats: dict[str, Any] = {}
+    for key, items in by_archive.items():
+        archive = sources.archive(key)
+        url = mirror_url(archive.url, mirror)
+        path = Path(cache) / archive.path
+        expected = [
+            Expected(archive.bytes, archive.sha256, archive.md5, origin="the source registry"),
+            lock.expected(archive.url),
+        ]
+        log.info("download: %s -> %s", url, path)
+        seen = download(url, path, [e for e in expected if e is not None], max_retries=max_retries)
+        lock.pin(archive.url, seen)
+        writers = _convert(path, items, (src, tgt))
+        for split, corpus, outputs in items:
+            corpus_writers = {lang: writers[(corpus.name, lang)] for lang in (src, tgt)}
+            lines = _check_aligned(
+                corpus.name, {lang: (corpus.members[lang], w) for lang, w in corpus_writers.items()}
+            )
+            if corpus.lines is not None and lines != corpus.lines:
+                log.warning("%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines)
+            corpora_stats[_stat_key(split, corpus.name)] = {
+                "split": split,
+                "name": corpus.name,
+                "url": archive.url,
+                "bytes": seen.bytes,
+                "sha256": seen.sha256,
+                "lines": lines,
+                "members": {lang: corpus.members[lang] for lang in (src, tgt)},
+                "files": {lang: _rel(outputs[lang], out) for lang in (src, tgt)},
+                **_fixes(corpus_writers),
+            }
+    return _summary("wmt14", pair, corpora_stats, mirror=mirror, test_variant=test_variant)
+
+
+def from_local(
+    out: Path, *, pair: str, local_dir: str | None, train: Sequence[str], dev: str, test: str
+) -> dict[str, Any]:
+    """Copy ``<local_dir>/<prefix>.<lang>`` files (each train prefix, dev, test) into ``out``,
+    one segment per line."""
+    if not local_dir:
+        raise CorpusError("data.local_dir is required for data.source=local")
+    folder = Path(local_dir)
+    src, tgt = split_pair(pair)
+    plan: list[tuple[str, str, dict[str, Path], dict[str, Path]]] = []  # split, name, inputs, outputs
+    for prefix in train:
+        name = Path(prefix).name
+        plan.append(("train", name, _local_inputs(folder, prefix, src, tgt), _outputs(out, "train", name, src, tgt)))
+    for split, prefix in (("dev", dev), ("test", test)):
+        plan.append((split, Path(prefix).name, _local_inputs(folder, prefix, src, tgt), _outputs(out, split, "", src, tgt)))
+    missing = [str(p) for *_, inputs, _ in plan for p in inputs.values() if not p.is_file()]
+    if missing:
+        raise CorpusError(f"data.source=local: missing file(s): {', '.join(missing)}")
+    train_names = [name for split, name, *_ in plan if split == "train"]
+    if len(set(train_names)) != len(train_names) or {"dev", "test"} & set(train_names):
+        raise CorpusError(
+            f"data.local_train: corpus names must be distinct and not dev or test: {', '.join(train_names)}"
+        )
+
+    corpora_stats: dict[str, Any] = {}
+    for split, name, inputs, outputs in plan:
+        writers = {lang: LineWriter(outputs[lang]) for lang in (src, tgt)}
+        try:
+            for lang, writer in writers.items():
+                with open(inputs[lang], "rb") as f:
+                    for line in read_text_lines(f):
+                        writer.write(line)
+        finally:
+            for writer in writers.values():
+                writer.close()
+        lines = _check_aligned(name, {lang: (str(inputs[lang]), w) for lang, w in writers.items()})
+        seen = {lang: hash_file(inputs[lang]) for lang in (src, tgt)}
+        corpora_stats[_stat_key(split, name)] = {
+            "split": split,
+            "name": name,
+            "lines": lines,
+            "files": {lang: _rel(outputs[lang], out) for lang in (src, tgt)},
+            "inputs": {
+                lang: {"path": str(inputs[lang].resolve()), "bytes": seen[lang].bytes,
+                       "sha256": seen[lang].sha256}
+                for lang in (src, tgt)
+            },
+            **_fixes(writers),
+        }
+    return _summary("local", pair, corpora_stats, local_dir=str(folder.resolve()))
+
+
+# ----------------------------------------------------------------------------- archive members
+
+
+def _convert(
+    archive: Path, items: _Plan, langs: tuple[str, str]
+) -> dict[tuple[str, str], LineWriter]:
+    """Stream the members of ``items`` out of ``archive`` into their output files."""
+    routes: dict[str, list[tuple[Corpus, str, Path]]] = {}
+    for _, corpus, outputs in items:
+        for lang in langs:
+            routes.setdefault(corpus.members[lang], []).append((corpus, lang, outputs[lang]))
+    writers: dict[tuple[str, str], LineWriter] = {}
+    try:
+        for member, stream in iter_members(archive, routes):
+            for corpus, lang, output in routes[member]:
+                writers[(corpus.name, lang)] = LineWriter(output)
+            _copy_member(archive, member, stream, routes[member], writers)
+            for corpus, lang, _ in routes[member]:
+                writers[(corpus.name, lang)].close()
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise CorpusError(f"{archive}: corrupt or truncated archive ({type(exc).__name__}: {exc})") from None
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return writers
+
+
+def _copy_member(
+    archive: Path,
+    member: str,
+    stream: Any,
+    targets: list[tuple[Corpus, str, Path]],
+    writers: dict[tuple[str, str], LineWriter],
+) -> None:
+    corpus = targets[0][0]
+    if corpus.format == "gzip":
+        stream = gzip.GzipFile(fileobj=stream, mode="rb")
+    lines = read_text_lines(stream)
+    try:
+        if corpus.format == "tsv":
+            outs = [(c.columns.index(lang), writers[(c.name, lang)]) for c, lang, _ in targets]
+            for row in read_tsv(lines, len(corpus.columns)):
+                for column, writer in outs:
+                    writer.write(row[column])
+            return
+        segments = read_sgm(lines) if corpus.format == "sgm" else lines
+        outs_plain = [writers[(c.name, lang)] for c, lang, _ in targets]
+        for segment in segments:
+            for writer in outs_plain:
+                writer.write(segment)
+    except ValueError as exc:
+        raise CorpusError(f"member {member!r} of {archive} ({corpus.format}): {exc}") from None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _outputs(out: Path, split: str, name: str, src: str, tgt: str) -> dict[str, Path]:
+    if split == "train":
+        return {lang: out / "train" / f"{name}.{lang}" for lang in (src, tgt)}
+    return {lang: out / f"{split}.{lang}" for lang in (src, tgt)}
+
+
+def _local_inputs(folder: Path, prefix: str, src: str, tgt: str) -> dict[str, Path]:
+    return {lang: folder / f"{prefix}.{lang}" for lang in (src, tgt)}
+
+
+def _check_aligned(name: str, sides: dict[str, tuple[str, LineWriter]]) -> int:
+    """The common line count; a clear error naming the corpus and both counts if they differ."""
+    counts = {lang: w.lines for lang, (_, w) in sides.items()}
+    if len(set(counts.values())) > 1:
+        detail = ", ".join(f"{origin} ({lang}) has {counts[lang]} lines" for lang, (origin, _) in sides.items())
+        raise CorpusError(f"corpus {name} is misaligned: {detail}")
+    return next(iter(counts.values()))
+
+
+def _fixes(writers: dict[str, LineWriter]) -> dict[str, int]:
+    return {
+        "broken_lines": sum(w.broken_lines for w in writers.values()),
+        "replacement_chars": sum(w.replacement_chars for w in writers.values()),
+    }
+
+
+def _stat_key(split: str, name: str) -> str:
+    return name if split == "train" else split
+
+
+def _rel(path: Path, out: Path) -> str:
+    return path.relative_to(out).as_posix()
+
+
+def _summary(source: str, pair: str, corpora: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    src, tgt = split_pair(pair)
+    return {
+        "source": source,
+        "pair": pair,
+        "src": src,
+        "tgt": tgt,
+        **extra,
+        "corpora": corpora,
+        "train_lines": sum(c["lines"] for c in corpora.values() if c["split"] == "train"),
+        "dev_lines": corpora["dev"]["lines"],
+        "test_lines": corpora["test"]["lines"],
+    }

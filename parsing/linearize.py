@@ -1,0 +1,285 @@
+"""Trees as token sequences and back: the target side of the parsing task.
+
+Two target forms (the source is always the words joined by spaces):
+
+- ``t2t``, tensor2tensor's, the form the paper trained on: phrase labels and POS tags are kept,
+  a closing bracket carries its label, words are left out:
+  ``S NP NNP NNP /NP VP VBZ NP DT NN /NP /VP . /S``.
+- ``vinyals``, Vinyals & Kaiser et al. 2015 ("Grammar as a Foreign Language"): POS tags become
+  ``XX``: ``(S (NP XX XX )NP (VP XX (NP XX XX )NP )VP XX )S``.
+
+``delinearize`` turns any token sequence, however broken, into a well-formed tree over the
+given words, so that every hypothesis can be scored; ``repair`` also says what it fixed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from parsing.trees import CLOSE, LEAF, OPEN, Tree, walk
+
+__all__ = [
+    "FORMS",
+    "FALLBACK_LABEL",
+    "Repaired",
+    "linearize",
+    "source",
+    "delinearize",
+    "repair",
+    "default_tag",
+    "pairs",
+    "punctuation_tag",
+]
+
+FORMS = ("t2t", "vinyals")
+VINYALS_LEAF = "XX"
+FALLBACK_LABEL = "S"
+"""Label of the root that repair puts over a flat or multi-rooted prediction."""
+
+PHRASE_LABELS = frozenset(
+    "ADJP ADVP CONJP FRAG INTJ LST NAC NP NX PP PRN PRT QP RRC S SBAR SBARQ SINV SQ UCP VP "
+    "WHADJP WHADVP WHNP WHPP X TOP".split()
+)
+"""Penn Treebank phrase labels: in the t2t form, these tokens open a constituent."""
+POS_TAGS = frozenset(
+    "CC CD DT EX FW IN JJ JJR JJS LS MD NN NNS NNP NNPS PDT POS PRP PRP$ RB RBR RBS RP SYM TO "
+    "UH VB VBD VBG VBN VBP VBZ WDT WP WP$ WRB # $ . , : `` '' -LRB- -RRB- -LCB- -RCB- -NONE-".split()
+)
+"""Penn Treebank POS tags: in the t2t form, these tokens are leaves."""
+_PUNCT_TAGS = {
+    ",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "-": ":", "...": ":",
+    "``": "``", "`": "``", "''": "''", "-LRB-": "-LRB-", "-RRB-": "-RRB-", "$": "$", "#": "#",
+}  # fmt: skip
+_BRACKETS = ("(", ")")
+
+
+def linearize(tree: Tree, form: str = "t2t") -> list[str]:
+    """The target token sequence of ``tree`` in ``form`` (``t2t`` or ``vinyals``)."""
+    _check_form(form)
+    tokens: list[str] = []
+    for kind, node in walk(tree):
+        if kind == LEAF:
+            tokens.append(node.label if form == "t2t" else VINYALS_LEAF)
+        elif kind == OPEN:
+            tokens.append(node.label if form == "t2t" else f"({node.label}")
+        else:
+            tokens.append(f"/{node.label}" if form == "t2t" else f"){node.label}")
+    return tokens
+
+
+def source(tree: Tree) -> str:
+    """The source side: the words joined by spaces."""
+    return " ".join(tree.words())
+
+
+# ----------------------------------------------------------------------------- back to trees
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """A tree rebuilt from a prediction, and what had to be fixed (empty when nothing)."""
+
+    tree: Tree
+    """A well-formed tree with exactly one leaf per word."""
+    fixes: Mapping[str, int] = field(default_factory=dict)
+    """Fix kind -> count: stray_close, label_mismatch, unclosed, missing_leaves, extra_leaves,
+    punct_tag, empty_constituent, junk_token, top_level, flat."""
+
+
+def default_tag(word: str) -> str:
+    """The tag given to a word the prediction left out: its punctuation tag, else NN."""
+    return _PUNCT_TAGS.get(word, "NN")
+
+
+# The punctuation tags EVALB's COLLINS.prm deletes, and the words the treebank tags with them
+# (the NLTK WSJ sample: every such word carries one, except "'", which is also POS).
+_DELETED_PUNCT = frozenset({",", ":", "``", "''", "."})
+_PUNCT_WORDS = {w: t for w, t in _PUNCT_TAGS.items() if t in _DELETED_PUNCT}
+
+
+def punctuation_tag(word: str, tag: str) -> str:
+    """``tag``, unless it contradicts the word on punctuation: a punctuation word must carry a
+    punctuation tag and any other word must not. EVALB deletes words by their own tree's tags,
+    so one such leaf (``.`` tagged ``NN``, ``Bush`` tagged ``:``) would make the whole sentence a
+    length error; the word decides instead (``_PUNCT_TAGS``, or ``default_tag``)."""
+    if word in _PUNCT_WORDS:
+        return tag if tag in _DELETED_PUNCT else _PUNCT_WORDS[word]
+    if tag in _DELETED_PUNCT and word != "'":
+        return default_tag(word)
+    return tag
+
+
+def delinearize(
+    tokens: str | Sequence[str],
+    words: str | Sequence[str],
+    form: str = "t2t",
+    *,
+    tags: Sequence[str] | None = None,
+) -> Tree:
+    """A well-formed tree over ``words`` from a predicted sequence, repaired as needed (never
+    raises on junk). ``tags`` (vinyals form only) fills the leaves instead of ``XX``."""
+    return repair(tokens, words, form, tags=tags).tree
+
+
+class _Open:
+    """A constituent still open while rebuilding."""
+
+    __slots__ = ("label", "children")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.children: list[Tree] = []
+
+
+def repair(
+    tokens: str | Sequence[str],
+    words: str | Sequence[str],
+    form: str = "t2t",
+    *,
+    tags: Sequence[str] | None = None,
+) -> Repaired:
+    """Rebuild a tree like ``delinearize`` and count the fixes.
+
+    Rules: a close whose label differs closes the innermost open constituent anyway; a close
+    with nothing open is dropped; constituents still open at the end are closed; leaves beyond
+    the words are dropped; words without a leaf are attached to the last open constituent with
+    ``default_tag``; constituents left empty are dropped; leaves or several constituents at the
+    top are joined under one root; an empty prediction gives a flat ``S`` over the words; in the
+    t2t form a tag that contradicts its word on punctuation is replaced (``punctuation_tag``).
+    """
+    _check_form(form)
+    tokens = tokens.split() if isinstance(tokens, str) else list(tokens)
+    words = words.split() if isinstance(words, str) else list(words)
+    if not words:
+        raise ValueError("delinearize needs at least one word")
+    if tags is not None and len(tags) != len(words):
+        raise ValueError(f"{len(tags)} tags for {len(words)} words")
+    fixes: Counter[str] = Counter()
+    root = _Open("")
+    stack = [root]
+    n_leaves = 0
+
+    def add_leaf(tag: str) -> None:
+        nonlocal n_leaves
+        if n_leaves >= len(words):
+            fixes["extra_leaves"] += 1
+            return
+        word = words[n_leaves]
+        if form == "vinyals":
+            tag = tags[n_leaves] if tags is not None else VINYALS_LEAF
+        else:
+            fixed = punctuation_tag(word, tag)
+            if fixed != tag:
+                fixes["punct_tag"] += 1
+                tag = fixed
+        stack[-1].children.append(Tree(tag, word=word))
+        n_leaves += 1
+
+    def close(label: str | None) -> None:
+        node = stack.pop()
+        if label and label != node.label:
+            fixes["label_mismatch"] += 1
+        if node.children:
+            stack[-1].children.append(Tree(node.label, tuple(node.children)))
+        else:
+            fixes["empty_constituent"] += 1
+
+    for kind, label in _classify(tokens, form):
+        if kind is None:
+            fixes["junk_token"] += 1
+        elif kind == OPEN:
+            stack.append(_Open(label))
+        elif kind == LEAF:
+            add_leaf(label)
+        elif len(stack) == 1:
+            fixes["stray_close"] += 1
+        else:
+            close(label)
+
+    if n_leaves < len(words):
+        fixes["missing_leaves"] += len(words) - n_leaves
+        extra = [
+            Tree(_missing_tag(form, tags, i, words[i]), word=words[i])
+            for i in range(n_leaves, len(words))
+        ]
+        last = root.children[-1] if root.children else None
+        if len(stack) > 1 or last is None or last.is_leaf:
+            stack[-1].children.extend(extra)
+        else:  # everything was closed: the last constituent at the top takes them
+            root.children[-1] = Tree(last.label, last.children + tuple(extra))
+    while len(stack) > 1:
+        fixes["unclosed"] += 1
+        close(None)
+    return Repaired(_join_top(root.children, fixes), dict(fixes))
+
+
+def _missing_tag(form: str, tags: Sequence[str] | None, i: int, word: str) -> str:
+    if form == "t2t":
+        return default_tag(word)
+    return tags[i] if tags is not None else VINYALS_LEAF
+
+
+def _classify(tokens: list[str], form: str) -> Iterator[tuple[str | None, str]]:
+    """(OPEN | LEAF | CLOSE | None for junk, label) per token."""
+    if form == "vinyals":
+        for tok in tokens:
+            head, label = tok[:1], tok[1:]
+            if not tok or (head in _BRACKETS and _has_bracket(label)):
+                yield None, tok
+            elif head == "(":
+                yield (OPEN, label) if label else (None, tok)
+            elif head == ")":
+                yield CLOSE, label
+            elif _has_bracket(tok):
+                yield None, tok
+            else:
+                yield LEAF, VINYALS_LEAF
+        return
+    # t2t: a phrase label opens; so does an unknown token whose close comes later (a label this
+    # table lacks). Every other token is a POS tag, i.e. a leaf.
+    kinds: list[tuple[str | None, str]] = []
+    closes_later: set[str] = set()
+    for tok in reversed(tokens):
+        if not tok or _has_bracket(tok):
+            kinds.append((None, tok))
+        elif tok.startswith("/") and len(tok) > 1:
+            kinds.append((CLOSE, tok[1:]))
+            closes_later.add(tok[1:])
+        elif tok in PHRASE_LABELS or (tok not in POS_TAGS and tok in closes_later):
+            kinds.append((OPEN, tok))
+        else:
+            kinds.append((LEAF, tok))
+    yield from reversed(kinds)
+
+
+def _has_bracket(token: str) -> bool:
+    return "(" in token or ")" in token
+
+
+def _join_top(children: list[Tree], fixes: Counter[str]) -> Tree:
+    """One root over what the prediction left at the top."""
+    phrases = [c for c in children if not c.is_leaf]
+    if len(children) == 1 and phrases:
+        return children[0]
+    if not phrases:
+        fixes["flat"] += 1
+        return Tree(FALLBACK_LABEL, tuple(children))
+    fixes["top_level"] += 1
+    if len(phrases) == 1:  # stray leaves beside the one root (often a final period): take them in
+        i = children.index(phrases[0])
+        root = phrases[0]
+        return Tree(root.label, tuple(children[:i]) + root.children + tuple(children[i + 1 :]))
+    return Tree(FALLBACK_LABEL, tuple(children))
+
+
+def _check_form(form: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
+
+
+def pairs(trees: Iterable[Tree], form: str) -> Iterator[tuple[str, str]]:
+    """(source, target) text pairs: the words, and the tree in ``form``, space-separated."""
+    for tree in trees:
+        yield source(tree), " ".join(linearize(tree, form))

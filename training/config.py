@@ -1,0 +1,74 @@
+"""The train section of a run config: the paper's recipe (section 5) and its Ray Train scaling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformer_core.config import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The training recipe (paper section 5) and its Ray Train scaling."""
+
+    steps: int = 100_000
+    """Optimizer steps (base 100k, big 300k)."""
+    tokens_per_step: int = 25_000
+    """Target tokens per optimizer step (the paper: ~25k source + ~25k target)."""
+    max_tokens_per_batch: int = 4096
+    """Padded tokens per device micro-batch; accumulation reaches tokens_per_step."""
+    warmup_steps: int = 4000
+    """Linear warmup steps of the inverse-square-root schedule."""
+    lr_scale: float = 1.0
+    """Multiplier on the paper's learning-rate formula."""
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    """Adam beta1, beta2."""
+    adam_eps: float = 1e-9
+    """Adam epsilon."""
+    clip_norm: float | None = None
+    """Gradient clipping norm; null disables."""
+    num_workers: int = 1
+    """Ray Train workers (one per GPU on a cluster)."""
+    use_gpu: bool = False
+    """Train on GPUs (bf16 autocast)."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per worker; fractional on small machines so Ray Data is never starved."""
+    eval_every: int = 1000
+    """Validation loss and perplexity every N steps."""
+    checkpoint_every: int = 1000
+    """Checkpoint every N steps (0 disables the step trigger)."""
+    checkpoint_minutes: float = 10.0
+    """Checkpoint every M minutes as well (the paper: 10); 0 disables the time trigger."""
+    keep_checkpoints: int = 20
+    """Checkpoints kept (at least what averaging needs)."""
+    max_failures: int = 3
+    """Restarts after a worker dies."""
+    log_every: int = 100
+    """Metrics to MLflow every N steps."""
+    storage_path: str | None = None
+    """Ray Train storage for resume (shared folder or s3://); null: <workdir>/train_ray."""
+    stop_after: int | None = None
+    """Stop after this step (checkpointed), publish a partial result; not in the resume key."""
+
+    def __post_init__(self) -> None:
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
+        for name in ("steps", "tokens_per_step", "max_tokens_per_batch", "num_workers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
+        if self.warmup_steps < 1:
+            raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
+        if self.cpus_per_worker <= 0:
+            raise ConfigError("cpus_per_worker", f"{self.cpus_per_worker} must be > 0")
+        for name in ("eval_every", "log_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
+        if self.checkpoint_every < 0 or self.checkpoint_minutes < 0:
+            raise ConfigError(
+                "checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0"
+            )
+
+    @property
+    def last_step(self) -> int:
+        """The step this run stops at: ``steps``, or ``stop_after`` if that comes first."""
+        return min(self.steps, self.stop_after or self.steps)

@@ -1,0 +1,149 @@
+"""MLflow for training: rank 0's ``Tracker`` inside the workers, and on the driver the run a
+training logs into (the same one again on resume), its params and its learning curve."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from training.data import open_fs
+
+MLFLOW_RUN_FILE = "mlflow_run.json"
+
+
+class Tracker:
+    """Rank 0's MLflow client; a no-op on other ranks or without a run id."""
+
+    def __init__(self, tracking_uri: str | None, run_id: str | None, enabled: bool):
+        self.run_id = run_id if enabled else None
+        self.client = None
+        if self.run_id and tracking_uri:
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri)
+
+    def metrics(self, values: dict[str, float], step: int) -> None:
+        if self.client is None or not values:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in values.items() if v is not None]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def param(self, key: str, value: Any) -> None:
+        if self.client is not None:
+            self.client.log_param(self.run_id, key, value)
+
+
+def _read_json(fs: Any, path: str) -> dict[str, Any] | None:
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as f:
+        return json.loads(f.read().decode())
+
+
+def _write_json(fs: Any, path: str, data: dict[str, Any]) -> None:
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps(data).encode())
+
+
+@contextmanager
+def mlflow_run(
+    run_dir: str, new_run: Callable[[], AbstractContextManager[Any]]
+) -> Iterator[tuple[str, str]]:
+    """``(tracking_uri, run_id)`` to log into: the run this storage folder logged into before
+    (resume), else the driver's active run, else ``new_run()``'s. Remembered in the folder."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    fs, root = open_fs(run_dir)
+    record_path = f"{root}/{MLFLOW_RUN_FILE}"
+    stored = _read_json(fs, record_path)
+    if stored is not None:
+        client = MlflowClient(stored["tracking_uri"])
+        try:
+            client.get_run(stored["run_id"])
+        except Exception:  # the tracking store was reset: start a new run
+            stored = None
+    if stored is not None:
+        run_id, uri = stored["run_id"], stored["tracking_uri"]
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id != run_id:
+            mlflow.set_tag("train.mlflow_run_id", run_id)  # the flow's run points at the training
+        client.update_run(run_id, status="RUNNING")
+        try:
+            yield uri, run_id
+        except BaseException:
+            client.set_terminated(run_id, "FAILED")
+            raise
+        client.set_terminated(run_id, "FINISHED")
+        return
+    active = mlflow.active_run()
+    if active is not None:
+        uri = mlflow.get_tracking_uri()
+        _write_json(fs, record_path, {"tracking_uri": uri, "run_id": active.info.run_id})
+        yield uri, active.info.run_id
+        return
+    with new_run() as run:
+        uri = mlflow.get_tracking_uri()
+        _write_json(fs, record_path, {"tracking_uri": uri, "run_id": run.info.run_id})
+        yield uri, run.info.run_id
+
+
+def log_params(client: Any, run_id: str, params: Mapping[str, Any]) -> None:
+    """Log params a run does not have yet; a changed value (e.g. more steps on resume) is a tag."""
+    from mlflow.entities import Param, RunTag
+
+    existing = client.get_run(run_id).data.params
+    new, changed = [], []
+    for key, value in params.items():
+        text = str(value)[:6000]
+        if key not in existing:
+            new.append(Param(key, text))
+        elif existing[key] != text:
+            changed.append(RunTag(f"param_changed.{key}", text))
+    for i in range(0, len(new), 100):
+        client.log_batch(run_id, params=new[i : i + 100])
+    if changed:
+        client.log_batch(run_id, tags=changed)
+
+
+def learning_curve(client: Any, run_id: str, path: Path) -> Path | None:
+    """Plot train loss and validation loss against step (matplotlib, Agg) into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = False
+    for key, label in (("loss", "train loss"), ("val_loss", "validation loss")):
+        history = {m.step: m.value for m in client.get_metric_history(run_id, key)}
+        if history:
+            steps = sorted(history)
+            ax.plot(
+                steps,
+                [history[s] for s in steps],
+                label=label,
+                marker="." if len(steps) < 50 else None,
+            )
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("step")
+    ax.set_ylabel("label-smoothed loss per token")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,282 @@
+"""The Trainer: optimizer steps over one rank's share of the global batch plan (paper section 5).
+
+Nothing here knows Ray. The caller builds the model, wraps it for data parallelism if it wants
+(``model``, e.g. DDP), and saves what ``state_dict`` returns. Step ``s`` takes the next ``W * A``
+batches of the seeded stream (``W`` ranks, ``A`` accumulated micro-batches) and rank ``r``
+trains on ``r, r + W, ...`` of them; the loss is divided by the step's target tokens over all
+ranks, which every rank knows from the plan, so the gradient is a per-token mean whatever ``W``
+and ``A`` are, and the data order is the same on every rank without communication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.config import TrainConfig
+from training.data import BatchStream, TokenData, accumulation_steps
+from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
+from transformer_core.batching import plan_batches
+from transformer_core.loss import label_smoothed_nll
+from transformer_core.model import Memory, Transformer
+from transformer_core.schedule import make_optimizer, make_scheduler
+
+Callback = Callable[["Trainer"], None]
+"""Called with the Trainer after every ``train_step``, on every rank."""
+
+
+class Trainer:
+    """Adam and the paper's schedule on ``module``, fed by the seeded batch stream of ``train``;
+    validation on ``dev``. ``model`` is ``module`` as wrapped for training (default: itself)."""
+
+    def __init__(
+        self,
+        module: Transformer,
+        config: TrainConfig,
+        train: TokenData,
+        dev: TokenData,
+        *,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        model: nn.Module | None = None,
+        callbacks: Sequence[Callback] = (),
+    ):
+        self.module, self.model = module, model if model is not None else module
+        self.config, self.train_data, self.dev_data = config, train, dev
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.callbacks = list(callbacks)
+        self.device = next(module.parameters()).device
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        mc = module.config
+        self.optimizer = make_optimizer(module, tuple(config.adam_betas), config.adam_eps)
+        self.scheduler = make_scheduler(
+            self.optimizer, mc.d_model, config.warmup_steps, config.lr_scale
+        )
+        self.accumulation = accumulation_steps(
+            config.tokens_per_step, world_size, config.max_tokens_per_batch
+        )
+        self.stream = BatchStream(train, config.max_tokens_per_batch, seed)
+        self.dev_batches = plan_batches(
+            dev.src_lens, dev.tgt_lens, config.max_tokens_per_batch, seed=seed, shuffle=False
+        )[rank::world_size]
+        self.step = self.start_step = 0
+        self.train_seconds = 0.0  # summed step times, across resumes
+        self.latest: dict[str, Any] = {}  # the last logged and validation metrics
+        self.timed_tokens, self.timed_seconds = 0, 0.0  # throughput after the first interval
+        self._interval: tuple[float, int] | None = None  # (start, tokens) since the last sync
+        self._last_checkpoint = time.time()
+        seed_all(seed, rank)  # dropout differs by rank
+        self.model.train()
+
+    # -------------------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights, optimizer, schedule, step, data position, this rank's RNG states, train seconds."""
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": self.stream.position,
+            "rng": rng_state(),
+            "world_size": self.world_size,
+            "train_seconds": self.train_seconds,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` left off. Without RNG states, or from another world size,
+        the per-rank streams are derived afresh from ``(seed + step, rank)``."""
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = self.start_step = int(state["step"])
+        self.stream = BatchStream(
+            self.train_data, self.config.max_tokens_per_batch, self.seed, **state["data"]
+        )
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+        same_world = int(state.get("world_size", self.world_size)) == self.world_size
+        if state.get("rng") is not None and same_world:
+            set_rng_state(state["rng"])
+        else:
+            seed_all(self.seed + self.step, self.rank)
+
+    # -------------------------------------------------------------------------- steps
+
+    @property
+    def last_step(self) -> int:
+        """The step this run stops at (``steps``, or ``stop_after`` if earlier)."""
+        return self.config.last_step
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast on CUDA, nothing on CPU."""
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches (gradients all-reduced on the last
+        only). On logging steps, the step's metrics over all ranks; else ``{}`` and no host sync."""
+        started = time.time()
+        start, tokens = self._interval or (started, 0)
+        self.step += 1
+        W, mc, data = self.world_size, self.module.config, self.train_data
+        batches = self.stream.take(W * self.accumulation)
+        targets = int(sum(data.tgt_lens[b].sum() for b in batches))
+        self._interval = start, tokens + targets + int(sum(data.src_lens[b].sum() for b in batches))
+        scale = W / targets  # DDP averages over ranks; this makes it a per-token mean
+        lr = self.scheduler.get_last_lr()[0]
+        sums = [torch.zeros((), device=self.device) for _ in range(3)]  # loss, nll, tokens
+        mine = batches[self.rank :: W]
+        no_sync = getattr(self.model, "no_sync", None)
+        for i, rows in enumerate(mine):
+            src, tgt_in, tgt_out = (
+                t.to(self.device, non_blocking=True) for t in data.batch(rows, mc.pad_id, mc.bos_id)
+            )
+            last = i == len(mine) - 1
+            with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+                with self.autocast():
+                    logits = self.model(src, tgt_in)  # (B, T, V)
+                loss, nll, n = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
+                (loss * scale).backward()
+            for total, value in zip(sums, (loss.detach(), nll.detach(), n), strict=True):
+                total += value
+        logging = self.step % self.config.log_every == 0 or self.step == self.last_step
+        grad_norm = self._grad_norm(logging)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.train_seconds += time.time() - started
+        metrics = self._log(sums, lr, grad_norm) if logging else {}
+        for callback in self.callbacks:
+            callback(self)
+        return metrics
+
+    def _grad_norm(self, logging: bool) -> torch.Tensor | None:
+        """Clip to ``clip_norm`` if set; without clipping the norm is computed on logging steps."""
+        if self.config.clip_norm:
+            return torch.nn.utils.clip_grad_norm_(self.params, self.config.clip_norm)
+        if not logging:
+            return None
+        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+
+    def _log(self, sums: list[torch.Tensor], lr: float, grad_norm: Any) -> dict[str, float]:
+        loss, nll, n = all_reduce_sum(sums, self.device)
+        start, tokens = self._interval
+        seconds = time.time() - start  # the all-reduce above waited for the device
+        if self.step > self.start_step + self.config.log_every or self.step == self.last_step:
+            self.timed_tokens += tokens  # the first interval after a (re)start is warm-up
+            self.timed_seconds += seconds
+        self._interval = None
+        tokens_per_s = tokens / seconds if seconds > 0 else 0.0
+        self.latest = {
+            "loss": loss / n,
+            "nll": nll / n,
+            "ppl": math.exp(min(nll / n, 50.0)),
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_worker": tokens_per_s / self.world_size,
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "memory_gb": memory_gb(self.device),
+            "epoch": self.stream.epoch,
+            "batch_index": self.stream.index,
+        }
+        return dict(self.latest)
+
+    # -------------------------------------------------------------------------- evaluation
+
+    def maybe_evaluate(self) -> dict[str, float]:
+        """``evaluate()`` every ``eval_every`` steps and at the last step; else ``{}``."""
+        if self.step % self.config.eval_every == 0 or self.step == self.last_step:
+            return self.evaluate()
+        return {}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss/NLL per target token and perplexity over every rank's share of the dev
+        batches, and ``val_encoder_spread`` (see ``encoder_spread``) on each rank's first batch."""
+        module, mc = self.module, self.module.config
+        module.eval()
+        totals = [torch.zeros((), device=self.device) for _ in range(5)]
+        for i, rows in enumerate(self.dev_batches):
+            src, tgt_in, tgt_out = (
+                t.to(self.device) for t in self.dev_data.batch(rows, mc.pad_id, mc.bos_id)
+            )
+            with self.autocast():
+                memory = module.encode(src)  # module(src, tgt_in), with the encoder output kept
+                logits = module.decode(tgt_in, memory)
+                if i == 0:
+                    totals[3] += encoder_spread(memory)
+                    totals[4] += 1
+            loss, nll, n = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
+            totals[0] += loss
+            totals[1] += nll
+            totals[2] += n
+        loss, nll, n, spread, ranks = all_reduce_sum(totals, self.device)
+        module.train()
+        n = max(n, 1.0)
+        val = {
+            "val_loss": loss / n,
+            "val_nll": nll / n,
+            "val_ppl": math.exp(min(nll / n, 50.0)),
+            "val_encoder_spread": spread / max(ranks, 1.0),
+        }
+        self.latest.update(val)
+        self._interval = None  # time training only
+        return val
+
+    # -------------------------------------------------------------------------- checkpoints
+
+    def maybe_checkpoint(self, save: Callable[[dict[str, Any]], None]) -> bool:
+        """``save(metrics)`` on every rank every ``checkpoint_every`` steps, every
+        ``checkpoint_minutes`` (rank 0's clock, broadcast so every rank saves) and at the last
+        step. ``metrics``: step, wall time, train seconds, data position and ``latest``."""
+        tc = self.config
+        due = bool(tc.checkpoint_every) and self.step % tc.checkpoint_every == 0
+        if tc.checkpoint_minutes > 0:
+            waited = time.time() - self._last_checkpoint
+            late = self.rank == 0 and waited >= 60 * tc.checkpoint_minutes
+            due = broadcast_flag(late, self.device) or due
+        if not (due or self.step == self.last_step):
+            return False
+        save(
+            {
+                "step": self.step,
+                "time": time.time(),
+                "train_seconds": self.train_seconds,
+                **self.stream.position,
+                **{k: v for k, v in self.latest.items() if v is not None},
+            }
+        )
+        self._last_checkpoint = time.time()
+        self._interval = None
+        return True
+
+
+def encoder_spread(memory: Memory) -> torch.Tensor:
+    """How much the encoder's output differs between the positions of a sentence: the mean
+    distance of each real position's state from its sentence's mean state, over the mean state
+    norm. About 0.5 at initialisation and for a model that reads its source; near 0 when the
+    encoder has collapsed to a source-independent output (the decoder then parses or
+    translates from its own prefix alone)."""
+    states = memory.states.float()  # (B, S, D)
+    real = (~memory.src_pad).unsqueeze(-1).float()  # (B, S, 1)
+    mean = (states * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1)
+    spread = ((states - mean).norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
+    scale = (states.norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
+    return spread / scale.clamp(min=1e-12)
+
+
+def memory_gb(device: torch.device) -> float:
+    """Peak CUDA memory, or the process's resident memory on CPU, in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**30

@@ -1,0 +1,99 @@
+"""What Ray Train runs on every worker: the Trainer, resumed from Ray's latest checkpoint, stepped
+to the last step, its checkpoints reported to Ray and its metrics logged to MLflow by rank 0.
+
+A checkpoint goes through ``ray.train.report`` (a barrier on every rank): rank 0 writes
+``model.pt`` (the Trainer's ``state_dict`` in ``transformer_core.checkpoint`` format) and every
+rank writes ``rng-rank-<r>.pt`` with its own RNG states (dropout differs by rank); Ray merges the
+ranks' folders into one. Rank 0 logs to the MLflow run it is given (Ray Train V2 rejects Tune's
+logger callbacks).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.data import TokenData
+from training.tracking import Tracker
+from training.trainer import Trainer
+from transformer_core import checkpoint as ckpt
+from transformer_core.model import Transformer, count_parameters
+
+MODEL_FILE = "model.pt"
+SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
+
+
+def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Ray Train's per-worker function. ``cfg`` (``train_loop_config``): ``model``
+    (``ModelConfig``), ``train`` (``TrainConfig``), ``seed``, ``vocab_size``, ``shard_dir``,
+    ``tracking_uri``, ``mlflow_run_id`` and ``callbacks`` (the Trainer's). Returns a summary."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    mc, tc, seed, vocab_size = cfg["model"], cfg["train"], cfg["seed"], cfg["vocab_size"]
+    train = TokenData.read(f"{cfg['shard_dir']}/train", vocab_size)
+    dev = TokenData.read(f"{cfg['shard_dir']}/dev", vocab_size)
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    module = Transformer(mc, vocab_size)
+    # The only buffer is the fixed sinusoid table: broadcasting it every forward is waste.
+    model = ray.train.torch.prepare_model(
+        module, parallel_strategy_kwargs={"broadcast_buffers": False}
+    )
+    trainer = Trainer(module, tc, train, dev, seed=seed, rank=rank, world_size=world, model=model)
+    trainer.callbacks.extend(cfg.get("callbacks", ()))
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            trainer.load_state_dict(read_state(Path(d), rank))
+    tracker = Tracker(cfg.get("tracking_uri"), cfg.get("mlflow_run_id"), enabled=rank == 0)
+    tracker.param("n_parameters", count_parameters(module))
+
+    def save(metrics: dict[str, Any]) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            state = trainer.state_dict()
+            if rank == 0:
+                weights, when = state.pop("model"), metrics["time"]
+                ckpt.save(
+                    Path(d) / MODEL_FILE, weights, mc, vocab_size=vocab_size, time=when, **state
+                )
+            torch.save(state["rng"], Path(d) / f"rng-rank-{rank:05d}.pt")
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(d),
+                checkpoint_dir_name=f"step-{trainer.step:09d}",
+            )
+
+    started = time.time()
+    while trainer.step < trainer.last_step:
+        tracker.metrics(trainer.train_step(), trainer.step)
+        tracker.metrics(trainer.maybe_evaluate(), trainer.step)
+        trainer.maybe_checkpoint(save)
+    timed = trainer.timed_seconds
+    return {
+        "rank": rank,
+        "start_step": trainer.start_step,
+        "step": trainer.step,
+        "n_parameters": count_parameters(module),
+        "accumulation": trainer.accumulation,
+        "world_size": world,
+        "tokens_per_s": trainer.timed_tokens / timed if timed > 0 else None,
+        "timed_tokens": trainer.timed_tokens,
+        "timed_seconds": timed,
+        "loop_seconds": time.time() - started,
+        "torch_threads": torch.get_num_threads(),
+        **{k: v for k, v in trainer.latest.items() if k in SUMMARY_METRICS},
+    }
+
+
+def read_state(folder: Path, rank: int) -> dict[str, Any]:
+    """The Trainer state in a checkpoint folder, with this rank's RNG states (None if absent)."""
+    state = ckpt.load(folder / MODEL_FILE)
+    rng_file = folder / f"rng-rank-{rank:05d}.pt"
+    state["rng"] = torch.load(rng_file, weights_only=True) if rng_file.is_file() else None
+    return state
