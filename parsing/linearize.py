@@ -8,8 +8,8 @@ Two target forms (the source is always the words joined by spaces):
 - ``vinyals``, Vinyals & Kaiser et al. 2015 ("Grammar as a Foreign Language"): POS tags become
   ``XX``: ``(S (NP XX XX )NP (VP XX (NP XX XX )NP )VP XX )S``.
 
-``delinearize`` turns any token sequence, however broken, into a well-formed tree over the
-given words, so that every hypothesis can be scored; ``repair`` also says what it fixed.
+``repair`` turns any token sequence, however broken, into a well-formed tree over the given
+words, so that every hypothesis can be scored, and says what it fixed.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ __all__ = [
     "Repaired",
     "linearize",
     "source",
-    "delinearize",
     "repair",
     "default_tag",
     "pairs",
@@ -111,18 +110,6 @@ def punctuation_tag(word: str, tag: str) -> str:
     return tag
 
 
-def delinearize(
-    tokens: str | Sequence[str],
-    words: str | Sequence[str],
-    form: str = "t2t",
-    *,
-    tags: Sequence[str] | None = None,
-) -> Tree:
-    """A well-formed tree over ``words`` from a predicted sequence, repaired as needed (never
-    raises on junk). ``tags`` (vinyals form only) fills the leaves instead of ``XX``."""
-    return repair(tokens, words, form, tags=tags).tree
-
-
 class _Open:
     """A constituent still open while rebuilding."""
 
@@ -140,7 +127,8 @@ def repair(
     *,
     tags: Sequence[str] | None = None,
 ) -> Repaired:
-    """Rebuild a tree like ``delinearize`` and count the fixes.
+    """A well-formed tree over ``words`` from a predicted sequence (never raises on junk), and
+    the fixes it needed. ``tags`` (vinyals form only) fills the leaves instead of ``XX``.
 
     Rules: a close whose label differs closes the innermost open constituent anyway; a close
     with nothing open is dropped; constituents still open at the end are closed; leaves beyond
@@ -153,7 +141,7 @@ def repair(
     tokens = tokens.split() if isinstance(tokens, str) else list(tokens)
     words = words.split() if isinstance(words, str) else list(words)
     if not words:
-        raise ValueError("delinearize needs at least one word")
+        raise ValueError("repair needs at least one word")
     if tags is not None and len(tags) != len(words):
         raise ValueError(f"{len(tags)} tags for {len(words)} words")
     fixes: Counter[str] = Counter()

@@ -40,7 +40,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
 
     def build(tmp: Path) -> dict[str, Any]:
         from corpora.text import read_lines
-        from evaluation.evalb import COLLINS, score_sentence, summarize
+        from evaluation.evalb import COLLINS, score_corpus, summarize
         from parsing.linearize import repair
         from parsing.trees import read_trees, write_tree
 
@@ -59,37 +59,33 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
             raise StageError(
                 f"{words_path} has {len(sources)} lines, {gold_path} {len(golds)} trees"
             )
-        scores, fix_totals, repaired_sentences = [], Counter(), 0
-        with (
-            open(tmp / "repaired.trees", "w", encoding="utf-8") as trees_out,
-            open(tmp / "sentences.tsv", "w", encoding="utf-8") as tsv,
-        ):
+        # The vinyals form predicts no POS tags: the gold ones fill its XX slots.
+        repaired = [
+            repair(hyp, src, form, tags=gold.tags() if form == "vinyals" else None)
+            for gold, hyp, src in zip(golds, hyps, sources, strict=True)
+        ]
+        total, scores = score_corpus(golds, [r.tree for r in repaired], COLLINS)
+        (tmp / "repaired.trees").write_text(
+            "".join(write_tree(r.tree) + "\n" for r in repaired), encoding="utf-8"
+        )
+        with open(tmp / "sentences.tsv", "w", encoding="utf-8") as tsv:
             tsv.write(
                 "id\tlength\tstatus\tmatched\tgold\ttest\tprecision\trecall\tf1\t"
                 "words\tcorrect_tags\ttag_accuracy\tfixes\n"
             )
-            for i, (gold, hyp, src) in enumerate(zip(golds, hyps, sources, strict=True), start=1):
-                # The vinyals form predicts no POS tags: the gold ones fill its XX slots.
-                tags = gold.tags() if form == "vinyals" else None
-                fixed = repair(hyp, src, form, tags=tags)
-                result = score_sentence(gold, fixed.tree, COLLINS)
-                scores.append(result)
-                fix_totals.update(fixed.fixes)
-                repaired_sentences += bool(fixed.fixes)
-                trees_out.write(write_tree(fixed.tree) + "\n")
+            for i, (result, fixed) in enumerate(zip(scores, repaired, strict=True), start=1):
                 fixes = ",".join(f"{k}={v}" for k, v in sorted(fixed.fixes.items())) or "-"
                 tsv.write(
                     f"{i}\t{result.length}\t{result.status}\t{result.matched}\t{result.gold}\t"
                     f"{result.test}\t{result.precision:.2f}\t{result.recall:.2f}\t{result.f1:.2f}\t"
                     f"{result.words}\t{result.correct_tags}\t{result.tagging_accuracy:.2f}\t{fixes}\n"
                 )
-        total = summarize(scores)
         stats = total.to_dict()
         stats["f1_le40"] = round(summarize(scores, COLLINS.cutoff_len).f1, 4)
         if form == "vinyals":
             stats["tagging_accuracy"] = None  # gold tags were filled in: nothing was predicted
-        stats["repaired_sentences"] = repaired_sentences
-        stats["fixes"] = dict(sorted(fix_totals.items()))
+        stats["repaired_sentences"] = sum(bool(r.fixes) for r in repaired)
+        stats["fixes"] = dict(sorted(sum((Counter(r.fixes) for r in repaired), Counter()).items()))
         stats["form"] = form
         (tmp / "scores.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
         return stats

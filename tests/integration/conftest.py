@@ -7,7 +7,7 @@ stages that find Ray running reuse it (``tasks.runtime.ensure_ray``).
 from __future__ import annotations
 
 import pytest
-from stage_folders import finished_folder, tiny_sentences
+from stage_folders import finished_folder, tiny_sentences, tokenizer_folder
 
 
 @pytest.fixture(scope="session")
@@ -37,25 +37,7 @@ def harness():
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     """A tokenizer stage folder: a 64-piece sentencepiece BPE model (pad 0, unk 1, bos 2, eos 3)."""
-    import sentencepiece as spm
-
-    def build(tmp):
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(tiny_sentences(300, seed=0)),
-            model_prefix=str(tmp / "spm"),
-            vocab_size=64,
-            model_type="bpe",
-            character_coverage=1.0,
-            pad_id=0,
-            unk_id=1,
-            bos_id=2,
-            eos_id=3,
-            num_threads=1,
-            minloglevel=2,
-        )
-        return {}
-
-    return finished_folder(tmp_path_factory.mktemp("tiny") / "tokenizer", "tokenizer", {"tiny": 64}, build)
+    return tokenizer_folder(tmp_path_factory.mktemp("tiny") / "tokenizer", tiny_sentences(300, seed=0), 64)
 
 
 @pytest.fixture(scope="session")

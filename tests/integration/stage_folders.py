@@ -46,3 +46,27 @@ def finished_folder(
     from tasks.contract import run_stage
 
     return run_stage(stage, path, config, inputs or {}, build).path
+
+
+def tokenizer_folder(path: Path, sentences: list[str], vocab_size: int, **options: Any) -> Path:
+    """A tokenizer stage folder holding a sentencepiece model trained on ``sentences`` with the
+    pipeline's ids (pad 0, unk 1, bos 2, eos 3); ``options`` go to the trainer (``model_type``...)."""
+    import sentencepiece as spm
+
+    def build(tmp: Path) -> dict:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_prefix=str(tmp / "spm"),
+            vocab_size=vocab_size,
+            character_coverage=1.0,
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            num_threads=1,
+            minloglevel=2,
+            **{"model_type": "bpe", **options},
+        )
+        return {}
+
+    return finished_folder(path, "tokenizer", {"vocab_size": vocab_size, "sentences": len(sentences), **options}, build)

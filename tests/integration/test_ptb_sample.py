@@ -11,7 +11,7 @@ import pytest
 from stage_folders import finished_folder
 
 from evaluation.evalb import score_corpus
-from parsing.linearize import FORMS, delinearize, linearize, punctuation_tag
+from parsing.linearize import FORMS, linearize, punctuation_tag, repair
 from parsing.trees import clean_tree, read_trees, write_tree
 from tasks import linearize as linearize_stage
 from tasks import parse_score, treebank
@@ -49,12 +49,12 @@ def test_gold_against_gold_scores_100(golds):
 @pytest.mark.parametrize("form", FORMS)
 def test_round_trip_scores_100(golds, form):
     back = [
-        delinearize(
+        repair(
             linearize(tree, form),
             tree.words(),
             form,
             tags=tree.tags() if form == "vinyals" else None,
-        )
+        ).tree
         for tree in golds
     ]
     total, _ = score_corpus(golds, back)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from stage_folders import tokenizer_folder
 
 from tasks.config import RunConfig, config_from_dict
 from tasks.contract import StageError, read_manifest, run_stage
@@ -23,31 +24,10 @@ VOCAB = 20
 
 def make_tokenizer(root: Path) -> Path:
     """A character sentencepiece model with exactly VOCAB pieces (4 specials + 16 letters)."""
-    import sentencepiece as spm
-
     letters = "abcdefghijklmnop"
-
-    def build(tmp: Path) -> dict:
-        rng = np.random.default_rng(0)
-        lines = ["".join(rng.choice(list(letters), size=12)) for _ in range(200)] + [letters]
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines),
-            model_prefix=str(tmp / "spm"),
-            vocab_size=VOCAB,
-            model_type="char",
-            add_dummy_prefix=False,
-            character_coverage=1.0,
-            pad_id=0,
-            unk_id=1,
-            bos_id=2,
-            eos_id=3,
-            num_threads=1,
-            minloglevel=2,
-        )
-        return {}
-
-    cfg = {"test": "char", "vocab": VOCAB}
-    return run_stage("tokenizer", root / "tokenizer", cfg, {}, build).path
+    rng = np.random.default_rng(0)
+    lines = ["".join(rng.choice(list(letters), size=12)) for _ in range(200)] + [letters]
+    return tokenizer_folder(root / "tokenizer", lines, VOCAB, model_type="char", add_dummy_prefix=False)
 
 
 def write_split(folder: Path, n: int, seed: int, parts: int) -> None:

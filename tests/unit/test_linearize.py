@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evaluation.evalb import score_corpus
-from parsing.linearize import FORMS, delinearize, linearize, punctuation_tag, repair, source
+from parsing.linearize import FORMS, linearize, punctuation_tag, repair, source
 from parsing.trees import parse_tree, read_trees, write_tree
 from tasks.config import config_from_dict
 from tasks.contract import run_stage
@@ -86,7 +86,7 @@ def test_round_trip_of_a_small_treebank_scores_100(trees, form):
 
 
 def test_vinyals_without_tags_gives_xx_leaves():
-    tree = delinearize("(S (NP XX XX )NP (VP XX )VP XX )S", "John Smith runs .", "vinyals")
+    tree = repair("(S (NP XX XX )NP (VP XX )VP XX )S", "John Smith runs .", "vinyals").tree
     assert tree.tags() == ["XX"] * 4
     assert write_tree(tree) == "(S (NP (XX John) (XX Smith)) (VP (XX runs)) (XX .))"
 
@@ -187,7 +187,7 @@ def test_several_roots_are_joined_under_s():
 
 
 def test_unknown_label_that_closes_later_opens_a_constituent():
-    tree = delinearize("S FOO NN NN /FOO VP VBZ /VP /S", "a b c")
+    tree = repair("S FOO NN NN /FOO VP VBZ /VP /S", "a b c").tree
     assert write_tree(tree) == "(S (FOO (NN a) (NN b)) (VP (VBZ c)))"
 
 
@@ -203,12 +203,12 @@ def test_junk_never_raises_and_always_fits_the_words(form):
     for _ in range(300):
         words = [f"w{i}" for i in range(rng.randint(1, 12))] + ["."]
         tokens = [rng.choice(vocab) for _ in range(rng.randint(0, 40))]
-        _well_formed(delinearize(tokens, words, form), words)
+        _well_formed(repair(tokens, words, form).tree, words)
 
 
 def test_deep_nesting_does_not_recurse():
     tokens = ["NP"] * 5000 + ["NN"]
-    tree = delinearize(tokens, ["word"])
+    tree = repair(tokens, ["word"]).tree
     assert tree.words() == ["word"]
     assert write_tree(tree).count("(NP") == 5000
 
