@@ -3,24 +3,24 @@
 Layout (what the download stage publishes, docs/contracts.md): ``train/<corpus>.<src>``,
 ``train/<corpus>.<tgt>``, ``dev.<src>``, ``dev.<tgt>``, ``test.<src>``, ``test.<tgt>``.
 ``from_wmt14`` fills it from the registry's archives (``corpora.sources``; cached outside the
-folder and pinned in a lock file), ``from_local`` from ``<prefix>.<lang>`` files on disk; the
-synthetic grammar writes the same layout itself (``corpora.synthetic``). Each returns the stats
-the download stage's manifest records.
+folder, pinned in a lock file once they read cleanly, dropped from the cache when they do not),
+``from_local`` from ``<prefix>.<lang>`` files on disk; the synthetic grammar writes the same
+layout itself (``corpora.synthetic``). Each returns the stats the download stage's manifest
+records.
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
-import tarfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from corpora import CorpusError, sources
-from corpora.archives import iter_members
-from corpora.fetch import Expected, LockFile, download, hash_file, mirror_url
+from corpora.archives import corrupt_archive, iter_members
+from corpora.fetch import Expected, LockFile, Seen, download, hash_file, mirror_url
 from corpora.sources import Corpus, split_pair
 from corpora.text import LineWriter, read_sgm, read_text_lines, read_tsv
 
@@ -67,32 +67,20 @@ def from_wmt14(
         archive = sources.archive(key)
         url = mirror_url(archive.url, mirror)
         path = Path(cache) / archive.path
-        expected = [
-            Expected(archive.bytes, archive.sha256, archive.md5, origin="the source registry"),
-            lock.expected(archive.url),
-        ]
+        pinned = lock.expected(archive.url)
+        expected = [Expected(archive.bytes, archive.sha256, archive.md5, origin="the source registry"), pinned]
         log.info("download: %s -> %s", url, path)
         seen = download(url, path, [e for e in expected if e is not None], max_retries=max_retries)
+        try:
+            stats = _read_archive(out, path, items, (src, tgt), url=archive.url, seen=seen)
+        except CorpusError as exc:
+            # A cached file that failed to read would be reused by every rerun: drop it, and
+            # keep the error's class (unsafe archive, missing member, ...) for callers.
+            path.unlink(missing_ok=True)
+            raise type(exc)(f"{exc}; {_after_bad_archive(path, archive.url, lock, pinned)}") from None
+        # Pinned only now that the archive read cleanly, so a bad file never becomes the pin.
         lock.pin(archive.url, seen)
-        writers = _convert(path, items, (src, tgt))
-        for split, corpus, outputs in items:
-            corpus_writers = {lang: writers[(corpus.name, lang)] for lang in (src, tgt)}
-            lines = _check_aligned(
-                corpus.name, {lang: (corpus.members[lang], w) for lang, w in corpus_writers.items()}
-            )
-            if corpus.lines is not None and lines != corpus.lines:
-                log.warning("%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines)
-            corpora_stats[_stat_key(split, corpus.name)] = {
-                "split": split,
-                "name": corpus.name,
-                "url": archive.url,
-                "bytes": seen.bytes,
-                "sha256": seen.sha256,
-                "lines": lines,
-                "members": {lang: corpus.members[lang] for lang in (src, tgt)},
-                "files": {lang: _rel(outputs[lang], out) for lang in (src, tgt)},
-                **_fixes(corpus_writers),
-            }
+        corpora_stats.update(stats)
     return _summary("wmt14", pair, corpora_stats, mirror=mirror, test_variant=test_variant)
 
 
@@ -151,6 +139,41 @@ def from_local(
 # ----------------------------------------------------------------------------- archive members
 
 
+def _read_archive(
+    out: Path, archive: Path, items: _Plan, langs: tuple[str, str], *, url: str, seen: Seen
+) -> dict[str, Any]:
+    """Write the corpora of ``items`` out of ``archive`` (downloaded from ``url``) and check
+    them; their stats by key."""
+    writers = _convert(archive, items, langs)
+    stats: dict[str, Any] = {}
+    for split, corpus, outputs in items:
+        corpus_writers = {lang: writers[(corpus.name, lang)] for lang in langs}
+        lines = _check_aligned(
+            corpus.name, {lang: (corpus.members[lang], w) for lang, w in corpus_writers.items()}
+        )
+        if corpus.lines is not None and lines != corpus.lines:
+            log.warning("%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines)
+        stats[_stat_key(split, corpus.name)] = {
+            "split": split,
+            "name": corpus.name,
+            "url": url,
+            "bytes": seen.bytes,
+            "sha256": seen.sha256,
+            "lines": lines,
+            "members": {lang: corpus.members[lang] for lang in langs},
+            "files": {lang: _rel(outputs[lang], out) for lang in langs},
+            **_fixes(corpus_writers),
+        }
+    return stats
+
+
+def _after_bad_archive(path: Path, url: str, lock: LockFile, pinned: Expected | None) -> str:
+    """What a user can do about an archive that downloaded but did not read."""
+    if pinned is None:
+        return f"removed the cached {path} and pinned nothing, so a rerun downloads it again"
+    return f"removed the cached {path}. {lock.unpin_hint(url)}"
+
+
 def _convert(
     archive: Path, items: _Plan, langs: tuple[str, str]
 ) -> dict[tuple[str, str], LineWriter]:
@@ -167,8 +190,6 @@ def _convert(
             _copy_member(archive, member, stream, routes[member], writers)
             for corpus, lang, _ in routes[member]:
                 writers[(corpus.name, lang)].close()
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise CorpusError(f"{archive}: corrupt or truncated archive ({type(exc).__name__}: {exc})") from None
     finally:
         for writer in writers.values():
             writer.close()
@@ -200,6 +221,9 @@ def _copy_member(
                 writer.write(segment)
     except ValueError as exc:
         raise CorpusError(f"member {member!r} of {archive} ({corpus.format}): {exc}") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        # A gzipped member ends early or fails its CRC (the tar around it read fine).
+        raise corrupt_archive(archive, f"member {member!r}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -2,8 +2,9 @@
 
 ``download(url, dest, expected)`` writes ``<dest>.part`` and renames it to ``dest`` only after its
 size and checksums verify, so a file under its final name is always complete. ``LockFile`` pins
-the sha256 and size seen the first time a URL is downloaded, for files nobody publishes a
-checksum for; later downloads must match. ``mirror_url`` maps statmt.org URLs onto a mirror.
+the sha256 and size of a URL's first download that its reader accepted, for files nobody
+publishes a checksum for; later downloads must match. ``mirror_url`` maps statmt.org URLs onto
+a mirror.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class Expected:
     """Hex md5."""
     origin: str = "the registry"
     """Who expects it (named in errors)."""
+    remedy: str = "The download is corrupt or the file changed upstream; nothing was kept."
+    """What a mismatch error tells the user to do."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,10 @@ def file_url_path(url: str) -> Path:
 
 
 class LockFile:
-    """A JSON file pinning ``url -> {bytes, sha256}`` as first seen; later downloads must match."""
+    """A JSON file pinning ``url -> {bytes, sha256}`` as first accepted; later downloads must match.
+
+    Callers pin a file only once it has been read successfully, so a bad file is never pinned.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -132,7 +138,15 @@ class LockFile:
         if entry is None:
             return None
         return Expected(
-            bytes=entry.get("bytes"), sha256=entry.get("sha256"), origin=f"the lock file {self.path}"
+            bytes=entry.get("bytes"), sha256=entry.get("sha256"), origin=f"the lock file {self.path}",
+            remedy=f"Nothing was kept. {self.unpin_hint(url)}",
+        )
+
+    def unpin_hint(self, url: str) -> str:
+        """How to drop ``url``'s pin, for errors about a pinned file that turned out bad."""
+        return (
+            f"If the pinned file is bad, or changed upstream on purpose, remove the entry {url!r} "
+            f"from {self.path} and rerun."
         )
 
     def pin(self, url: str, seen: Seen) -> None:
@@ -167,10 +181,7 @@ def verify(url: str, seen: Seen, expected: Iterable[Expected]) -> None:
             want = getattr(exp, name)
             got = getattr(seen, name)
             if want is not None and (str(want).lower() != str(got).lower()):
-                raise ChecksumError(
-                    f"{url}: {name} is {got}, but {exp.origin} expects {want}. The download is "
-                    "corrupt or the file changed upstream; nothing was kept."
-                )
+                raise ChecksumError(f"{url}: {name} is {got}, but {exp.origin} expects {want}. {exp.remedy}")
 
 
 # ----------------------------------------------------------------------------- download

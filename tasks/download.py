@@ -3,7 +3,8 @@
 Out (docs/contracts.md): ``train/<corpus>.<src>``, ``train/<corpus>.<tgt>``, ``dev.<src>``,
 ``dev.<tgt>``, ``test.<src>``, ``test.<tgt>``, with src/tgt from ``data.pair``. Sources:
 ``wmt14`` (statmt.org or a mirror; archives are cached outside the stage folder and pinned in a
-lock file), ``local`` (``<prefix>.<lang>`` files on disk) and ``synthetic`` (the quickstart's
+lock file once they read cleanly; one that does not read is dropped, so a rerun downloads it
+again), ``local`` (``<prefix>.<lang>`` files on disk) and ``synthetic`` (the quickstart's
 grammar). The parsing pipeline reads treebank files in its own first stage instead.
 """
 

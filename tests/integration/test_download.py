@@ -25,8 +25,8 @@ import pytest
 from sacrebleu.dataset import DATASETS
 
 from corpora import CorpusError, sources
-from corpora.archives import UnsafeArchiveError
-from corpora.fetch import ChecksumError, download
+from corpora.archives import CorruptArchiveError, MissingMemberError, UnsafeArchiveError
+from corpora.fetch import ChecksumError, LockFile, download
 from tasks import download as download_stage
 from tasks.config import RunConfig, config_from_dict
 from tasks.contract import MANIFEST, StageError, read_manifest
@@ -407,6 +407,122 @@ def test_missing_member_points_at_the_registry(tmp_path: Path, mirror_root: Path
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
     with pytest.raises(CorpusError, match="no member 'training/commoncrawl.de-en.de' .*sources.py.*similar members: commoncrawl.de-en.de"):
         download_stage.run(config, {})
+
+
+# ----------------------------------------------------------------------------- a broken mirror, then a fixed one
+
+CC = "wmt13/training-parallel-commoncrawl.tgz"
+GIGA = "wmt10/training-giga-fren.tar"
+DEV = "wmt13/test.tgz"
+
+
+def _cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def _at_second_header(members: dict[str, bytes]) -> int:
+    """Where the second member's header starts in a plain tar of ``members``."""
+    return 512 + -(-len(next(iter(members.values()))) // 512) * 512
+
+
+def _symlink() -> tarfile.TarInfo:
+    info = tarfile.TarInfo("training/evil-link")
+    info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    return info
+
+
+def _break(case: str, path: Path, members: dict[str, bytes]) -> None:
+    """Write ``path`` broken in the way ``case`` names."""
+    members = dict(members)
+    extra: list[tarfile.TarInfo] = []
+    if case == "unsafe member":
+        extra = [_symlink()]
+    elif case == "missing member":
+        del members["commoncrawl.de-en.de"]
+    elif case == "misaligned":
+        members["commoncrawl.de-en.en"] = text(lines("commoncrawl", "en", 2))
+    elif case == "bad sgm":
+        members["test/newstest2013-src.en.sgm"] = b'<srcset>\n<seg id="1">never closed\n</srcset>\n'
+    elif case == "truncated gzip member":
+        members["giga-fren.release2.fixed.en.gz"] = members["giga-fren.release2.fixed.en.gz"][:-10]
+    write_archive(path, members, extra=extra)
+    if case == "truncated tgz":
+        _cut(path, path.stat().st_size // 2)
+    elif case == "tgz without its gzip trailer":
+        _cut(path, path.stat().st_size - 8)
+    elif case == "tar cut at a member header":
+        _cut(path, _at_second_header(members))
+
+
+EN_DE_CC = {"pair": "en-de", "corpora": ["commoncrawl"]}
+FR_EN_GIGA = {"pair": "fr-en", "corpora": ["giga-fren"]}
+
+
+BROKEN = [  # case, the run's data section, the archive broken, the error and its message
+    ("unsafe member", EN_DE_CC, CC, UnsafeArchiveError, "refusing member 'training/evil-link'"),
+    ("missing member", EN_DE_CC, CC, MissingMemberError, "has no member 'commoncrawl.de-en.de'"),
+    ("misaligned", EN_DE_CC, CC, CorpusError, "corpus commoncrawl is misaligned"),
+    ("bad sgm", EN_DE_CC, DEV, CorpusError, "test/newstest2013-src.en.sgm' of .*<seg> without a closing"),
+    ("truncated tgz", EN_DE_CC, CC, CorruptArchiveError, "truncated or corrupt archive .*commoncrawl.tgz"),
+    ("tgz without its gzip trailer", EN_DE_CC, CC, CorruptArchiveError,
+     "truncated or corrupt archive .*commoncrawl.tgz \\(Compressed file ended"),
+    ("tar cut at a member header", FR_EN_GIGA, GIGA, CorruptArchiveError,
+     "truncated or corrupt archive .*giga-fren.tar \\(the tar data ends at byte \\d+, without an end-of-archive"),
+    ("truncated gzip member", FR_EN_GIGA, GIGA, CorruptArchiveError,
+     "truncated or corrupt archive .*giga-fren.tar \\(member 'giga-fren.release2.fixed.en.gz': Compressed file ended"),
+]
+
+
+@pytest.mark.parametrize(("case", "data", "archive", "error", "message"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_broken_archive_is_not_kept_so_a_fixed_mirror_succeeds(
+    tmp_path: Path, mirror_root: Path, case: str, data: dict, archive: str, error: type, message: str
+):
+    """Bad mirror -> fail, nothing cached or pinned -> the mirror is fixed -> the same config succeeds."""
+    config = make_config(tmp_path, mirror=mirror_root.as_uri(), **data)
+    url = "https://www.statmt.org/" + archive
+    cached = config.root / "cache" / "downloads" / archive
+    lock_file = config.root / "downloads.lock.json"
+    _break(case, mirror_root / archive, wmt_layout()[archive])
+
+    with pytest.raises(error, match=f"{message}.*; removed the cached {cached} and pinned nothing"):
+        download_stage.run(config, {})
+    assert not cached.exists()
+    assert url not in (json.loads(lock_file.read_text())["files"] if lock_file.exists() else {})
+    assert_nothing_looks_complete(config)
+
+    write_archive(mirror_root / archive, wmt_layout()[archive])
+    out = download_stage.run(config, {}).path
+    good = hashlib.sha256((mirror_root / archive).read_bytes()).hexdigest()
+    assert json.loads(lock_file.read_text())["files"][url]["sha256"] == good
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == good
+    assert read_manifest(out)["stats"]["train_lines"] == TRAIN_SIZES[data["corpora"][0]]
+
+
+def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(tmp_path: Path, server: MirrorServer):
+    """A lock written before bad archives were refused pins one: the errors say how to get past it."""
+    config = make_config(tmp_path, mirror=server.url, **EN_DE_CC)
+    url = "https://www.statmt.org/" + CC
+    cached = config.root / "cache" / "downloads" / CC
+    lock_file = config.root / "downloads.lock.json"
+    # What an earlier run did: download the unsafe archive into the cache and pin it.
+    _break("unsafe member", server.root / CC, wmt_layout()[CC])
+    LockFile(lock_file).pin(url, download(f"{server.url}/{CC}", cached))
+    write_archive(server.root / CC, wmt_layout()[CC])  # the mirror is fixed
+
+    entry = re.escape(f"remove the entry {url!r} from {lock_file} and rerun")
+    with pytest.raises(UnsafeArchiveError, match=f"refusing member .*; removed the cached {cached}\\. If the pinned file is bad.*{entry}"):
+        download_stage.run(config, {})
+    assert not cached.exists()
+    with pytest.raises(ChecksumError, match=f"(bytes|sha256) is .* but the lock file {lock_file} expects .*{entry}"):
+        download_stage.run(config, {})
+
+    # The user follows the advice: drop the entry, rerun.
+    lock = json.loads(lock_file.read_text())
+    del lock["files"][url]
+    lock_file.write_text(json.dumps(lock))
+    download_stage.run(config, {})
+    good = hashlib.sha256((server.root / CC).read_bytes()).hexdigest()
+    assert json.loads(lock_file.read_text())["files"][url]["sha256"] == good
 
 
 # ----------------------------------------------------------------------------- other sources

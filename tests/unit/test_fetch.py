@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from corpora import CorpusError
-from corpora.archives import MissingMemberError, UnsafeArchiveError, iter_members
+from corpora.archives import (
+    CorruptArchiveError,
+    MissingMemberError,
+    UnsafeArchiveError,
+    iter_members,
+)
 from corpora.fetch import ChecksumError, DownloadError, Expected, LockFile, download, mirror_url
 from corpora.text import LineWriter, read_lines, read_sgm, read_text_lines, read_tsv
 
@@ -111,7 +117,7 @@ def test_lock_file_pins_the_first_download(tmp_path: Path):
 
     # The file changes upstream: a fresh download no longer matches the pin.
     source.write_bytes(b"second version!")
-    with pytest.raises(ChecksumError, match="downloads.lock.json expects"):
+    with pytest.raises(ChecksumError, match=f"downloads.lock.json expects .* remove the entry '{url}' from {lock.path} and rerun"):
         download(source.as_uri(), tmp_path / "c2" / "dev.tgz", [pinned])
     assert not (tmp_path / "c2" / "dev.tgz").exists()
     lock.pin(url, download(source.as_uri(), tmp_path / "c3" / "dev.tgz"))  # pin never overwrites
@@ -158,11 +164,77 @@ def test_missing_member_lists_similar_names(tmp_path: Path):
         list(iter_members(archive, ["training/europarl-v7.de-en.en"]))
 
 
-def test_a_file_that_is_not_a_tarball_fails_clearly(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"<html>not found</html>", "shorter than one tar header: an error page or the wrong file"),
+        (b"<html>not found</html>\n" * 50, "no tar header at its start .*: an error page or the wrong file"),
+        (b"", "empty"),
+    ],
+)
+def test_a_file_that_is_not_a_tarball_fails_clearly(tmp_path: Path, content: bytes, reason: str):
     bogus = tmp_path / "x.tgz"
-    bogus.write_bytes(b"<html>not found</html>")
-    with pytest.raises(CorpusError, match="not a readable tar archive"):
+    bogus.write_bytes(content)
+    with pytest.raises(CorruptArchiveError, match=f"truncated or corrupt archive .*x.tgz \\({reason}"):
         list(iter_members(bogus, ["a"]))
+
+
+# Three members: random bytes (gzip cannot shrink them, so the middle of the .tgz lies inside the
+# first member), then two small text files.
+TRUNCATION_MEMBERS = [("a/random.bin", random.Random(0).randbytes(30_000)), ("a/b.en", b"b\n" * 100), ("a/c.de", b"c\n")]
+
+
+def read_all(archive: Path) -> dict[str, bytes]:
+    return {name: stream.read() for name, stream in iter_members(archive, [n for n, _ in TRUNCATION_MEMBERS])}
+
+
+def tar_offsets() -> dict[str, int]:
+    """In the plain tar: where the second header and the end-of-archive block start."""
+    padded = [512 + -(-len(data) // 512) * 512 for _, data in TRUNCATION_MEMBERS]
+    return {"second": padded[0], "end": sum(padded)}
+
+
+@pytest.mark.parametrize(
+    ("mode", "cut", "reason"),
+    [
+        ("w:gz", lambda n, at: 5, "Compressed file ended"),
+        ("w:gz", lambda n, at: n // 2, "Compressed file ended"),
+        ("w:gz", lambda n, at: n - 12, "Compressed file ended"),
+        ("w:gz", lambda n, at: n - 8, "Compressed file ended"),
+        ("w:gz", lambda n, at: n - 1, "Compressed file ended"),
+        ("w", lambda n, at: 3000, "unexpected end of data"),
+        ("w", lambda n, at: at["second"], "the tar data ends at byte {second}, without an end-of-archive block"),
+        ("w", lambda n, at: at["second"] + 100, "the tar data ends inside the header at byte {second}"),
+        ("w", lambda n, at: at["end"], "the tar data ends at byte {end}, without an end-of-archive block"),
+    ],
+    ids=[
+        "tgz-in-gzip-header", "tgz-in-first-member", "tgz-in-end-of-archive-zeros", "tgz-without-trailer",
+        "tgz-in-trailer", "tar-in-first-member", "tar-at-a-header", "tar-in-a-header", "tar-at-end-of-archive",
+    ],
+)
+def test_truncated_archives_are_named_truncated_not_missing_a_member(tmp_path: Path, mode: str, cut, reason: str):
+    """Stream mode takes a short archive for a complete one; every cut must still be reported."""
+    archive = make_tar(tmp_path / ("t.tgz" if mode == "w:gz" else "t.tar"), TRUNCATION_MEMBERS, mode=mode)
+    assert read_all(archive) == dict(TRUNCATION_MEMBERS)  # whole, it reads
+    whole = archive.read_bytes()
+    offsets = tar_offsets()
+    archive.write_bytes(whole[: cut(len(whole), offsets)])
+    with pytest.raises(CorruptArchiveError, match=f"^truncated or corrupt archive {archive} \\(.*{reason.format(**offsets)}"):
+        read_all(archive)
+
+
+@pytest.mark.parametrize(
+    ("flip", "reason"),
+    [(lambda n: n // 2, "CRC check failed"), (lambda n: n - 6, "CRC check failed"), (lambda n: n - 2, "Incorrect length")],
+    ids=["in-first-member", "in-crc", "in-length"],
+)
+def test_a_corrupt_tgz_is_named_corrupt(tmp_path: Path, flip, reason: str):
+    archive = make_tar(tmp_path / "t.tgz", TRUNCATION_MEMBERS)
+    data = bytearray(archive.read_bytes())
+    data[flip(len(data))] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    with pytest.raises(CorruptArchiveError, match=f"truncated or corrupt archive .*t.tgz \\({reason}"):
+        read_all(archive)
 
 
 # ----------------------------------------------------------------------------- readers and writer
