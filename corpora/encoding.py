@@ -8,6 +8,11 @@ output streams back to the driver, which writes ``rows_per_shard`` rows per file
 Shard schema (docs/contracts.md): ``src_ids list<int32>``, ``tgt_ids list<int32>``,
 ``src_len int32``, ``tgt_len int32``, where ids are the pieces followed by EOS and a length
 counts the EOS.
+
+Rows longer than ``max_len`` pieces on either side (the caller passes what the model and one
+micro-batch can take) are dropped from train and dev and counted (``dropped_too_long``): the
+trainer could never batch them. Test rows are kept line for line and only counted
+(``too_long_kept``): the test shards are a reference copy; translate reads the test text itself.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from corpora.parquet import ParquetShardWriter, part_files
 from corpora.text import read_lines
 from transformer_core.config import EOS_ID, ConfigError
 
-__all__ = ["SHARD_SCHEMA", "RangeEncoder", "ShardConfig", "encode_column", "encode_table", "shard_corpus"]
+__all__ = [
+    "SHARD_SCHEMA", "RangeEncoder", "ShardConfig", "encode_column", "encode_table", "shard_corpus",
+    "too_long",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +88,13 @@ def encode_table(sp: Any, table: pa.Table) -> pa.Table:
     src_ids, src_len = encode_column(sp, table.column("src").to_pylist())
     tgt_ids, tgt_len = encode_column(sp, table.column("tgt").to_pylist())
     return pa.Table.from_arrays([src_ids, tgt_ids, pa.array(src_len), pa.array(tgt_len)], schema=SHARD_SCHEMA)
+
+
+def too_long(table: pa.Table, max_len: int) -> np.ndarray:
+    """Mask of the shard rows whose source or target has more than ``max_len`` pieces (EOS counted)."""
+    src = table.column("src_len").to_numpy()
+    tgt = table.column("tgt_len").to_numpy()
+    return (src > max_len) | (tgt > max_len)
 
 
 class _Lengths:
@@ -189,13 +204,21 @@ def _processor(model_file: str | Path) -> Any:
     return spm.SentencePieceProcessor(model_file=str(model_file))
 
 
-def _write(tables: Iterable[pa.Table], out: Path, config: ShardConfig) -> tuple[_Lengths, list[Path]]:
+def _write(
+    tables: Iterable[pa.Table], out: Path, config: ShardConfig, max_len: int, *, drop: bool
+) -> tuple[_Lengths, list[Path], int]:
+    """Write one split; the lengths, the files and the rows over ``max_len`` (dropped if ``drop``)."""
     writer = ParquetShardWriter(out, SHARD_SCHEMA, config.rows_per_shard)
     lengths = _Lengths()
+    over = 0
     for table in tables:
+        mask = too_long(table, max_len)
+        over += int(mask.sum())
+        if drop and mask.any():
+            table = table.filter(pa.array(~mask))
         lengths.add(table)
         writer.write(table)
-    return lengths, writer.close()
+    return lengths, writer.close(), over
 
 
 def _read_eval(clean: Path, split: str, src: str, tgt: str) -> pa.Table:
@@ -223,11 +246,11 @@ def plot_lengths(hists: dict[str, np.ndarray], path: Path) -> None:
 
 
 def shard_corpus(
-    clean: Path, model_file: Path, out: Path, config: ShardConfig, src: str, tgt: str
+    clean: Path, model_file: Path, out: Path, config: ShardConfig, src: str, tgt: str, *, max_len: int
 ) -> dict[str, Any]:
     """Encode the clean folder (``train/part-*.parquet``, ``dev.*``, ``test.*``) with the
-    sentencepiece ``model_file`` into ``out/{train,dev,test}/part-*.parquet``; the stats per
-    split and ``lengths.png``. Needs a running Ray."""
+    sentencepiece ``model_file`` into ``out/{train,dev,test}/part-*.parquet``, dropping train and
+    dev rows over ``max_len`` pieces; the stats per split and ``lengths.png``. Needs a running Ray."""
     import ray
 
     clean, out = Path(clean), Path(out)
@@ -238,13 +261,23 @@ def shard_corpus(
     eval_ref = ray.remote(num_cpus=min(1.0, config.cpus_per_actor))(_encode_eval).remote(
         str(model_file), pa.concat_tables(list(evals.values()))
     )
-    train_lengths, files = _write(_encode_train(train_files, model_file, config), out / "train", config)
-    stats["train"] = train_lengths.stats(files)
+    train_lengths, files, over = _write(
+        _encode_train(train_files, model_file, config), out / "train", config, max_len, drop=True
+    )
+    stats["train"] = {**train_lengths.stats(files), "dropped_too_long": over}
+    if train_lengths.rows == 0 and over:
+        raise CorpusError(
+            f"all {over} training rows are longer than {max_len} pieces, the most the model "
+            "and one micro-batch take (model.max_len, train.max_tokens_per_batch)"
+        )
     encoded = ray.get(eval_ref)
     offset = 0
     for split, table in evals.items():
-        lengths, files = _write([encoded.slice(offset, table.num_rows)], out / split, config)
-        stats[split] = lengths.stats(files)
+        drop = split == "dev"  # test stays line for line: translate reads the test text, not shards
+        lengths, files, over = _write(
+            [encoded.slice(offset, table.num_rows)], out / split, config, max_len, drop=drop
+        )
+        stats[split] = {**lengths.stats(files), ("dropped_too_long" if drop else "too_long_kept"): over}
         offset += table.num_rows
     plot_lengths(train_lengths.hist, out / "lengths.png")
     return stats

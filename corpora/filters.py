@@ -1,9 +1,14 @@
 """Normalisation and filters of parallel text: plain functions on Arrow arrays, no I/O.
 
 Every line pair gets one verdict, the first filter that drops it (``REASONS``): invalid UTF-8,
-empty side, too short / too long (whitespace tokens), length ratio, source equal to target,
-contaminated (either side occurs in the dev or test sets), duplicate. ``corpora.cleaning``
-applies them through Ray Data.
+empty side, too short / too long (whitespace tokens), too many characters, length ratio, source
+equal to target, contaminated (either side occurs in the dev or test sets), duplicate.
+``corpora.cleaning`` applies them through Ray Data.
+
+The character bound exists because the token bounds count whitespace tokens only: a line without
+spaces (a URL, base64, a table) is one "token" however long it is. The shard stage still drops
+rows longer in pieces than the model takes (``corpora.encoding``); this bound is the cheap first
+cut, before the tokenizer trains on such lines.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import pyarrow.compute as pc
 from transformer_core.config import ConfigError
 
 __all__ = [
-    "REASONS", "CleanConfig", "clean_lines", "count_reasons", "decode_lines", "filter_reasons",
+    "REASONS", "CleanConfig", "char_counts", "clean_lines", "count_reasons", "decode_lines", "filter_reasons",
     "mark_duplicates", "normalize_array", "pair_hashes", "token_counts",
 ]
 
@@ -31,6 +36,11 @@ class CleanConfig:
     """Fewest whitespace tokens per side."""
     max_len: int = 250
     """Most whitespace tokens per side."""
+    max_chars: int = 3000
+    """Most characters per side (after normalisation). The token bounds count whitespace tokens
+    only; real text at max_len's 250 tokens is ~1,500 characters, so 3,000 keeps every sentence
+    they keep and drops what they cannot see: lines without spaces (URLs, base64, markup) that
+    would also run past the model's length in pieces."""
     max_ratio: float = 1.5
     """Largest allowed token-count ratio between the longer and the shorter side."""
     dedup: bool = True
@@ -49,13 +59,15 @@ class CleanConfig:
             raise ConfigError("batch_size", f"batch_size {self.batch_size} and rows_per_file {self.rows_per_file} must be >= 1")
         if self.min_len < 0 or self.max_len < max(1, self.min_len):
             raise ConfigError("max_len", f"{self.max_len} must be >= min_len {self.min_len} and >= 1")
+        if self.max_chars < 1:
+            raise ConfigError("max_chars", f"{self.max_chars} must be >= 1")
         if self.max_ratio < 1.0:
             raise ConfigError("max_ratio", f"{self.max_ratio} must be >= 1.0")
 
 
 # Verdict codes; the order is the order the filters are applied in.
-REASONS = ("kept", "invalid_utf8", "empty", "too_short", "too_long", "ratio", "identical",
-           "contaminated", "duplicate")
+REASONS = ("kept", "invalid_utf8", "empty", "too_short", "too_long", "too_many_chars", "ratio",
+           "identical", "contaminated", "duplicate")
 CODE = {name: i for i, name in enumerate(REASONS)}
 TRAIN_SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 
@@ -117,6 +129,11 @@ def token_counts(texts: pa.Array) -> np.ndarray:
     return np.bincount(parents[nonempty], minlength=len(texts)).astype(np.int64)
 
 
+def char_counts(texts: pa.Array) -> np.ndarray:
+    """Characters (code points) per text."""
+    return pc.fill_null(pc.utf8_length(texts), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def filter_reasons(
     src: pa.Array,
     tgt: pa.Array,
@@ -138,6 +155,7 @@ def filter_reasons(
     mark("empty", (ls == 0) | (lt == 0))
     mark("too_short", (ls < config.min_len) | (lt < config.min_len))
     mark("too_long", (ls > config.max_len) | (lt > config.max_len))
+    mark("too_many_chars", (char_counts(src) > config.max_chars) | (char_counts(tgt) > config.max_chars))
     longer, shorter = np.maximum(ls, lt), np.maximum(np.minimum(ls, lt), 1)
     mark("ratio", longer > config.max_ratio * shorter)
     if config.drop_identical:

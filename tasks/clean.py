@@ -1,7 +1,9 @@
 """Stage clean: the raw corpus normalised, filtered and deduplicated (``corpora.cleaning``).
 
 In: ``download`` (the raw corpus folder). Out: ``train/part-*.parquet`` (src, tgt), and
-``dev.<lang>``, ``test.<lang>`` normalised line for line; the counts per filter in the manifest.
+``dev.<lang>``, ``test.<lang>`` normalised line for line; the counts per filter in the manifest
+(``dropped.<reason>``, ``corpora.filters.REASONS``; ``too_many_chars`` is ``clean.max_chars``,
+the bound on characters per side that the whitespace-token bounds cannot give).
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@
 In: ``clean``, ``tokenizer``. Out: ``{train,dev,test}/part-*.parquet`` (``src_ids``,
 ``tgt_ids``, ``src_len``, ``tgt_len``; pieces + EOS) and ``lengths.png``; the vocabulary size
 and per-split lengths in the manifest. The Ray Data encoding is ``corpora.encoding``.
+
+Train and dev rows with more pieces (EOS included) on either side than ``max_pieces`` =
+min(``model.max_len``, ``train.max_tokens_per_batch``) are dropped and counted per split
+(``dropped_too_long``): the model has no positions past ``max_len`` and a row must fit one
+micro-batch. The limit is in the fingerprint, so changing it reshards. Test rows are all kept
+(``too_long_kept`` counts those over the limit): translate reads the test text, not these shards.
 """
 
 from __future__ import annotations
@@ -20,9 +26,14 @@ log = logging.getLogger(__name__)
 STAGE = "shard"
 
 
+def max_pieces(config: RunConfig) -> int:
+    """The most pieces per side a train or dev row may have: what the model and one micro-batch take."""
+    return min(config.model.max_len, config.train.max_tokens_per_batch)
+
+
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """The shard section."""
-    return to_dict(config.shard)
+    """The shard section and the row limit (``max_pieces``)."""
+    return {**to_dict(config.shard), "max_pieces": max_pieces(config)}
 
 
 def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
@@ -37,9 +48,12 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
     def build(tmp: Path) -> dict[str, Any]:
         tok = tokenizer.load(tokenizer_dir)  # fails early and clearly if the model is missing
         ensure_ray(config.ray)
-        stats = shard_corpus(clean, tok.model_file, tmp, config.shard, src, tgt)
-        log.info("shard: %d training rows in %d shards", stats["train"]["rows"], stats["train"]["shards"])
-        return {"vocab_size": tok.vocab_size, **stats}
+        limit = max_pieces(config)
+        stats = shard_corpus(clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit)
+        log.info("shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
+                 stats["train"]["rows"], stats["train"]["shards"], stats["train"]["dropped_too_long"],
+                 stats["dev"]["dropped_too_long"], limit)
+        return {"vocab_size": tok.vocab_size, "max_pieces": limit, **stats}
 
     return run_stage(
         STAGE, config.root / STAGE, stage_config(config), {"clean": clean, "tokenizer": tokenizer_dir},

@@ -113,6 +113,7 @@ def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int
     import pyarrow.parquet as pq
 
     shard = Path(inputs["shard"])
+    stats = (read_manifest(shard) or {}).get("stats", {})
     counts = {}
     for split in ("train", "dev"):
         files = shard_files(str(shard / split))
@@ -120,6 +121,7 @@ def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int
             raise StageError(f"no shards: {shard / split} has no part-*.parquet files")
         fs, _ = open_fs(str(shard / split))
         rows = 0
+        metas = []
         for f in files:
             meta = pq.read_metadata(f, filesystem=fs)
             names = set(meta.schema.to_arrow_schema().names)
@@ -127,11 +129,43 @@ def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int
             if missing:
                 raise StageError(f"shard {f} lacks column(s) {sorted(missing)}")
             rows += meta.num_rows
+            metas.append(meta)
         if rows == 0:
             raise StageError(f"empty shards: {shard / split} holds 0 rows")
+        check_lengths(config, shard / split, longest_row(stats.get(split, {}), metas))
         counts[f"{split}_rows"] = rows
     counts["vocab_size"] = vocab_size(config, inputs)
     return counts
+
+
+def longest_row(split_stats: Mapping[str, Any], metas: Sequence[Any]) -> int | None:
+    """Pieces in a split's longest row (either side): the shard manifest's ``max_src_len`` and
+    ``max_tgt_len``, else the Parquet statistics of ``src_len``/``tgt_len``; None if neither says."""
+    if "max_src_len" in split_stats and "max_tgt_len" in split_stats:
+        return max(int(split_stats["max_src_len"]), int(split_stats["max_tgt_len"]))
+    longest = 0
+    for meta in metas:
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            columns = [group.column(j) for j in range(group.num_columns)]
+            lens = [c for c in columns if c.path_in_schema in ("src_len", "tgt_len")]
+            if len(lens) != 2 or not all(c.is_stats_set and c.statistics.has_min_max for c in lens):
+                return None  # hand-written shards without lengths: plan_batches still refuses
+            longest = max(longest, *(int(c.statistics.max) for c in lens))
+    return longest
+
+
+def check_lengths(config: RunConfig, folder: Path, longest: int | None) -> None:
+    """The longest row must fit the model's positions and one micro-batch's token budget: the
+    batch planner refuses a longer row, and Ray Train would only retry it until it gave up."""
+    limits = (("model.max_len", config.model.max_len),
+              ("train.max_tokens_per_batch", config.train.max_tokens_per_batch))
+    for key, limit in limits:
+        if longest is not None and longest > limit:
+            raise StageError(
+                f"{folder} holds a row of {longest} pieces but {key} is {limit}: rerun "
+                f"`tfm stage shard --config <config>` (it drops longer rows) or raise {key}"
+            )
 
 
 def vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,7 +17,7 @@ from corpora.filters import normalize_array
 from serving.tokenizer import load as load_tokenizer
 from tasks import clean, download, shard, tokenizer
 from tasks.config import CleanConfig, DataConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
-from tasks.contract import read_manifest, run_stage
+from tasks.contract import StageError, read_manifest, run_stage
 from transformer_core.config import EOS_ID
 
 # Every test here runs stages on a local Ray.
@@ -86,8 +88,9 @@ def test_clean_reports_every_filter_count(tmp_path):
     assert stats == read_manifest(out)["stats"]
     print("clean stats:", json.dumps(stats))
     assert stats["input"] == 112
-    assert stats["dropped"] == {"invalid_utf8": 1, "empty": 2, "too_short": 0, "too_long": 1, "ratio": 1,
-                                "identical": 1, "contaminated": 2, "duplicate": 2}
+    assert stats["dropped"] == {"invalid_utf8": 1, "empty": 2, "too_short": 0, "too_long": 1,
+                                "too_many_chars": 0, "ratio": 1, "identical": 1, "contaminated": 2,
+                                "duplicate": 2}
     assert stats["kept"] == 102
     assert stats["corpora"] == {"europarl": 110, "zz": 2}
     files = sorted((out / "train").glob("*.parquet"))
@@ -209,3 +212,59 @@ def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
     assert after["download"] == before["download"] and after["clean"] == before["clean"]
     assert after["tokenizer"] != before["tokenizer"] and after["shard"] != before["shard"]
     assert load_tokenizer(folders["tokenizer"]).vocab_size == 350
+
+
+def test_overlong_rows_are_dropped_and_counted(tmp_path):
+    """A 200,000-character pair without spaces (one whitespace token a side) is dropped by clean;
+    a pair short in characters but long in pieces is dropped by shard, in dev too; test keeps it."""
+    from tasks import train
+
+    limit = 128
+    config = make_config(tmp_path)
+    config = config.replace(model=config.model.replace(max_len=limit))
+    seen: set[str] = set()
+    pairs = {split: synthetic.generate_pairs(n, split, exclude=seen)
+             for split, n in (("train", 400), ("dev", 20), ("test", 20))}
+    rng = random.Random(0)
+
+    def junk() -> str:  # 400 letters without a space: ~350 pieces of the 400-piece vocabulary
+        return "".join(rng.choice("abcdefghiklmnoprstuvw") for _ in range(400))
+
+    huge, long_pair = (b"x" * 200_000, b"y" * 200_000), (junk(), junk())
+    src = [s.encode() for s, _ in pairs["train"]]
+    tgt = [t.encode() for _, t in pairs["train"]]
+    src[200:200] = [huge[0], long_pair[0].encode()]
+    tgt[200:200] = [huge[1], long_pair[1].encode()]
+    evals = {split: ([s for s, _ in pairs[split]] + [junk()], [t for _, t in pairs[split]] + [junk()])
+             for split in ("dev", "test")}
+    download = write_download(tmp_path, {"synthetic": (src, tgt)}, evals["dev"], evals["test"])
+
+    clean_dir = clean.run(config, {"download": download}).path
+    clean_stats = read_manifest(clean_dir)["stats"]
+    assert clean_stats["dropped"]["too_many_chars"] == 1
+    clean_src = pq.read_table(clean_dir / "train")["src"].to_pylist()
+    assert long_pair[0] in clean_src and not any(len(s) > 1000 for s in clean_src)
+
+    tok_dir = tokenizer.run(config, {"clean": clean_dir}).path
+    assert len(load_tokenizer(tok_dir).encode(long_pair[0])) > limit
+    shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}).path
+    stats = read_manifest(shard_dir)["stats"]
+    print("shard stats:", json.dumps(stats))
+    assert stats["max_pieces"] == limit
+    assert stats["train"]["dropped_too_long"] == 1
+    assert stats["train"]["rows"] == clean_stats["kept"] - 1
+    assert max(stats["train"]["max_src_len"], stats["train"]["max_tgt_len"]) <= limit
+    assert stats["dev"]["dropped_too_long"] == 1 and stats["dev"]["rows"] == 20
+    # test shards stay line for line (translate reads test.<src>, not them); the row is counted
+    assert stats["test"]["too_long_kept"] == 1 and stats["test"]["rows"] == 21
+    assert max(pq.read_table(shard_dir / "train")["src_len"].to_pylist()) <= limit
+
+    # the limit is the model's or one micro-batch's, whichever is smaller, and is fingerprinted
+    longest = max(stats["train"]["max_src_len"], stats["train"]["max_tgt_len"])
+    tight = config.replace(train=dataclasses.replace(config.train, max_tokens_per_batch=longest - 1))
+    assert shard.stage_config(tight)["max_pieces"] == longest - 1
+    # train accepts these shards; with a budget below the longest row it refuses them, naming the key
+    inputs = {"shard": shard_dir, "tokenizer": tok_dir}
+    assert train.check_inputs(config, inputs)["train_rows"] == stats["train"]["rows"]
+    with pytest.raises(StageError, match=f"train.max_tokens_per_batch is {longest - 1}"):
+        train.check_inputs(tight, inputs)

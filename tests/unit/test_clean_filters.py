@@ -9,6 +9,7 @@ import pytest
 from corpora import cleaning, filters
 from corpora.filters import CleanConfig
 from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
+from transformer_core.config import ConfigError
 
 
 def judge(pairs, config=CleanConfig(), contaminants=()):
@@ -43,6 +44,25 @@ def test_length_limits():
     config = CleanConfig(min_len=2, max_len=5)
     counts, _ = judge([GOOD, ("one", "eins"), ("a b c d e f", "a b c d e f g")], config)
     assert counts["too_short"] == 1 and counts["too_long"] == 1 and counts["kept"] == 1
+
+
+def test_character_limit_counts_code_points():
+    config = CleanConfig(max_chars=10)
+    pairs = [("a b c", "x y z"), ("ü" * 10, "ö" * 10), ("ok", "ü" * 11), ("x" * 11, "y" * 10)]
+    counts, table = judge(pairs, config)
+    assert counts["too_many_chars"] == 2 and counts["kept"] == 2
+    assert table["reason"].to_pylist()[2:] == [filters.CODE["too_many_chars"]] * 2
+    # too_long (whitespace tokens) comes first when both apply
+    counts, _ = judge([(" ".join("w" * 6), "v")], CleanConfig(max_len=5, max_chars=3, max_ratio=9))
+    assert counts["too_long"] == 1 and counts["too_many_chars"] == 0
+
+
+def test_overlong_line_without_spaces_is_dropped_by_default():
+    # one whitespace token per side: it passes every token filter, only the character bound sees it
+    counts, _ = judge([GOOD, ("x" * 200_000, "y" * 200_000)])
+    assert counts["too_many_chars"] == 1 and counts["too_long"] == 0 and counts["kept"] == 1
+    with pytest.raises(ConfigError, match="max_chars"):
+        CleanConfig(max_chars=0)
 
 
 def test_ratio():
