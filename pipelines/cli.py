@@ -55,7 +55,10 @@ def cmd_version(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
     _prefect_env()
+    from pipelines import watchdog
     from pipelines.flows import pipeline_flow
+
+    watchdog.start()  # Prefect's server and a local Ray end with this process, however it ends
 
     results = pipeline_flow(
         config_path=str(Path(args.config).resolve()),
@@ -86,10 +89,12 @@ def _print_summary(config, results) -> None:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
+    from pipelines import watchdog
     from tasks import graph
     from tasks.runtime import log_stage_result, stage_run
 
     graph.spec(config, args.name)
+    watchdog.start()  # a local Ray ends with this process, however it ends
     with stage_run(config, args.name):
         result = graph.run_one(config, args.name, force=args.force)
         log_stage_result(result)
@@ -102,7 +107,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
     from tasks import graph
 
-    rows = graph.status(config)
+    rows = graph.status(config, full=args.verify)
     print(f"{'stage':<12} {'state':<11} why")
     for name, st in rows:
         print(f"{name:<12} {st.state:<11} {st.reason}")
@@ -185,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="each stage: up to date, stale or missing, and why")
     p.add_argument("config", help="YAML run config")
+    p.add_argument("--verify", action="store_true",
+                   help="check every file's sha256 (default: sizes, Parquet footers, small files' sha256)")
     add_set(p)
     p.set_defaults(func=cmd_status)
 
@@ -220,16 +227,46 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         # One line per HTTP call to the Prefect API buries the stage log.
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        # A failed task or flow is logged with its traceback; the error's one line ends the
+        # output anyway, and -v keeps the tracebacks.
+        for name in ("prefect.task_runs", "prefect.flow_runs"):
+            logging.getLogger(name).addFilter(_without_traceback)
     try:
         return args.func(args)
     except ConfigError as exc:
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
         return 2
-    except (StageError, CorpusError, TreebankError, ServingError) as exc:
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; rerun the same command to continue", file=sys.stderr)
+        return 130
+    except Exception as exc:
         if args.verbose:
             raise
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {error_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _without_traceback(record: logging.LogRecord) -> bool:
+    record.exc_info, record.exc_text = None, None
+    return True
+
+
+# Errors whose message is written for the user; anything else is named by its type.
+USER_ERRORS = (StageError, CorpusError, TreebankError, ServingError)
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for any error: where it happened (the stage, from the exception's notes), its
+    message (the first line), and for errors not written for users their type and where the
+    whole story is."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    message = lines[0] if lines else "(no message)"
+    if len(lines) > 1:
+        message += " [...]"
+    if not isinstance(exc, USER_ERRORS):
+        message = f"{type(exc).__name__}: {message} (run with -v for the traceback)"
+    where = "; ".join(getattr(exc, "__notes__", ()))
+    return f"{where}: {message}" if where else message
 
 
 if __name__ == "__main__":

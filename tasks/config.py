@@ -132,6 +132,8 @@ class RayConfig:
     """CPUs for a local Ray (null: all)."""
     dashboard: bool = True
     """Start the dashboard with a local Ray (on 127.0.0.1): Ray Train's cleanup uses its State API."""
+    loopback: bool = True
+    """A local Ray binds every port it opens to 127.0.0.1; false: to the machine's address."""
 
 
 @dataclass(frozen=True, kw_only=True)

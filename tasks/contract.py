@@ -61,14 +61,60 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def input_fingerprint(folder: Path, name: str) -> str:
-    """The fingerprint of a finished input folder; a clear error if it is missing or unfinished."""
+    """The fingerprint of a finished input folder, after ``damage`` found nothing wrong with it;
+    a clear error if it is missing, unfinished or damaged."""
     manifest = read_manifest(folder)
     if manifest is None:
         raise StageError(
             f"input {name!r} is missing: {folder} has no {MANIFEST} "
             f"(run `tfm stage {name}` first)"
         )
+    problem = damage(Path(folder), manifest)
+    if problem is not None:
+        stage = manifest.get("stage", name)
+        raise StageError(
+            f"input {name!r} in {folder} is damaged: {problem} "
+            f"(rebuild it: `tfm stage {stage} --config <config> --force`)"
+        )
     return manifest["fingerprint"]
+
+
+SMALL_FILE = 1 << 20
+"""Files up to this size are checked by sha256 whenever their folder is checked; larger ones by
+size (and Parquet files by their footer) unless a full check is asked for."""
+
+
+def damage(folder: Path, manifest: Mapping[str, Any], *, full: bool = False) -> str | None:
+    """What is wrong with a finished folder's files against its manifest, or None: a missing
+    file, another size, a Parquet file whose footer does not read, a sha256 that differs (files
+    up to ``SMALL_FILE``; every file with ``full``)."""
+    for rel, info in manifest.get("files", {}).items():
+        path = folder / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        size = path.stat().st_size
+        if size != info["bytes"]:
+            return f"{rel} has {size} bytes, manifest says {info['bytes']}"
+        if path.suffix == ".parquet":
+            rows = parquet_rows(path)
+            if rows is None:
+                return f"{rel} is not a readable Parquet file (its footer does not read)"
+            if rows != info.get("rows", rows):
+                return f"{rel} holds {rows} rows, manifest says {info['rows']}"
+        if "sha256" in info and (full or size <= SMALL_FILE) and sha256_file(path) != info["sha256"]:
+            return f"{rel} differs from the sha256 in {MANIFEST}"
+    return None
+
+
+def parquet_rows(path: Path) -> int | None:
+    """The row count in a Parquet file's footer; None if the footer does not read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError):
+        return None
 
 
 def stage_fingerprint(stage: str, config: Any, inputs: Mapping[str, str]) -> str:
@@ -110,8 +156,8 @@ class Status:
         return self.state == "up to date"
 
 
-def check(folder: Path, expected_fingerprint: str) -> Status:
-    """Is ``folder`` a complete output with this fingerprint? Checks every file's size."""
+def check(folder: Path, expected_fingerprint: str, *, full: bool = False) -> Status:
+    """Is ``folder`` a complete, undamaged output with this fingerprint (``damage``)?"""
     folder = Path(folder)
     if not folder.exists():
         return Status("missing", f"{folder} does not exist")
@@ -120,23 +166,23 @@ def check(folder: Path, expected_fingerprint: str) -> Status:
         return Status("stale", f"{folder} has no readable {MANIFEST}")
     if manifest.get("fingerprint") != expected_fingerprint:
         return Status("stale", "config, inputs or code changed since it was written")
-    for rel, info in manifest.get("files", {}).items():
-        path = folder / rel
-        if not path.is_file():
-            return Status("stale", f"{rel} is missing")
-        if path.stat().st_size != info["bytes"]:
-            return Status("stale", f"{rel} has {path.stat().st_size} bytes, manifest says {info['bytes']}")
+    problem = damage(folder, manifest, full=full)
+    if problem is not None:
+        return Status("stale", problem)
     return Status("up to date", f"fingerprint {expected_fingerprint[:12]} matches")
 
 
 def describe_files(folder: Path, hash_files: bool = True) -> dict[str, dict[str, Any]]:
-    """Size (and sha256) of every file under ``folder`` except the manifest, by relative path."""
+    """Size, sha256 and, for Parquet files, the row count of every file under ``folder`` except
+    the manifest, by relative path."""
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(Path(folder).rglob("*")):
         if path.is_file() and path.name != MANIFEST:
             info: dict[str, Any] = {"bytes": path.stat().st_size}
             if hash_files:
                 info["sha256"] = sha256_file(path)
+            if path.suffix == ".parquet":
+                info["rows"] = parquet_rows(path)
             files[path.relative_to(folder).as_posix()] = info
     return files
 
@@ -174,7 +220,8 @@ def run_stage(
         return StageResult(stage, out_dir, False, status.reason, stats, time.time() - started)
     log.info("stage %s: running (%s)", stage, reason)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
+    remove_stale_temporaries(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         stats = to_dict(dict(build(tmp) or {}))
@@ -222,6 +269,23 @@ def lineage(inputs: Mapping[str, Path]) -> dict[str, str]:
         for up_role, info in (manifest.get("inputs") or {}).items():
             stack.append((up_role, Path(info["path"]), info.get("fingerprint")))
     return dict(sorted(found.items()))
+
+
+def remove_stale_temporaries(out_dir: Path) -> list[Path]:
+    """Remove the temporary siblings of ``out_dir`` (``.<name>.tmp-<pid>-*``, ``.<name>.old-*``)
+    that a killed run left behind: those whose process is gone. Returns what it removed."""
+    import psutil
+
+    removed = []
+    for path in out_dir.parent.glob(f".{out_dir.name}.*-*"):
+        kind, _, rest = path.name[len(out_dir.name) + 2 :].partition("-")
+        pid = rest.split("-", 1)[0]
+        owner_alive = kind == "tmp" and pid.isdigit() and psutil.pid_exists(int(pid))
+        if kind in ("tmp", "old") and not owner_alive:
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("removed %s, left behind by a run that did not finish", path)
+            removed.append(path)
+    return removed
 
 
 def publish(tmp: Path, out_dir: Path) -> None:

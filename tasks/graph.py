@@ -121,13 +121,19 @@ def downstream(config: RunConfig, names: Iterable[str]) -> set[str]:
 
 
 def run_one(config: RunConfig, name: str, *, force: bool = False) -> StageResult:
-    """Run one stage by name (its inputs must exist)."""
+    """Run one stage by name (its inputs must exist). An error leaving it carries the note
+    ``stage <name> failed`` (the command line prints it with the error's one line)."""
     s = spec(config, name)
-    return s.run(config, inputs_of(config, s), force=force)
+    try:
+        return s.run(config, inputs_of(config, s), force=force)
+    except Exception as exc:
+        exc.add_note(f"stage {name} failed")
+        raise
 
 
-def status(config: RunConfig) -> list[tuple[str, Status]]:
-    """Each stage: up to date, stale or missing, and why (without running anything)."""
+def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]:
+    """Each stage: up to date, stale or missing, and why (without running anything); ``full``
+    checks every file's sha256, not only the small files'."""
     result: list[tuple[str, Status]] = []
     fresh: dict[str, bool] = {}
     for s in pipeline(config):
@@ -140,7 +146,7 @@ def status(config: RunConfig) -> list[tuple[str, Status]]:
             input_fps = {
                 role: read_manifest(path)["fingerprint"] for role, path in inputs_of(config, s).items()
             }
-            st = check(folder, stage_fingerprint(s.name, s.stage_config(config), input_fps))
+            st = check(folder, stage_fingerprint(s.name, s.stage_config(config), input_fps), full=full)
             why = s.outdated(config, folder) if st.up_to_date and s.outdated else None
             if why is not None:
                 st = Status("stale", why)

@@ -28,9 +28,11 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         log.info("connecting to Ray at %s", address)
         ray.init(address=address, log_to_driver=True)
         return
-    # A local Ray, bound to loopback, quiet logs. The dashboard process also serves the State
-    # API, which Ray Train's placement-group cleaner polls (without it: a warning every second
-    # and placement groups of a dead controller never freed).
+    if config.loopback:
+        bind_ray_to_loopback()
+    # A local Ray with quiet logs. The dashboard process also serves the State API, which Ray
+    # Train's placement-group cleaner polls (without it: a warning every second and placement
+    # groups of a dead controller never freed).
     ray.init(
         num_cpus=config.num_cpus,
         include_dashboard=config.dashboard,
@@ -46,6 +48,20 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         DataContext.get_current().enable_progress_bars = os.environ.get("CI") != "true"
     except ImportError:  # pragma: no cover - ray[data] is a dependency
         pass
+
+
+def bind_ray_to_loopback() -> None:
+    """Make the next local Ray bind its servers (GCS, raylet, workers, agents) to 127.0.0.1.
+
+    Ray binds them to the node's IP, which it takes to be the machine's address on Linux and
+    127.0.0.1 where local clusters only are enabled (its macOS/Windows default). That switch is
+    read from the environment, which Ray's processes inherit; the driver, which has imported
+    Ray already, reads it from the constant.
+    """
+    import ray._private.ray_constants as ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def setup_mlflow(config: RunConfig) -> str:

@@ -4,7 +4,8 @@ treebank -> linearize -> tokenizer -> shard -> train -> average -> translate -> 
 real Ray, real Prefect, real MLflow (SQLite) and real sentencepiece, on ~40 small trees written
 as PTB ``.mrg`` files (empty root bracket, function tags, a ``-NONE-`` trace). The model is far
 too small and too briefly trained to parse: the test checks that every stage runs and hands its
-output on, not the F1.
+output on, not the F1. The flow runs in the slow suite (the WMT14 flow keeps the flow mechanics
+in the default one; the parsing stages have their own tests).
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def stats(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())["stats"]
 
 
+@pytest.mark.slow  # the whole parsing flow: ~30 s
 def test_every_stage_runs_and_hands_its_output_on(first_run):
     from tasks.config import load_config
 
@@ -163,6 +165,7 @@ def test_every_stage_runs_and_hands_its_output_on(first_run):
     assert scores["valid_sentences"] == sizes["test"] and 0.0 <= scores["f1"] <= 100.0
 
 
+@pytest.mark.slow  # the whole parsing flow: ~30 s
 def test_mlflow_holds_the_parse_f1_in_the_parse_score_child_run(first_run):
     from mlflow import MlflowClient
 
@@ -187,6 +190,7 @@ def test_mlflow_holds_the_parse_f1_in_the_parse_score_child_run(first_run):
     assert "repaired_sentences" in metrics
 
 
+@pytest.mark.slow  # the whole parsing flow: ~30 s
 def test_second_run_skips_every_stage(first_run):
     from pipelines.flows import pipeline_flow
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from corpora import CorpusError
 from evaluation.bleu import score_texts
 from tasks import score
 from tasks.config import DataConfig, MlflowConfig, RunConfig
@@ -127,7 +126,7 @@ def test_line_count_mismatch_names_both_files(tmp_path):
 def test_missing_hypothesis_file(tmp_path):
     inputs = _inputs(tmp_path)
     (inputs["translate"] / "hyp.de").unlink()
-    with pytest.raises(CorpusError, match=r"hyp\.de does not exist"):
+    with pytest.raises(StageError, match=r"input 'translate' .* is damaged: hyp\.de is missing"):
         score.run(_config(tmp_path), inputs)
 
 

@@ -229,7 +229,8 @@ def test_missing_shards_error(ray_local, tmp_path):
     inputs = make_inputs(tmp_path)
     for f in (inputs["shard"] / "train").iterdir():
         f.unlink()
-    with pytest.raises(StageError, match="train has no part-"):
+    # The stage contract finds the damage before the stage looks: files its manifest lists.
+    with pytest.raises(StageError, match=r"input 'shard' in .* is damaged: train/part-00000.parquet is missing"):
         train.run(tiny_config(tmp_path), inputs)
 
 
@@ -267,6 +268,28 @@ def test_vocabulary_mismatch_errors(ray_local, tmp_path):
     inputs["shard"] = make_shards(other, stats={"vocab_size": 37})
     with pytest.raises(StageError, match="vocab_size 37"):
         train.run(config, inputs)
+
+
+def test_rows_longer_than_the_model_or_budget_are_refused_before_ray_train(ray_local, tmp_path):
+    from tasks import train
+
+    tokenizer = make_tokenizer(tmp_path)
+
+    def manifest_says(longest: int) -> dict:  # the shard manifest's lengths: one long target row
+        return {"vocab_size": VOCAB, "train": {"max_src_len": 9, "max_tgt_len": longest},
+                "dev": {"max_src_len": 9, "max_tgt_len": 9}}
+
+    inputs = {"shard": make_shards(tmp_path / "a", stats=manifest_says(600)), "tokenizer": tokenizer}
+    with pytest.raises(StageError, match=r"shard/train holds a row of 600 pieces but model.max_len is 512"):
+        train.run(tiny_config(tmp_path, max_tokens_per_batch=1024), inputs)  # debug: max_len 512
+    inputs["shard"] = make_shards(tmp_path / "b", stats=manifest_says(200))
+    with pytest.raises(StageError, match=r"train.max_tokens_per_batch is 128: rerun `tfm stage shard --config"):
+        train.run(tiny_config(tmp_path), inputs)
+    # no manifest lengths: the shards' own Parquet statistics (rows of up to 9 pieces here)
+    inputs["shard"] = make_shards(tmp_path / "c")
+    with pytest.raises(StageError, match=r"shard/train holds a row of 9 pieces .* train.max_tokens_per_batch is 8"):
+        train.run(tiny_config(tmp_path, max_tokens_per_batch=8), inputs)
+    assert not (tmp_path / "train_ray").exists() and not (tmp_path / "train").exists()
 
 
 def test_gpu_requested_without_gpu_errors(ray_local, tmp_path):

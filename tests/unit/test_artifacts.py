@@ -131,3 +131,59 @@ def test_manifest_is_valid_json_and_written_last(tmp_path: Path):
     out = run_stage("demo", tmp_path / "demo", {}, {}, build).path
     assert seen["manifest_during_build"] is False
     json.loads((out / MANIFEST).read_text())
+
+
+def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.contract import SMALL_FILE
+
+    def build(tmp: Path) -> dict:
+        (tmp / "small.txt").write_text("abcdef")
+        (tmp / "big.bin").write_bytes(b"x" * (SMALL_FILE + 1))
+        pq.write_table(pa.table({"a": list(range(100))}), tmp / "part-00000.parquet")
+        return {}
+
+    up = run_stage("up", tmp_path / "up", {}, {}, build).path
+    manifest = read_manifest(up)
+    assert manifest["files"]["part-00000.parquet"]["rows"] == 100
+    fp = manifest["fingerprint"]
+
+    def corrupt(name: str, at: int) -> bytes:
+        data = (up / name).read_bytes()
+        (up / name).write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :])  # same size
+        return data
+
+    # A small file is checked by sha256, every time: same size, different bytes, found.
+    original = corrupt("small.txt", 2)
+    assert check(up, fp).reason == "small.txt differs from the sha256 in manifest.json"
+    with pytest.raises(StageError, match=r"input 'up' in .* is damaged: small.txt .*tfm stage up .*--force"):
+        run_stage("down", tmp_path / "down", {}, {"up": up}, _writer([]))
+    (up / "small.txt").write_bytes(original)
+    # A big file by size only, unless a full check is asked for (`tfm status --verify`).
+    original = corrupt("big.bin", 10)
+    assert check(up, fp).up_to_date
+    assert "big.bin differs" in check(up, fp, full=True).reason
+    (up / "big.bin").write_bytes(original)
+    # A Parquet file by its footer and row count.
+    original = corrupt("part-00000.parquet", (up / "part-00000.parquet").stat().st_size - 6)  # footer
+    assert "part-00000.parquet is not a readable Parquet file" in check(up, fp).reason
+    (up / "part-00000.parquet").write_bytes(original)
+    assert check(up, fp, full=True).up_to_date
+    assert run_stage("down", tmp_path / "down", {}, {"up": up}, _writer([])).ran
+
+
+def test_a_rerun_removes_what_killed_runs_left_behind(tmp_path: Path):
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])  # a process that has ended: a killed run's pid
+    dead.wait()
+    left = [tmp_path / f".demo.tmp-{dead.pid}-0badf00d", tmp_path / ".demo.old-0badf00d"]
+    running = tmp_path / f".demo.tmp-{os.getpid()}-0000cafe"  # a run still going: not touched
+    for folder in [*left, running]:
+        folder.mkdir()
+        (folder / "half.txt").write_text("half")
+    run_stage("demo", tmp_path / "demo", {}, {}, _writer([]))
+    assert not any(p.exists() for p in left) and running.is_dir()

@@ -65,3 +65,40 @@ def test_ui_prints_loopback_commands(tmp_path, capsys):
     assert main(["ui", _config(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "--host 127.0.0.1" in out and "mlflow ui" in out and "prefect server start" in out
+
+
+def test_any_failure_is_one_line_naming_the_stage_and_v_shows_the_traceback(tmp_path, capsys):
+    from tasks.contract import run_stage
+
+    config = _config(tmp_path)
+    # A finished train folder whose checkpoint listing is not JSON: not an error written for
+    # users, so its type is named, and the traceback waits for -v.
+    run_stage("train", tmp_path / "cli" / "train", {"t": 1}, {},
+              lambda tmp: (tmp / "checkpoints.json").write_text("{not json") and {})
+    assert main(["stage", "average", "--config", config]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    ours = [line for line in err.splitlines() if line.startswith("tfm:")]
+    assert len(ours) == 1, err
+    assert ours[0].startswith("tfm: stage average failed: JSONDecodeError: ")
+    assert ours[0].endswith("(run with -v for the traceback)")
+    with pytest.raises(ValueError, match="Expecting property name"):
+        main(["-v", "stage", "average", "--config", config])
+
+
+def test_status_verify_checks_every_files_sha256(tmp_path, capsys):
+    from tasks import download
+    from tasks.config import load_config
+
+    path = _config(tmp_path, data={"source": "synthetic", "synthetic_train": 25000})
+    out = download.run(load_config(path), {}).path
+    big = out / "train" / "synthetic.en"
+    assert big.stat().st_size > (1 << 20)  # checked by size unless --verify
+    data = bytearray(big.read_bytes())
+    data[100] ^= 1  # same size, one bit off
+    big.write_bytes(bytes(data))
+    assert main(["status", path]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["download", "up"]
+    assert main(["status", path, "--verify"]) == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.split()[:2] == ["download", "stale"] and "train/synthetic.en differs" in row
