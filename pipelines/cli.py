@@ -115,12 +115,27 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from serving.stream import translate_stream
+    import dataclasses
 
-    tracking = args.tracking_uri
-    if tracking is None and args.config:
-        tracking = _load(args.config).tracking_uri
-    translate_stream(args.model, sys.stdin, sys.stdout, tracking_uri=tracking)
+    from serving import stream
+
+    if (args.model is None) == (args.checkpoint is None):
+        raise ConfigError("", "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)")
+    options = {k: v for k, v in (("beam_size", args.beam), ("alpha", args.alpha)) if v is not None}
+    if args.model is not None:
+        tracking = args.tracking_uri
+        if tracking is None and args.config:
+            tracking = _load(args.config).tracking_uri
+        predict = stream.from_registry(args.model, tracking, params=options)
+    else:
+        if args.tokenizer is None:
+            raise ConfigError("", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)")
+        decode = _load(args.config).decoding if args.config else None
+        from serving.translator import DecodeConfig
+
+        decode = dataclasses.replace(decode or DecodeConfig(), **options)
+        predict = stream.from_checkpoint(Path(args.checkpoint), Path(args.tokenizer), decode)
+    stream.translate_stream(predict, sys.stdin.buffer, sys.stdout)
     return 0
 
 
@@ -195,10 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_set(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("translate", help="translate stdin to stdout with a registered model")
-    p.add_argument("--model", required=True, help="model URI, e.g. models:/transformer-translator@champion")
-    p.add_argument("--config", help="run config whose MLflow tracking URI to use")
+    p = sub.add_parser("translate", help="translate stdin to stdout (one line per line)")
+    p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
+    p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
+    p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
+    p.add_argument("--config", help="run config: its MLflow tracking URI, or its decoding settings with --checkpoint")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
+    p.add_argument("--beam", type=int, help="beam size (default: the model's or config's)")
+    p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's or config's)")
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("deploy", help="create Prefect deployments with a schedule on a Prefect server")

@@ -2,11 +2,13 @@
 
 A registered version holds the weights, the tokenizer folder, the model config (checked against
 the checkpoint's own) and the decoding config as artifacts, and carries ``serving`` and
-``transformer_core`` as its code (``code_paths``), nothing else of this project.
+``transformer_core`` as its code (``code_paths``), nothing else of this project. It is logged as
+code (``serving/registered_model.py``), so loading it runs that file and unpickles nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,21 @@ from typing import Any
 import mlflow.pyfunc
 
 from serving.translator import DecodeConfig, Translator
+
+REQUEST_PARAMS = ("beam_size", "alpha", "max_len_offset")
+"""Decoding settings a request may change (``params``); the rest are the version's own."""
+INPUT_EXAMPLE = ["A man is riding a bicycle ."]
+"""What the registry shows as an example request (MLflow also runs it once when logging)."""
+
+
+def signature(decode: DecodeConfig) -> Any:
+    """Strings in, strings out, and the decoding settings a request may change, with this
+    version's own as defaults."""
+    from mlflow.models import infer_signature
+
+    params = {name: getattr(decode, name) for name in REQUEST_PARAMS}
+    return infer_signature(INPUT_EXAMPLE, ["Ein Mann fährt Fahrrad ."], params=params)
+
 
 # Names of the pyfunc's artifacts (keys of ``context.artifacts``).
 ARTIFACT_WEIGHTS = "weights"
@@ -44,10 +61,14 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
             expected_config=model_config,
         )
 
-    # The list[str] hint gives the model its signature (an array of strings), and MLflow turns
-    # a one-column DataFrame into a list before calling this. `mlflow models serve` takes such
-    # a model's input only as {"inputs": ["...", ...]} (dataframe_split is refused).
-    def predict(
-        self, context: Any, model_input: list[str], params: dict[str, Any] | None = None
-    ) -> list[str]:
-        return self._translator.translate([str(t) for t in model_input])
+    # No type hints on predict: MLflow would infer the signature from them and drop the
+    # explicit one, whose params schema is what lets a request change the decoding. Input comes
+    # as a list or, through the signature's column of strings, a one-column DataFrame.
+    def predict(self, context, model_input, params=None):  # noqa: ANN001
+        texts = model_input.iloc[:, 0] if hasattr(model_input, "iloc") else model_input
+        translator = self._translator
+        changes = {k: v for k, v in (params or {}).items() if k in REQUEST_PARAMS and v is not None}
+        if changes:  # this request's decoding; the loaded model and tokenizer are shared
+            decode = dataclasses.replace(translator.decode, **changes)
+            translator = Translator(translator.model, translator.tokenizer, decode, translator.device)
+        return translator.translate([str(t) for t in texts])

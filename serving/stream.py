@@ -1,16 +1,26 @@
-"""Translating a text stream with a registered model: ``tfm translate``."""
+"""Translating a text stream, ``tfm translate``: stdin lines in, one translation per line out,
+with a registered model (a model URI) or a checkpoint and its tokenizer folder."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import IO, Any
 
 from serving import ServingError
 
-__all__ = ["ModelNotFoundError", "load_translator", "translate_stream"]
+__all__ = ["ModelNotFoundError", "NotUtf8Error", "from_checkpoint", "from_registry", "load_translator", "translate_stream"]
+
+Predict = Callable[[list[str]], list[str]]
+"""Texts in, one translation per text out, in order."""
 
 
 class ModelNotFoundError(ServingError):
     """A model URI that names nothing in the registry (or no loadable model)."""
+
+
+class NotUtf8Error(ServingError):
+    """An input line that is not UTF-8; the message names it."""
 
 
 def load_translator(model_uri: str, tracking_uri: str | None = None) -> Any:
@@ -28,32 +38,61 @@ def load_translator(model_uri: str, tracking_uri: str | None = None) -> Any:
         raise ModelNotFoundError(f"model {model_uri} cannot be loaded from {where}: {exc}") from exc
 
 
-def translate_stream(
-    model_uri: str,
-    stdin: IO[str],
-    stdout: IO[str],
-    tracking_uri: str | None = None,
-    batch_lines: int = 256,
-) -> int:
-    """Translate the lines of ``stdin`` to ``stdout`` (one line out per line in); returns the count.
-
-    Lines are read in chunks of ``batch_lines`` so a long stream starts producing output early.
-    """
+def from_registry(
+    model_uri: str, tracking_uri: str | None = None, params: Mapping[str, Any] | None = None
+) -> Predict:
+    """A registered model's ``predict``, with per-request decoding ``params`` (beam_size, alpha,
+    max_len_offset) if given."""
     model = load_translator(model_uri, tracking_uri)
+    params = dict(params or {})
+    return lambda texts: list(model.predict(texts, params=params or None))
+
+
+def from_checkpoint(checkpoint: Path, tokenizer_dir: Path, decode: Any) -> Predict:
+    """A checkpoint (a ``model.pt`` or a folder holding one) and a tokenizer folder, no registry."""
+    from serving.translator import Translator
+
+    return Translator.load(checkpoint, tokenizer_dir, decode).translate
+
+
+def translate_stream(
+    predict: Predict, stdin: IO[bytes], stdout: IO[str], batch_lines: int = 256
+) -> int:
+    """Translate the lines of ``stdin`` to ``stdout``; returns the count. Lines are read in
+    chunks of ``batch_lines``, so a long stream starts producing output early; a line that is
+    not UTF-8 stops the stream with an error naming it (the lines before it are written)."""
     count = 0
     chunk: list[str] = []
-    for line in stdin:
-        chunk.append(line.rstrip("\n").rstrip("\r"))
-        if len(chunk) >= batch_lines:
-            count += _write(model, chunk, stdout)
-            chunk = []
+    try:
+        for line in _lines(stdin):
+            chunk.append(line)
+            if len(chunk) >= batch_lines:
+                count += _write(predict, chunk, stdout)
+                chunk = []
+    except NotUtf8Error:  # what was read before the bad line is still translated
+        if chunk:
+            _write(predict, chunk, stdout)
+        raise
     if chunk:
-        count += _write(model, chunk, stdout)
+        count += _write(predict, chunk, stdout)
     return count
 
 
-def _write(model: Any, lines: list[str], stdout: IO[str]) -> int:
-    for hyp in model.predict(lines):
+def _lines(stdin: IO[bytes]) -> Iterable[str]:
+    for number, raw in enumerate(stdin, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise NotUtf8Error(
+                f"input line {number} is not UTF-8 (byte {exc.start + 1} of the line is "
+                f"{raw[exc.start : exc.start + 1]!r}); the lines before it were translated, "
+                "none after"
+            ) from None
+        yield text.rstrip("\n").rstrip("\r")
+
+
+def _write(predict: Predict, lines: list[str], stdout: IO[str]) -> int:
+    for hyp in predict(lines):
         stdout.write(hyp + "\n")
     stdout.flush()
     return len(lines)

@@ -177,7 +177,8 @@ def register_model(
     """Log the pyfunc, create a registry version, set aliases; returns what registered.json holds."""
     import mlflow
 
-    from serving.pyfunc import TranslatorModel
+    import serving
+    from serving.pyfunc import INPUT_EXAMPLE, signature
 
     name = config.register.model_name
     metric = config.register.metric
@@ -187,10 +188,14 @@ def register_model(
         artifacts = _stage_model_files(staging, weights, tokenizer_dir, config)
         info = mlflow.pyfunc.log_model(
             name=ARTIFACT_NAME,
-            python_model=TranslatorModel(),
+            # Models from code: a version is this file plus its artifacts; loading it runs
+            # code from the version's copy of `serving`, and unpickles nothing.
+            python_model=str(Path(serving.__file__).parent / "registered_model.py"),
             artifacts=artifacts,
             code_paths=_stage_code(staging),
             pip_requirements=pip_requirements(),
+            signature=signature(config.decoding),
+            input_example=INPUT_EXAMPLE,
             registered_model_name=name,
         )
         run_id = run.info.run_id

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from stage_folders import finished_folder
 
-from serving.stream import ModelNotFoundError, translate_stream
+from serving.stream import ModelNotFoundError, from_registry, translate_stream
 from serving.translator import Translator
 from tasks import register
 from tasks.config import DecodeConfig, MlflowConfig, RegisterConfig, RunConfig
@@ -135,9 +135,15 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert model.predict(TEXTS) == expected
     assert list(model.predict(pd.DataFrame({"text": TEXTS}))) == expected
+    # A request may change the decoding: here the maximum output length (source + 1).
+    short = translate_here(inputs, TEXTS, DecodeConfig(max_len_offset=1))
+    assert short != expected and model.predict(TEXTS, params={"max_len_offset": 1}) == short
     # The model carries the serving code and the model library, nothing else of this project.
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl")))
     assert sorted(p.name for p in (local / "code").iterdir()) == ["serving", "transformer_core"]
+    # Nothing is unpickled on load: the version is code (models from code) and artifacts.
+    mlmodel = (local / "MLmodel").read_text()
+    assert "model_code_path" in mlmodel and not list(local.rglob("*.pkl"))
 
     # 7. ... and in a fresh process, importing the code the model carries (code_paths).
     script = (
@@ -164,12 +170,8 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
 
     # 8. `tfm translate`: stdin lines to stdout lines.
     stdout = io.StringIO()
-    count = translate_stream(
-        f"models:/{name}@champion",
-        io.StringIO("".join(t + "\n" for t in TEXTS)),
-        stdout,
-        tracking_uri=config.tracking_uri,
-    )
+    predict = from_registry(f"models:/{name}@champion", config.tracking_uri)
+    count = translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
     assert count == len(TEXTS) and stdout.getvalue().splitlines() == expected
 
 
@@ -183,9 +185,7 @@ def test_unknown_model_uri_is_a_clear_error(setup) -> None:
     config, _, _ = setup
     uri = "models:/no-such-model@champion"
     with pytest.raises(ModelNotFoundError, match="models:/no-such-model@champion"):
-        translate_stream(
-            uri, io.StringIO("hello\n"), io.StringIO(), tracking_uri=config.tracking_uri
-        )
+        from_registry(uri, config.tracking_uri)
 
 
 def test_missing_metric_is_a_clear_error(setup, tmp_path) -> None:
@@ -305,6 +305,14 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
         )
         answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
         assert answer["predictions"] == expected
+        # Per-request decoding settings travel as params.
+        short = translate_here(inputs, TEXTS, DecodeConfig(max_len_offset=1))
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps({"inputs": TEXTS, "params": {"max_len_offset": 1}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        assert json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"] == short
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)

@@ -127,3 +127,19 @@ def test_bfloat16_decoding_agrees_with_float32(inputs) -> None:
     # This copy model had 100 steps of training, so its top beams are close calls; the trained
     # quickstart model agrees on 291 of 300 (docs/benchmarks.md).
     assert agree >= 0.6 * len(texts)
+
+
+def test_tfm_translate_from_a_checkpoint_stops_at_a_line_that_is_not_utf8(inputs, monkeypatch, capsys):
+    import io
+    import sys
+
+    from pipelines.cli import main
+
+    lines = [b"the cat", b"a big red house", b"bad \xff byte", b"dog"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n".join(lines) + b"\n")))
+    args = ["--checkpoint", str(inputs["average"]), "--tokenizer", str(inputs["tokenizer"]), "--beam", "2"]
+    assert main(["translate", *args]) == 1
+    out, err = capsys.readouterr()
+    # The lines before the bad one are translated (beam 2 as asked), then one line names it.
+    assert out.splitlines() == translate_here(inputs, ["the cat", "a big red house"], DecodeConfig(beam_size=2))
+    assert "tfm: input line 3 is not UTF-8 (byte 5 of the line is b'\\xff')" in err
