@@ -5,6 +5,9 @@ source tokens, sorted by length); each planned batch is one Ray Data row. A pool
 ``decode.num_actors`` actors (one GPU each when the cluster has GPUs) loads the model and the
 tokenizer once and decodes whole batches. Every result carries its row index, so output i is
 always the translation of input i.
+
+With ``decode.engine: ctranslate2`` the driver exports the checkpoint once before the pool
+starts (or finds the export already there); each actor then loads that export, once.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class BatchTranslator:
-    """Ray Data actor: loads the model and tokenizer once, decodes planned batches.
+    """Ray Data actor: loads the engine (``decode.engine``) and tokenizer once, decodes planned
+    batches.
 
     Each input row is one planned batch (``idx``: row indices, ``src_ids``: their token ids);
     the output has one row per sentence: ``idx``, ``hyp`` (text), ``hyp_tokens`` and ``seconds``
@@ -66,6 +70,11 @@ def translate_distributed(
     token counts, run info), in input order."""
     import ray
 
+    if decode.engine == "ctranslate2":
+        # Once here rather than racing in every actor: the actors find it and only load it.
+        from serving import ct2
+
+        ct2.export_ctranslate2(model_path, tokenizer_dir, ct2.default_export_dir(model_path))
     batches = plan_decode_batches([len(s) for s in src_ids], decode.max_tokens_per_batch)
     items = [
         {"idx": rows.tolist(), "src_ids": [list(map(int, src_ids[i])) for i in rows]}

@@ -4,6 +4,10 @@
 strings with the paper's beam search (section 6.1). Sentences are sorted by length and cut into
 token-budget batches so that each batch pads little; the results always come back in input
 order. The translate stage's Ray actors and the registered pyfunc both use it.
+
+Two engines run the search: ``torch`` (``transformer_core.search`` on the torch model) and
+``ctranslate2`` (the checkpoint exported to CTranslate2, ``serving/ct2.py``), chosen by
+``DecodeConfig.engine``; beam size, alpha and the output limit mean the same on both.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.ct2 import COMPUTE_TYPES
 from transformer_core.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -26,6 +31,7 @@ log = logging.getLogger(__name__)
 
 
 DECODE_DTYPES = ("float32", "bfloat16")
+ENGINES = ("torch", "ctranslate2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,14 +49,35 @@ class DecodeConfig:
     num_actors: int = 1
     """Ray Data decoding actors of the translate stage."""
     dtype: str = "float32"
-    """Weights and activations while decoding: float32, or bfloat16 (on GPUs, and on CPUs with
-    AVX512-BF16 or AMX about 2.5x faster than float32; slow on CPUs without them)."""
+    """Engine torch: weights and activations while decoding: float32, or bfloat16 (on GPUs, and
+    on CPUs with AVX512-BF16 or AMX about 2.5x faster than float32; slow on CPUs without them)."""
+    engine: str = "torch"
+    """Who runs the search: torch (our beam search) or ctranslate2 (CTranslate2's, same
+    settings; the checkpoint is exported once, next to it)."""
+    compute_type: str = "default"
+    """Engine ctranslate2: CTranslate2's compute type (default, auto, int8, int8_float32,
+    int8_float16, int8_bfloat16, int16, float16, bfloat16, float32)."""
+    threads: int = 0
+    """Intra-op CPU threads of the engine; 0 leaves the library's default."""
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ConfigError("beam_size", f"{self.beam_size} must be >= 1")
         if self.dtype not in DECODE_DTYPES:
             raise ConfigError("dtype", f"{self.dtype!r} is not one of {', '.join(DECODE_DTYPES)}")
+        if self.engine not in ENGINES:
+            raise ConfigError("engine", f"{self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.compute_type not in COMPUTE_TYPES:
+            raise ConfigError(
+                "compute_type", f"{self.compute_type!r} is not one of {', '.join(COMPUTE_TYPES)}"
+            )
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
+            raise ConfigError("threads", f"{self.threads!r} must be an integer >= 0")
+        # Each engine has its own precision setting; the other one's would be silently ignored.
+        if self.engine == "torch" and self.compute_type != "default":
+            raise ConfigError("compute_type", "applies to engine ctranslate2; torch uses dtype")
+        if self.engine == "ctranslate2" and self.dtype != "float32":
+            raise ConfigError("dtype", "applies to engine torch; ctranslate2 uses compute_type")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DecodeConfig:
@@ -125,16 +152,50 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+class TorchEngine:
+    """Our beam search (``transformer_core.search``) on the torch model."""
+
+    name = "torch"
+
+    def __init__(self, model: Any, device: str = "cpu"):
+        self.model = model
+        self.device = device
+        self.config = model.config
+
+    def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
+        """The best output ids (no BOS/EOS) per source, decoded as one padded batch."""
+        import torch
+
+        from transformer_core.search import beam_search
+
+        width = max(len(s) for s in src_ids)
+        src = torch.full((len(src_ids), width), self.config.pad_id, dtype=torch.long)  # (B, S)
+        for i, seq in enumerate(src_ids):
+            src[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        with torch.inference_mode():
+            out = beam_search(
+                self.model,
+                src.to(self.device),
+                beam_size=decode.beam_size,
+                alpha=decode.alpha,
+                max_len_offset=decode.max_len_offset,
+            )
+        return [[int(t) for t in seq] for seq in out]
+
+
 class Translator:
     """A model and its tokenizer, loaded once; ``translate(texts) -> texts`` in input order."""
 
     def __init__(self, model: Any, tokenizer: Any, decode: DecodeConfig, device: str = "cpu"):
+        """``model``: the torch model, or an engine standing in for it (``config`` and
+        ``search(src_ids, decode)``: ``serving.ct2.CTranslate2Engine``)."""
         self.model = model
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
-        config = model.config
-        self.max_src_len = config.max_len  # beam_search itself caps the output at max_len
+        self.engine = model if hasattr(model, "search") else TorchEngine(model, device)
+        config = self.engine.config
+        self.max_src_len = config.max_len  # the search itself caps the output at max_len
         self.pad_id = config.pad_id
         self.eos_id = config.eos_id
 
@@ -147,20 +208,21 @@ class Translator:
         *,
         expected_config: Any = None,
         device: str | None = None,
+        export_dir: str | Path | None = None,
     ) -> Translator:
-        """Load ``model.pt`` (a file or the average stage's folder) and the folder's ``spm.model``;
-        the weights are cast to ``decode.dtype``."""
-        import torch
-
+        """Load ``model.pt`` (a file or the average stage's folder) and the folder's ``spm.model``
+        for ``decode.engine``: torch casts the weights to ``decode.dtype``; ctranslate2 exports
+        the checkpoint once (into ``export_dir``, by default next to it) and loads that."""
         from serving import tokenizer as tokenizer_lib
-        from transformer_core import checkpoint
 
-        device = device or default_device()
-        model = checkpoint.load_model(model_file(model_path), expected_config, map_location="cpu")
         decode = decode or DecodeConfig()
-        model = model.to(device=device, dtype=getattr(torch, decode.dtype)).eval()
         tok = tokenizer_lib.load(Path(tokenizer_dir))
-        return cls(model, tok, decode, device)
+        if decode.engine == "ctranslate2":
+            engine = _load_ctranslate2(model_path, tokenizer_dir, decode, export_dir, device)
+            _check_config(model_file(model_path), engine.config, expected_config)
+            return cls(engine, tok, decode, engine.device)
+        model = _load_torch(model_path, decode, expected_config, device)
+        return cls(model, tok, decode, device or default_device())
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per text (pieces + EOS)."""
@@ -172,26 +234,9 @@ class Translator:
 
     def translate_batch(self, src_ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Beam search on one batch as given (no re-batching); output ids without BOS/EOS."""
-        import torch
-
-        from transformer_core.search import beam_search
-
         if not src_ids:
             return []
-        src_ids = [self._fit(seq) for seq in src_ids]
-        width = max(len(s) for s in src_ids)
-        src = torch.full((len(src_ids), width), self.pad_id, dtype=torch.long)  # (B, S)
-        for i, seq in enumerate(src_ids):
-            src[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        with torch.inference_mode():
-            out = beam_search(
-                self.model,
-                src.to(self.device),
-                beam_size=self.decode.beam_size,
-                alpha=self.decode.alpha,
-                max_len_offset=self.decode.max_len_offset,
-            )
-        return [[int(t) for t in seq] for seq in out]
+        return self.engine.search([self._fit(seq) for seq in src_ids], self.decode)
 
     def _fit(self, seq: Sequence[int]) -> list[int]:
         # The encoder's positions must stay inside the positional table.
@@ -214,6 +259,48 @@ class Translator:
         if not texts:
             return []
         return self.detokenize(self.translate_ids(self.encode(texts)))
+
+
+def _load_torch(
+    model_path: str | Path, decode: DecodeConfig, expected_config: Any, device: str | None
+) -> Any:
+    """The checkpoint's torch model in eval mode, cast to ``decode.dtype``, on ``device``."""
+    import torch
+
+    from transformer_core import checkpoint
+
+    if decode.threads:
+        torch.set_num_threads(decode.threads)
+    model = checkpoint.load_model(model_file(model_path), expected_config, map_location="cpu")
+    dtype = getattr(torch, decode.dtype)
+    return model.to(device=device or default_device(), dtype=dtype).eval()
+
+
+def _load_ctranslate2(
+    model_path: str | Path,
+    tokenizer_dir: str | Path,
+    decode: DecodeConfig,
+    export_dir: str | Path | None,
+    device: str | None,
+) -> Any:
+    from serving import ct2
+
+    export = None if export_dir is None else Path(export_dir)
+    return ct2.load_engine(
+        model_file(model_path), Path(tokenizer_dir), decode, export_dir=export, device=device
+    )
+
+
+def _check_config(path: Path, config: Any, expected_config: Any) -> None:
+    """CheckpointError naming the fields when the exported model's config is not the expected."""
+    from transformer_core.checkpoint import CheckpointError, config_diff
+
+    diff = config_diff(config, expected_config) if expected_config is not None else {}
+    if diff:
+        raise CheckpointError(
+            f"{path} was written with another model config: "
+            + "; ".join(f"{k}: checkpoint {a!r}, expected {b!r}" for k, (a, b) in diff.items())
+        )
 
 
 def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:

@@ -1,0 +1,188 @@
+"""decode.engine ctranslate2 on the tiny trained model: the same translations as our torch
+search, the export reused, made next to the checkpoint, and loaded once per Ray actor."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from stage_folders import tiny_sentences
+
+from serving import ct2
+from serving.translator import DecodeConfig, Translator, model_file
+from transformer_core import presets
+from transformer_core.checkpoint import CheckpointError
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("ctranslate2")  # the "serve" extra (also in "dev")
+
+TEXTS = tiny_sentences(300, seed=11)
+
+
+def translate(model, tokenizer, decode: DecodeConfig, export_dir=None, texts=TEXTS) -> list[str]:
+    return Translator.load(model, tokenizer, decode, export_dir=export_dir).translate(texts)
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory, tiny_model, tiny_tokenizer) -> Path:
+    """The tiny model's float32 export, outside the shared average folder."""
+    out = tmp_path_factory.mktemp("ct2") / "model.ct2-float32"
+    return ct2.export_ctranslate2(tiny_model, tiny_tokenizer, out)
+
+
+@pytest.fixture
+def checkpoint_copy(tmp_path, tiny_model) -> Path:
+    """The tiny model's model.pt alone in a folder of this test's own."""
+    shutil.copy(model_file(tiny_model), tmp_path / "model.pt")
+    return tmp_path / "model.pt"
+
+
+@pytest.mark.parametrize(("beam_size", "offset"), [(1, 50), (4, 50), (4, 6)])
+def test_translations_equal_torch(tiny_model, tiny_tokenizer, export, beam_size, offset) -> None:
+    """Greedy and beam search, with a loose and a tight output limit: >= 99% identical (measured
+    on 2026-11-23: greedy 300/300, beam 299/300: one near-tie where the beams part)."""
+    settings = {"beam_size": beam_size, "max_len_offset": offset}
+    ours = translate(tiny_model, tiny_tokenizer, DecodeConfig(**settings))
+    theirs = translate(
+        tiny_model, tiny_tokenizer, DecodeConfig(engine="ctranslate2", **settings), export
+    )
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    assert same >= 0.99 * len(TEXTS), f"{same}/{len(TEXTS)} identical"
+    assert len(set(ours)) > 200  # the outputs depend on the input
+
+
+def test_int8_translations_stay_close(tiny_model, tiny_tokenizer, export) -> None:
+    """compute_type int8 quantizes the float32 export as it loads. The tiny model is barely
+    trained, so near-ties abound and int8 changes many outputs (measured: 42/300 identical,
+    0.69 mean word-level similarity); a trained model keeps far more."""
+    from difflib import SequenceMatcher
+
+    decode = DecodeConfig(engine="ctranslate2", compute_type="int8")
+    loaded = Translator.load(tiny_model, tiny_tokenizer, decode, export_dir=export)
+    assert loaded.engine.compute_type.startswith("int8")
+    int8 = loaded.translate(TEXTS)
+    fp32 = translate(tiny_model, tiny_tokenizer, DecodeConfig(engine="ctranslate2"), export)
+    similarity = [
+        SequenceMatcher(None, a.split(), b.split()).ratio()
+        for a, b in zip(int8, fp32, strict=True)
+    ]
+    assert sum(similarity) / len(similarity) > 0.5
+
+
+def test_quantized_exports_of_the_checkpoint_load(tiny_model, tiny_tokenizer, tmp_path) -> None:
+    for quantization in ("int8", "int8_float16", "bfloat16", "float16"):
+        out = ct2.export_ctranslate2(tiny_model, tiny_tokenizer, tmp_path / quantization, quantization)
+        engine = ct2.CTranslate2Engine(out)
+        assert len(engine.search([[5, 6, 7, 3]], DecodeConfig())) == 1
+
+
+def test_the_export_is_reused_and_redone_for_another_checkpoint(
+    checkpoint_copy, tiny_tokenizer, tmp_path
+) -> None:
+    import torch
+
+    out = tmp_path / "export"
+    ct2.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out)
+    first = ct2.read_info(out)["checkpoint_sha256"]
+    stamp = (out / "model.bin").stat().st_mtime_ns
+    started = time.perf_counter()
+    assert ct2.export_ctranslate2(checkpoint_copy.parent, tiny_tokenizer, out) == out
+    assert time.perf_counter() - started < 1.0
+    assert (out / "model.bin").stat().st_mtime_ns == stamp  # reused, not written again
+
+    # Another checkpoint at the same path: the export is rebuilt, in place of the old one.
+    data = torch.load(checkpoint_copy, weights_only=True)
+    data["model"]["generator.weight"] = data["model"]["generator.weight"] * 1.5
+    torch.save(data, checkpoint_copy)
+    ct2.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out)
+    assert ct2.read_info(out)["checkpoint_sha256"] != first
+    assert (out / "model.bin").stat().st_mtime_ns != stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "model.pt"]
+
+
+def test_the_default_export_sits_next_to_the_checkpoint(checkpoint_copy, tiny_tokenizer) -> None:
+    decode = DecodeConfig(engine="ctranslate2", threads=1)
+    loaded = Translator.load(checkpoint_copy.parent, tiny_tokenizer, decode)
+    assert loaded.engine.model_dir == checkpoint_copy.parent / "model.ct2-float32"
+    assert loaded.model is loaded.engine and loaded.engine.name == "ctranslate2"
+    assert loaded.translate([]) == [] and len(loaded.translate(["the cat"])) == 1
+
+
+def test_other_settings_reuse_the_loaded_engine(tiny_model, tiny_tokenizer, export) -> None:
+    """As the registered model serves a request's params: a Translator over the same engine."""
+    decode = DecodeConfig(engine="ctranslate2", max_len_offset=6)
+    loaded = Translator.load(tiny_model, tiny_tokenizer, decode, export_dir=export)
+    greedy = dataclasses.replace(decode, beam_size=1)
+    again = Translator(loaded.model, loaded.tokenizer, greedy, loaded.device)
+    assert again.engine is loaded.engine
+    assert again.translate(TEXTS[:40]) == translate(
+        tiny_model, tiny_tokenizer, greedy, export, texts=TEXTS[:40]
+    )
+
+
+def test_another_expected_config_is_refused(tiny_model, tiny_tokenizer, export) -> None:
+    decode = DecodeConfig(engine="ctranslate2")
+    with pytest.raises(CheckpointError, match="n_layers: checkpoint 2, expected 3"):
+        Translator.load(
+            tiny_model,
+            tiny_tokenizer,
+            decode,
+            export_dir=export,
+            expected_config=presets.debug().replace(n_layers=3),
+        )
+
+
+def test_a_batch_actor_loads_the_engine_once(checkpoint_copy, tiny_tokenizer, monkeypatch) -> None:
+    """What each Ray Data actor does (serving.batch.BatchTranslator), run here without Ray."""
+    import numpy as np
+
+    from serving.batch import BatchTranslator
+    from serving.tokenizer import load
+
+    loads = []
+    original = ct2.CTranslate2Engine.__init__
+
+    def counted(self, *args, **kwargs):
+        loads.append(args)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ct2.CTranslate2Engine, "__init__", counted)
+    decode = DecodeConfig(engine="ctranslate2", max_len_offset=6)
+    actor = BatchTranslator(str(checkpoint_copy), str(tiny_tokenizer), decode.__dict__)
+    tok = load(tiny_tokenizer)
+    for rows in ([0, 1], [2]):
+        batch = {
+            "idx": np.array([np.array(rows)], dtype=object),
+            "src_ids": np.array([[tok.encode(TEXTS[i]) for i in rows]], dtype=object),
+        }
+        out = actor(batch)
+        assert out["idx"].tolist() == rows
+        assert out["hyp"].tolist() == translate(
+            checkpoint_copy, tiny_tokenizer, decode, texts=[TEXTS[i] for i in rows]
+        )
+    assert len(loads) == 1 + 2  # the actor's own, and the two reference Translators'
+
+
+@pytest.mark.slow
+def test_ray_actors_load_the_engine_once_and_keep_the_order(
+    ray_local, checkpoint_copy, tiny_tokenizer
+) -> None:
+    from serving.batch import translate_distributed
+    from serving.tokenizer import load
+    from serving.translator import encode_texts
+
+    texts = TEXTS[:60]
+    decode = DecodeConfig(
+        engine="ctranslate2", num_actors=2, max_tokens_per_batch=48, max_len_offset=6
+    )
+    src_ids = encode_texts(load(tiny_tokenizer), texts)
+    hyps, _, info = translate_distributed(checkpoint_copy, tiny_tokenizer, src_ids, decode)
+    assert hyps == translate(checkpoint_copy, tiny_tokenizer, decode, texts=texts)
+    assert info["actors"] == 2 and info["batches"] > 2
+    # The driver exported once; the actors found that export and only loaded it.
+    exports = [p for p in os.listdir(checkpoint_copy.parent) if "ct2" in p]
+    assert exports == ["model.ct2-float32"]
