@@ -122,6 +122,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.checkpoint is None):
         raise ConfigError("", "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)")
     options = {k: v for k, v in (("beam_size", args.beam), ("alpha", args.alpha)) if v is not None}
+    if args.engine is not None and args.model is not None:
+        raise ConfigError("", "--engine applies to --checkpoint; a registered model decodes with its own engine")
     if args.model is not None:
         tracking = args.tracking_uri
         if tracking is None and args.config:
@@ -133,9 +135,30 @@ def cmd_translate(args: argparse.Namespace) -> int:
         decode = _load(args.config).decoding if args.config else None
         from serving.translator import DecodeConfig
 
-        decode = dataclasses.replace(decode or DecodeConfig(), **options)
+        engine = {"engine": args.engine} if args.engine else {}
+        decode = dataclasses.replace(decode or DecodeConfig(), **options, **engine)
         predict = stream.from_checkpoint(Path(args.checkpoint), Path(args.tokenizer), decode)
     stream.translate_stream(predict, sys.stdin.buffer, sys.stdout)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from serving.export import export, registered_files
+
+    if (args.model is None) == (args.checkpoint is None):
+        raise ConfigError("", "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)")
+    with tempfile.TemporaryDirectory(prefix="tfm-export-") as tmp:
+        if args.model is not None:
+            tracking = args.tracking_uri or (_load(args.config).tracking_uri if args.config else None)
+            checkpoint, tokenizer_dir = registered_files(args.model, Path(tmp), tracking)
+        elif args.tokenizer is None:
+            raise ConfigError("", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)")
+        else:
+            checkpoint, tokenizer_dir = Path(args.checkpoint), Path(args.tokenizer)
+        out = export(args.to, checkpoint, tokenizer_dir, Path(args.out), args.quantization)
+    print(out)
     return 0
 
 
@@ -218,7 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
     p.add_argument("--beam", type=int, help="beam size (default: the model's or config's)")
     p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's or config's)")
+    p.add_argument("--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes")
     p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("export", help="a checkpoint or registered model as a CTranslate2 or Hugging Face Marian folder")
+    p.add_argument("--to", required=True, choices=["ctranslate2", "marian"], help="what to write")
+    p.add_argument("--out", required=True, help="the folder to write")
+    p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
+    p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
+    p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
+    p.add_argument("--quantization", default="float32",
+                   help="ctranslate2: float32, int8, int8_float16, bfloat16, float16, ...")
+    p.add_argument("--config", help="run config whose MLflow tracking URI to use")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("deploy", help="create Prefect deployments with a schedule on a Prefect server")
     p.add_argument("config", help="YAML run config")

@@ -37,8 +37,12 @@ class BatchTranslator:
     (its share of its batch's decoding time).
     """
 
-    def __init__(self, model_path: str, tokenizer_dir: str, decode: dict[str, Any]):
-        self.translator = Translator.load(model_path, tokenizer_dir, DecodeConfig.from_dict(decode))
+    def __init__(
+        self, model_path: str, tokenizer_dir: str, decode: dict[str, Any], export_dir: str | None = None
+    ):
+        self.translator = Translator.load(
+            model_path, tokenizer_dir, DecodeConfig.from_dict(decode), export_dir=export_dir
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         idx: list[int] = []
@@ -65,16 +69,19 @@ def translate_distributed(
     tokenizer_dir: Path,
     src_ids: Sequence[Sequence[int]],
     decode: DecodeConfig,
+    export_dir: Path | None = None,
 ) -> tuple[list[str], list[int], dict[str, Any]]:
     """Decode ``src_ids`` with a Ray Data actor pool (Ray must be running); (texts, output
-    token counts, run info), in input order."""
+    token counts, run info), in input order. ``export_dir``: where engine ctranslate2 keeps its
+    export (default: next to the checkpoint)."""
     import ray
 
     if decode.engine == "ctranslate2":
         # Once here rather than racing in every actor: the actors find it and only load it.
         from serving import ct2
 
-        ct2.export_ctranslate2(model_path, tokenizer_dir, ct2.default_export_dir(model_path))
+        export_dir = export_dir or ct2.default_export_dir(model_path)
+        ct2.export_ctranslate2(model_path, tokenizer_dir, export_dir)
     batches = plan_decode_batches([len(s) for s in src_ids], decode.max_tokens_per_batch)
     items = [
         {"idx": rows.tolist(), "src_ids": [list(map(int, src_ids[i])) for i in rows]}
@@ -99,6 +106,7 @@ def translate_distributed(
             "model_path": str(model_path),
             "tokenizer_dir": str(tokenizer_dir),
             "decode": dataclasses.asdict(decode),
+            "export_dir": None if export_dir is None else str(export_dir),
         },
         batch_size=1,  # one planned batch per call: the plan already holds the token budget
         compute=ray.data.ActorPoolStrategy(size=actors),

@@ -37,6 +37,8 @@ ARTIFACT_WEIGHTS = "weights"
 ARTIFACT_TOKENIZER = "tokenizer"
 ARTIFACT_MODEL_CONFIG = "model_config"
 ARTIFACT_DECODE = "decode"
+ARTIFACT_CTRANSLATE2 = "ctranslate2"
+"""With decode.engine ctranslate2: the CTranslate2 export of the weights, made at registration."""
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):
@@ -59,6 +61,7 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
             artifacts[ARTIFACT_TOKENIZER],
             decode,
             expected_config=model_config,
+            export_dir=artifacts.get(ARTIFACT_CTRANSLATE2),
         )
 
     # No type hints on predict: MLflow would infer the signature from them and drop the

@@ -57,10 +57,12 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- pure helpers
 
 
-def pip_requirements() -> list[str]:
-    """``name==version`` of the installed distributions the pyfunc imports (local labels such
-    as ``+cpu`` dropped: an index serves ``torch==2.13.0``, not ``2.13.0+cpu``)."""
-    return [f"{name}=={metadata.version(name).split('+')[0]}" for name in REQUIREMENTS]
+def pip_requirements(engine: str = "torch") -> list[str]:
+    """``name==version`` of the installed distributions the pyfunc imports, ctranslate2 for that
+    engine (local labels such as ``+cpu`` dropped: an index serves ``torch==2.13.0``, not
+    ``2.13.0+cpu``)."""
+    names = REQUIREMENTS + (("ctranslate2",) if engine == "ctranslate2" else ())
+    return [f"{name}=={metadata.version(name).split('+')[0]}" for name in names]
 
 
 def read_scores(score_dir: Path, metric: str) -> dict[str, Any]:
@@ -126,6 +128,7 @@ def _stage_model_files(
     """Copy what the pyfunc needs into ``staging``; returns the artifacts mapping."""
     from serving import tokenizer
     from serving.pyfunc import (
+        ARTIFACT_CTRANSLATE2,
         ARTIFACT_DECODE,
         ARTIFACT_MODEL_CONFIG,
         ARTIFACT_TOKENIZER,
@@ -144,12 +147,17 @@ def _stage_model_files(
     (staging / "decode.json").write_text(
         json.dumps(to_dict(config.decoding), indent=2, sort_keys=True)
     )
-    return {
+    artifacts = {
         ARTIFACT_WEIGHTS: str(weights),
         ARTIFACT_TOKENIZER: str(tok),
         ARTIFACT_MODEL_CONFIG: str(staging / "model_config.json"),
         ARTIFACT_DECODE: str(staging / "decode.json"),
     }
+    if config.decoding.engine == "ctranslate2":  # served at CTranslate2's speed, exported once here
+        from serving.ct2 import export_ctranslate2
+
+        artifacts[ARTIFACT_CTRANSLATE2] = str(export_ctranslate2(weights, tok, staging / "ctranslate2"))
+    return artifacts
 
 
 def _stage_code(staging: Path) -> list[str]:
@@ -193,7 +201,7 @@ def register_model(
             python_model=str(Path(serving.__file__).parent / "registered_model.py"),
             artifacts=artifacts,
             code_paths=_stage_code(staging),
-            pip_requirements=pip_requirements(),
+            pip_requirements=pip_requirements(config.decoding.engine),
             signature=signature(config.decoding),
             input_example=INPUT_EXAMPLE,
             registered_model_name=name,

@@ -54,7 +54,10 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
 
         ensure_ray(config.ray)
         started = time.perf_counter()
-        hyps, n_tokens, info = translate_distributed(weights, tokenizer_dir, src_ids, decode)
+        # Engine ctranslate2 keeps its export in the run's cache, never in the average folder.
+        fingerprint = (read_manifest(average) or {}).get("fingerprint", "unknown")
+        export_dir = config.root / "cache" / "ctranslate2" / fingerprint[:16]
+        hyps, n_tokens, info = translate_distributed(weights, tokenizer_dir, src_ids, decode, export_dir)
         seconds = time.perf_counter() - started
         (tmp / f"hyp.{tgt_lang}").write_text("".join(h + "\n" for h in hyps), encoding="utf-8", newline="\n")
         out_tokens = int(sum(n_tokens))

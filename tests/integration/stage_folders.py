@@ -15,7 +15,7 @@ TINY_TRAINING = {
         "max_tokens_per_batch": 1024,
         "warmup_steps": 4,
         "eval_every": 3,
-        "checkpoint_every": 2,
+        "checkpoint_every": 3,
         "checkpoint_minutes": 0,
         "log_every": 1,
         "cpus_per_worker": 0.5,

@@ -321,3 +321,33 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
+
+
+def test_a_ctranslate2_version_carries_its_export_and_serves_from_it(setup, tmp_path) -> None:
+    import mlflow
+
+    config, inputs, _ = setup
+    decode = DecodeConfig(max_len_offset=6, engine="ctranslate2")
+    config = config.replace(
+        workdir=str(tmp_path / "run"), decode=decode, register=RegisterConfig(model_name="ct2-translator")
+    )
+    record = _register(config, inputs, tmp_path, bleu=1.0)
+    local = Path(mlflow.artifacts.download_artifacts(record["model_uri"], dst_path=str(tmp_path / "dl")))
+    assert (local / "artifacts" / "ctranslate2" / "model.bin").is_file()
+    assert "ctranslate2==" in (local / "requirements.txt").read_text()
+    model = mlflow.pyfunc.load_model(record["model_uri"])
+    reference = Translator.load(inputs["average"], inputs["tokenizer"], decode, export_dir=tmp_path / "ref")
+    assert model.predict(TEXTS) == reference.translate(TEXTS)
+
+    # `tfm export` of that version, and of the checkpoint as a Hugging Face Marian folder.
+    from pipelines.cli import main
+
+    uri, tracking = record["model_uri"], config.tracking_uri
+    out = tmp_path / "exported-ct2"
+    assert main(["export", "--to", "ctranslate2", "--model", uri, "--tracking-uri", tracking, "--out", str(out)]) == 0
+    exported = Translator.load(inputs["average"], inputs["tokenizer"], decode, export_dir=out)
+    assert exported.translate(TEXTS) == reference.translate(TEXTS)
+    marian = tmp_path / "exported-marian"
+    args = ["--checkpoint", str(inputs["average"]), "--tokenizer", str(inputs["tokenizer"]), "--out", str(marian)]
+    assert main(["export", "--to", "marian", *args]) == 0
+    assert json.loads((marian / "config.json").read_text())["model_type"] == "marian"

@@ -9,7 +9,7 @@ import yaml
 
 from pipelines.cli import build_parser, main
 
-COMMANDS = ["version", "run", "stage", "status", "translate", "deploy", "ui"]
+COMMANDS = ["version", "run", "stage", "status", "translate", "export", "deploy", "ui"]
 
 
 def test_every_command_has_help(capsys):

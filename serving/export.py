@@ -1,0 +1,51 @@
+"""``tfm export``: a checkpoint, or a registered version, as a CTranslate2 model folder
+(``serving.ct2``) or a Hugging Face Marian folder (``serving.marian``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from serving import ServingError
+
+__all__ = ["TARGETS", "export", "registered_files"]
+
+TARGETS = ("ctranslate2", "marian")
+
+
+def registered_files(model_uri: str, dst: Path, tracking_uri: str | None = None) -> tuple[Path, Path]:
+    """Download a registered version into ``dst``; its ``(weights file, tokenizer folder)``."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from serving.pyfunc import ARTIFACT_TOKENIZER, ARTIFACT_WEIGHTS
+    from serving.stream import ModelNotFoundError
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_registry_uri(tracking_uri)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(dst)))
+    except (MlflowException, OSError) as exc:
+        raise ModelNotFoundError(f"model {model_uri} cannot be downloaded: {exc}") from exc
+    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+    artifacts = flavor.get("artifacts") or {}
+    if ARTIFACT_WEIGHTS not in artifacts or ARTIFACT_TOKENIZER not in artifacts:
+        raise ServingError(f"model {model_uri} is not a registered translator (no weights/tokenizer)")
+    return local / artifacts[ARTIFACT_WEIGHTS]["path"], local / artifacts[ARTIFACT_TOKENIZER]["path"]
+
+
+def export(target: str, checkpoint: Path, tokenizer_dir: Path, out: Path, quantization: str = "float32") -> Path:
+    """Write ``out`` for ``target`` (ctranslate2 or marian); returns it."""
+    if target == "ctranslate2":
+        from serving.ct2 import export_ctranslate2
+
+        return export_ctranslate2(checkpoint, tokenizer_dir, out, quantization)
+    if target == "marian":
+        if quantization != "float32":
+            raise ServingError(f"--quantization {quantization}: a Marian export is float32")
+        from serving.marian import export_marian
+
+        return export_marian(checkpoint, tokenizer_dir, out)
+    raise ServingError(f"export target {target!r} is not one of {', '.join(TARGETS)}")
