@@ -322,11 +322,8 @@ def _is_export_of(out: Path, identity: dict[str, Any], quantization: str) -> boo
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def default_export_dir(checkpoint: Path, quantization: str = "float32") -> Path:

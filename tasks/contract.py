@@ -43,13 +43,10 @@ def code_version() -> str:
         return "0+unknown"
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, streamed."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
