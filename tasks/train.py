@@ -53,6 +53,7 @@ NOT_IN_RESUME_KEY = (
     "checkpoint_minutes",
     "keep_checkpoints",
     "cpus_per_worker",
+    "prefetch",
 )
 
 

@@ -31,6 +31,19 @@ class TrainConfig:
     """Ray Train workers (one per GPU on a cluster)."""
     use_gpu: bool = False
     """Train on GPUs (bf16 autocast)."""
+    compile: bool = False
+    """torch.compile the model and the loss (dynamic shapes: one graph for every batch shape)."""
+    fused_adam: bool | None = None
+    """Adam's fused kernel; null: fused on GPUs, torch's multi-tensor (foreach) Adam elsewhere."""
+    pad_multiple: int = 1
+    """Pad each batch's source and target length to a multiple of this (8 or 64 on GPUs, for
+    tensor-core-friendly shapes); the batch planner counts the padded length in the budget."""
+    cudnn_attention: bool = False
+    """Let SDPA choose cuDNN's attention kernels; off: FlashAttention (causal self-attention)
+    and the memory-efficient kernel (padding masks), as cuDNN builds a plan per batch shape."""
+    prefetch: int = 2
+    """Steps of micro-batches collated ahead in a background thread (pinned memory on GPUs,
+    copied with non_blocking); 0 collates inside the step."""
     cpus_per_worker: float = 1.0
     """CPUs reserved per worker; fractional on small machines so Ray Data is never starved."""
     eval_every: int = 1000
@@ -53,11 +66,24 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
-        for name in ("steps", "tokens_per_step", "max_tokens_per_batch", "num_workers"):
+        for name in (
+            "steps",
+            "tokens_per_step",
+            "max_tokens_per_batch",
+            "num_workers",
+            "pad_multiple",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
         if self.warmup_steps < 1:
             raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
+        if self.prefetch < 0:
+            raise ConfigError("prefetch", f"{self.prefetch} must be >= 0")
+        if self.pad_multiple > self.max_tokens_per_batch:
+            raise ConfigError(
+                "pad_multiple",
+                f"{self.pad_multiple} exceeds max_tokens_per_batch {self.max_tokens_per_batch}",
+            )
         if self.cpus_per_worker <= 0:
             raise ConfigError("cpus_per_worker", f"{self.cpus_per_worker} must be > 0")
         for name in ("eval_every", "log_every", "keep_checkpoints"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -78,35 +79,50 @@ class TokenData:
     def __len__(self) -> int:
         return self.src_offsets.size - 1
 
-    @property
+    @cached_property
     def src_lens(self) -> np.ndarray:
         return np.diff(self.src_offsets)
 
-    @property
+    @cached_property
     def tgt_lens(self) -> np.ndarray:
         return np.diff(self.tgt_offsets)
 
-    def batch(self, rows: np.ndarray, pad_id: int, bos_id: int) -> tuple[torch.Tensor, ...]:
+    def batch(
+        self, rows: np.ndarray, pad_id: int, bos_id: int, pad_multiple: int = 1
+    ) -> tuple[torch.Tensor, ...]:
         """``src (B, S)``, ``tgt_in (B, T)``, ``tgt_out (B, T)`` for the given row indices."""
         so, to = self.src_offsets, self.tgt_offsets
         src = [self.src_values[so[i] : so[i + 1]] for i in rows]
         tgt = [self.tgt_values[to[i] : to[i + 1]] for i in rows]
-        return collate(src, tgt, pad_id, bos_id)
+        return collate(src, tgt, pad_id, bos_id, pad_multiple)
 
 
 class BatchStream:
     """The epochs' seeded batch plans read as one endless stream; ``(epoch, index)`` is the cursor."""
 
-    def __init__(self, data: TokenData, max_tokens: int, seed: int, epoch: int = 0, index: int = 0):
+    def __init__(
+        self,
+        data: TokenData,
+        max_tokens: int,
+        seed: int,
+        epoch: int = 0,
+        index: int = 0,
+        pad_multiple: int = 1,
+    ):
         self.src_lens, self.tgt_lens = data.src_lens, data.tgt_lens
-        self.max_tokens, self.seed = max_tokens, seed
+        self.max_tokens, self.seed, self.pad_multiple = max_tokens, seed, pad_multiple
         self.epoch, self.index = epoch, index
         self._plan: list[np.ndarray] | None = None
 
     def _current(self) -> list[np.ndarray]:
         if self._plan is None:
             self._plan = plan_batches(
-                self.src_lens, self.tgt_lens, self.max_tokens, seed=self.seed, epoch=self.epoch
+                self.src_lens,
+                self.tgt_lens,
+                self.max_tokens,
+                seed=self.seed,
+                epoch=self.epoch,
+                pad_multiple=self.pad_multiple,
             )
         return self._plan
 

@@ -16,15 +16,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 
 from training.config import TrainConfig
 from training.data import BatchStream, TokenData, accumulation_steps
 from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
+from training.prefetch import Prefetcher
 from transformer_core.batching import plan_batches
+from transformer_core.config import ConfigError
+from transformer_core.flops import peak_flops, train_flops
 from transformer_core.loss import label_smoothed_nll
-from transformer_core.model import Memory, Transformer
+from transformer_core.model import NO_CUDNN, Memory, Transformer
 from transformer_core.schedule import make_optimizer, make_scheduler
 
 Callback = Callable[["Trainer"], None]
@@ -55,22 +60,56 @@ class Trainer:
         self.device = next(module.parameters()).device
         self.params = [p for p in module.parameters() if p.requires_grad]
         mc = module.config
-        self.optimizer = make_optimizer(module, tuple(config.adam_betas), config.adam_eps)
+        longest = max(int(train.src_lens.max()), int(train.tgt_lens.max()), 1)
+        if -(-longest // config.pad_multiple) * config.pad_multiple > mc.max_len:
+            raise ConfigError(
+                "train.pad_multiple",
+                f"{config.pad_multiple} pads the longest row ({longest}) past model.max_len "
+                f"{mc.max_len}; use a divisor of max_len",
+            )
+        fused = self.device.type == "cuda" if config.fused_adam is None else config.fused_adam
+        self.optimizer = make_optimizer(
+            module, tuple(config.adam_betas), config.adam_eps, fused=fused
+        )
         self.scheduler = make_scheduler(
             self.optimizer, mc.d_model, config.warmup_steps, config.lr_scale
         )
         self.accumulation = accumulation_steps(
             config.tokens_per_step, world_size, config.max_tokens_per_batch
         )
-        self.stream = BatchStream(train, config.max_tokens_per_batch, seed)
+        self.stream = BatchStream(
+            train, config.max_tokens_per_batch, seed, pad_multiple=config.pad_multiple
+        )
+        self._prefetcher: Prefetcher | None = None  # started by the first step
         self.dev_batches = plan_batches(
-            dev.src_lens, dev.tgt_lens, config.max_tokens_per_batch, seed=seed, shuffle=False
+            dev.src_lens,
+            dev.tgt_lens,
+            config.max_tokens_per_batch,
+            seed=seed,
+            shuffle=False,
+            pad_multiple=config.pad_multiple,
         )[rank::world_size]
+        # The wrapper's no_sync (DDP's), looked up before compiling hides it.
+        self._no_sync = getattr(self.model, "no_sync", None)
+        # Dynamic shapes: token-budget batches vary in both dimensions, so one graph serves all
+        # of them instead of a recompilation per shape.
+        self._forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
+        self._loss = (
+            torch.compile(label_smoothed_nll, dynamic=True)
+            if config.compile
+            else label_smoothed_nll
+        )
+        self.peak_flops = (
+            peak_flops(torch.cuda.get_device_name(self.device))
+            if self.device.type == "cuda"
+            else None
+        )
         self.step = self.start_step = 0
         self.train_seconds = 0.0  # summed step times, across resumes
         self.latest: dict[str, Any] = {}  # the last logged and validation metrics
         self.timed_tokens, self.timed_seconds = 0, 0.0  # throughput after the first interval
-        self._interval: tuple[float, int] | None = None  # (start, tokens) since the last sync
+        # (start, tokens, target tokens, model FLOPs) since the last sync
+        self._interval: tuple[float, int, int, float] | None = None
         self._last_checkpoint = time.time()
         seed_all(seed, rank)  # dropout differs by rank
         self.model.train()
@@ -98,8 +137,13 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = self.start_step = int(state["step"])
         self.stream = BatchStream(
-            self.train_data, self.config.max_tokens_per_batch, self.seed, **state["data"]
+            self.train_data,
+            self.config.max_tokens_per_batch,
+            self.seed,
+            **state["data"],
+            pad_multiple=self.config.pad_multiple,
         )
+        self.close()  # a running prefetcher reads from the old position
         self.train_seconds = float(state.get("train_seconds", 0.0))
         same_world = int(state.get("world_size", self.world_size)) == self.world_size
         if state.get("rng") is not None and same_world:
@@ -120,30 +164,71 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _attention_kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """SDPA's kernel choice (``train.cudnn_attention``); the backward follows the forward's."""
+        if self.config.cudnn_attention:
+            return contextlib.nullcontext()
+        return sdpa_kernel(NO_CUDNN)
+
+    def _collate(self, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
+        mc = self.module.config
+        return self.train_data.batch(rows, mc.pad_id, mc.bos_id, self.config.pad_multiple)
+
+    def _host_batches(self) -> tuple[list[np.ndarray], list[tuple[torch.Tensor, ...]]]:
+        """The step's batches (all ranks') and this rank's collated micro-batches."""
+        W, position = self.world_size, self.stream.position
+        batches = self.stream.take(W * self.accumulation)
+        if not self.config.prefetch:
+            return batches, [self._collate(rows) for rows in batches[self.rank :: W]]
+        if self._prefetcher is None:
+            ahead = BatchStream(
+                self.train_data,
+                self.config.max_tokens_per_batch,
+                self.seed,
+                **position,
+                pad_multiple=self.config.pad_multiple,
+            )
+            self._prefetcher = Prefetcher(
+                ahead,
+                per_step=len(batches),
+                mine=slice(self.rank, None, W),
+                collate=self._collate,
+                depth=self.config.prefetch,
+                pin=self.device.type == "cuda",
+            )
+        ahead_batches, host = self._prefetcher.next()
+        if not all(np.array_equal(a, b) for a, b in zip(ahead_batches, batches, strict=True)):
+            raise RuntimeError("the prefetcher's batches left the stream's order")  # a bug
+        return batches, host
+
     def train_step(self) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches (gradients all-reduced on the last
         only). On logging steps, the step's metrics over all ranks; else ``{}`` and no host sync."""
         started = time.time()
-        start, tokens = self._interval or (started, 0)
+        start, tokens, targets_seen, flops = self._interval or (started, 0, 0, 0.0)
         self.step += 1
         W, mc, data = self.world_size, self.module.config, self.train_data
-        batches = self.stream.take(W * self.accumulation)
-        targets = int(sum(data.tgt_lens[b].sum() for b in batches))
-        self._interval = start, tokens + targets + int(sum(data.src_lens[b].sum() for b in batches))
+        batches, host = self._host_batches()
+        rows = np.concatenate(batches)
+        src_lens, tgt_lens = data.src_lens[rows], data.tgt_lens[rows]
+        targets = int(tgt_lens.sum())
+        self._interval = (
+            start,
+            tokens + targets + int(src_lens.sum()),
+            targets_seen + targets,
+            flops + train_flops(mc, self.module.tgt_vocab_size, src_lens, tgt_lens),
+        )
         scale = W / targets  # DDP averages over ranks; this makes it a per-token mean
         lr = self.scheduler.get_last_lr()[0]
         sums = [torch.zeros((), device=self.device) for _ in range(3)]  # loss, nll, tokens
-        mine = batches[self.rank :: W]
-        no_sync = getattr(self.model, "no_sync", None)
-        for i, rows in enumerate(mine):
-            src, tgt_in, tgt_out = (
-                t.to(self.device, non_blocking=True) for t in data.batch(rows, mc.pad_id, mc.bos_id)
-            )
-            last = i == len(mine) - 1
+        no_sync = self._no_sync
+        for i, tensors in enumerate(host):
+            src, tgt_in, tgt_out = (t.to(self.device, non_blocking=True) for t in tensors)
+            last = i == len(host) - 1
             with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-                with self.autocast():
-                    logits = self.model(src, tgt_in)  # (B, T, V)
-                loss, nll, n = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
+                with self.autocast(), self._attention_kernels():
+                    logits = self._forward(src, tgt_in)  # (B, T, V)
+                loss, nll, n = self._loss(logits, tgt_out, mc.label_smoothing, mc.pad_id)
                 (loss * scale).backward()
             for total, value in zip(sums, (loss.detach(), nll.detach(), n), strict=True):
                 total += value
@@ -168,13 +253,14 @@ class Trainer:
 
     def _log(self, sums: list[torch.Tensor], lr: float, grad_norm: Any) -> dict[str, float]:
         loss, nll, n = all_reduce_sum(sums, self.device)
-        start, tokens = self._interval
+        start, tokens, targets, flops = self._interval
         seconds = time.time() - start  # the all-reduce above waited for the device
         if self.step > self.start_step + self.config.log_every or self.step == self.last_step:
             self.timed_tokens += tokens  # the first interval after a (re)start is warm-up
             self.timed_seconds += seconds
         self._interval = None
         tokens_per_s = tokens / seconds if seconds > 0 else 0.0
+        flops_per_s = flops / seconds / self.world_size if seconds > 0 else 0.0  # per worker
         self.latest = {
             "loss": loss / n,
             "nll": nll / n,
@@ -182,12 +268,21 @@ class Trainer:
             "lr": lr,
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_worker": tokens_per_s / self.world_size,
+            "target_tokens_per_s": targets / seconds if seconds > 0 else 0.0,
+            "tflops_per_worker": flops_per_s / 1e12,
+            "mfu": flops_per_s / self.peak_flops if self.peak_flops else None,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "memory_gb": memory_gb(self.device),
             "epoch": self.stream.epoch,
             "batch_index": self.stream.index,
         }
         return dict(self.latest)
+
+    def close(self) -> None:
+        """Stop the prefetch thread (a new one starts with the next step)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     # -------------------------------------------------------------------------- evaluation
 

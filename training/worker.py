@@ -70,10 +70,13 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             )
 
     started = time.time()
-    while trainer.step < trainer.last_step:
-        tracker.metrics(trainer.train_step(), trainer.step)
-        tracker.metrics(trainer.maybe_evaluate(), trainer.step)
-        trainer.maybe_checkpoint(save)
+    try:
+        while trainer.step < trainer.last_step:
+            tracker.metrics(trainer.train_step(), trainer.step)
+            tracker.metrics(trainer.maybe_evaluate(), trainer.step)
+            trainer.maybe_checkpoint(save)
+    finally:
+        trainer.close()
     timed = trainer.timed_seconds
     return {
         "rank": rank,

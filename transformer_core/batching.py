@@ -29,12 +29,14 @@ def plan_batches(
     bucket_width: int = 1,
     max_sentences: int | None = None,
     shuffle: bool = True,
+    pad_multiple: int = 1,
 ) -> list[np.ndarray]:
     """Row indices per batch; every row exactly once, each batch within ``max_tokens`` padded tokens.
 
     With ``shuffle``, rows within a bucket and the order of batches are shuffled with a generator
     seeded by ``(seed, epoch)``: the same pair gives the same plan, another epoch another one.
     Without it, batches come in increasing length order and rows in index order (decoding).
+    With ``pad_multiple`` m, a row's size is rounded up to a multiple of m, as ``collate`` pads.
     """
     src = _lengths(src_lens, "src_lens")
     tgt = _lengths(tgt_lens, "tgt_lens")
@@ -46,10 +48,13 @@ def plan_batches(
         raise ValueError(f"max_tokens {max_tokens} must be >= 1")
     if bucket_width < 1:
         raise ValueError(f"bucket_width {bucket_width} must be >= 1")
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple {pad_multiple} must be >= 1")
     if max_sentences is not None and max_sentences < 1:
         raise ValueError(f"max_sentences {max_sentences} must be >= 1 or None")
 
     size = np.maximum(np.maximum(src, tgt), 1)  # an empty row still takes a column (EOS)
+    size = -(-size // pad_multiple) * pad_multiple
     too_long = np.flatnonzero(size > max_tokens)
     if too_long.size:
         first = int(too_long[0])
@@ -111,8 +116,10 @@ def collate(
     rows_tgt: Sequence[Sequence[int]],
     pad_id: int,
     bos_id: int,
+    pad_multiple: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pad a batch: ``src (B, S)``, ``tgt_in (B, T) = [BOS] + tgt[:-1]``, ``tgt_out (B, T) = tgt``.
+    """Pad a batch: ``src (B, S)``, ``tgt_in (B, T) = [BOS] + tgt[:-1]``, ``tgt_out (B, T) = tgt``,
+    with ``S`` and ``T`` rounded up to a multiple of ``pad_multiple``.
 
     Target rows end with EOS (docs/contracts.md), so they are never empty.
     """
@@ -120,19 +127,20 @@ def collate(
         raise ValueError(f"{len(rows_src)} source rows but {len(rows_tgt)} target rows")
     if len(rows_src) == 0:
         raise ValueError("cannot collate an empty batch")
-    src = _pad([np.asarray(r, dtype=np.int64) for r in rows_src], pad_id)
+    src = _pad([np.asarray(r, dtype=np.int64) for r in rows_src], pad_id, pad_multiple)
     tgt_rows = [np.asarray(r, dtype=np.int64) for r in rows_tgt]
     empty = [i for i, r in enumerate(tgt_rows) if r.size == 0]
     if empty:
         raise ValueError(f"target row {empty[0]} is empty; targets must end with EOS")
-    tgt_out = _pad(tgt_rows, pad_id)
-    tgt_in = _pad([np.r_[bos_id, r[:-1]] for r in tgt_rows], pad_id)
+    tgt_out = _pad(tgt_rows, pad_id, pad_multiple)
+    tgt_in = _pad([np.r_[bos_id, r[:-1]] for r in tgt_rows], pad_id, pad_multiple)
     return torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
 
 
-def _pad(rows: list[np.ndarray], pad_id: int) -> np.ndarray:
+def _pad(rows: list[np.ndarray], pad_id: int, multiple: int = 1) -> np.ndarray:
     lens = np.array([r.size for r in rows])
-    out = np.full((len(rows), max(int(lens.max()), 1)), pad_id, dtype=np.int64)  # (B, L)
+    width = -(-max(int(lens.max()), 1) // multiple) * multiple
+    out = np.full((len(rows), width), pad_id, dtype=np.int64)  # (B, L)
     # A row-major boolean mask visits cells in the order the rows are concatenated.
     out[np.arange(out.shape[1]) < lens[:, None]] = np.concatenate(rows)
     return out

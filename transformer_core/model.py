@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend
 
 from transformer_core.config import ModelConfig
 
@@ -39,6 +40,11 @@ def sinusoids(max_len: int, d_model: int) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # Multi-head attention (section 3.2)
+
+
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA's kernels without cuDNN's, for ``torch.nn.attention.sdpa_kernel``: cuDNN's attention
+builds an execution plan for every new shape (callers whose shapes keep changing avoid it)."""
 
 
 class MultiHeadAttention(nn.Module):

@@ -37,13 +37,15 @@ def make_optimizer(
     betas: tuple[float, float] = (0.9, 0.98),
     eps: float = 1e-9,
     lr: float = 1.0,
+    fused: bool = False,
 ) -> torch.optim.Adam:
-    """Adam over the trainable parameters (shared ones once).
+    """Adam over the trainable parameters (shared ones once); ``fused``: one fused kernel for
+    the whole update (GPUs), else torch's multi-tensor implementation.
 
     ``lr`` is 1.0 so that ``make_scheduler``'s multiplier is the learning rate itself.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps)
+    return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
 def make_scheduler(

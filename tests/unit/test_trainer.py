@@ -153,3 +153,83 @@ def test_loss_falls_on_a_learnable_task():
     assert last < first - 0.4, (first, last)
     untrained = make_trainer(config).evaluate()["val_loss"]
     assert trainer.evaluate()["val_loss"] < untrained - 0.3
+
+
+def test_prefetched_batches_train_exactly_as_batches_collated_in_the_step():
+    config = settings(steps=12)  # 12 steps of 2 batches cross several epochs of 96 rows
+    inline = run(make_trainer(settings(steps=12, prefetch=0)), 12)
+    ahead = make_trainer(config)
+    assert config.prefetch > 0
+    trace = run(ahead, 12)
+    ahead.close()
+    keys = ("loss", "nll", "grad_norm", "epoch", "batch_index")
+    assert [{k: m[k] for k in keys} for m in trace] == [{k: m[k] for k in keys} for m in inline]
+    assert trace[-1]["epoch"] >= 1
+
+
+def test_a_collate_error_in_the_prefetch_thread_is_raised_by_the_step():
+    trainer = make_trainer(settings())
+    trainer.train_data.tgt_offsets[5:] += 1_000_000  # rows past 4 now read past the values
+    with pytest.raises((IndexError, ValueError)):
+        run(trainer, 8)
+    trainer.close()
+
+
+def test_padded_batches_are_multiples_of_pad_multiple_within_the_token_budget():
+    trainer = make_trainer(settings(pad_multiple=8, max_tokens_per_batch=96))
+    run(trainer, 1)
+    for rows in trainer.stream._current():
+        src, tgt_in, tgt_out = trainer._collate(rows)
+        assert src.shape[1] % 8 == 0 and tgt_in.shape[1] % 8 == 0
+        assert src.numel() <= 96 and tgt_out.numel() <= 96
+        assert tgt_in.shape == tgt_out.shape
+
+
+def test_pad_multiple_past_max_len_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="train.pad_multiple"):
+        make_trainer(settings(pad_multiple=40))  # max_len 32: rows of up to 9 pad to 40
+
+
+def test_throughput_metrics_count_model_flops():
+    metrics = run(make_trainer(settings(steps=2)), 2)[-1]
+    assert metrics["tflops_per_worker"] > 0
+    assert metrics["target_tokens_per_s"] > 0
+    assert metrics["mfu"] is None  # no datasheet peak for a CPU
+
+
+def test_fused_adam_takes_the_same_steps_as_multi_tensor_adam():
+    plain = make_trainer(settings(fused_adam=False, steps=3))
+    run(plain, 3)  # dropout draws from the global RNG: one trainer at a time
+    fused = make_trainer(settings(fused_adam=True, steps=3))
+    run(fused, 3)
+    assert fused.optimizer.defaults["fused"] and not plain.optimizer.defaults["fused"]
+    expected = plain.module.state_dict()
+    for name, value in fused.module.state_dict().items():
+        if name.endswith("k_proj.bias"):
+            # Softmax ignores a shift shared by all keys: this gradient is rounding noise, which
+            # Adam's m / sqrt(v) turns into full-size steps of either sign.
+            continue
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow  # torch.compile on CPU: ~1.5 minutes of compiling
+def test_compiled_training_takes_the_same_steps_as_eager_on_cpu():
+    def trainer(**changes) -> Trainer:
+        torch.manual_seed(SEED)  # no dropout: compiled code draws its masks differently
+        module = Transformer(presets.debug().replace(max_len=32, dropout=0.0), VOCAB)
+        config = settings(steps=8, pad_multiple=2, **changes)
+        return Trainer(module, config, reversal(96, 1), reversal(16, 2), seed=SEED)
+
+    eager = run(trainer(), 8)
+    compiled_trainer = trainer(compile=True)
+    compiled = run(compiled_trainer, 8)
+    for a, b in zip(compiled, eager, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    from torch._dynamo.utils import counters
+
+    batches = trainer().stream.take(16)  # the 8 steps' batches
+    shapes = {compiled_trainer._collate(rows)[0].shape for rows in batches}
+    # Dynamic shapes: the graphs do not grow with the shapes. Model and loss each compile for
+    # the first batch, again when two sizes that were equal differ (dynamo's duck sizing) and
+    # once for a batch of one row (sizes 0 and 1 are always specialised).
+    assert counters["stats"]["unique_graphs"] <= 6 < len(shapes)
