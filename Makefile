@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # later pip step sees it satisfied instead of pulling CUDA packages.
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test test-all test-slow bench lint clean
+.PHONY: venv demo test test-all test-slow test-gpu bench bench-gpu lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,19 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode.py $(if $(BENCH_FULL),,--quick) --bf16 --json $(RESULTS)/decode.json
 	$(PY) benchmarks/train.py --json $(RESULTS)/train.json
 	$(PY) benchmarks/data.py $(if $(BENCH_FULL),,--pairs 100000) --json $(RESULTS)/data.json
+
+# The GPU suite runs in a Python whose torch is a CUDA build (ours in .venv is the CPU wheel):
+# the machine's own by default. It fails fast without CUDA, installs Ray Train if missing, and
+# writes $(RESULTS)/gpu/gpu.{json,md} in a few minutes (benchmarks/gpu.py says what it measures).
+GPU_PYTHON ?= python3
+bench-gpu:
+	$(GPU_PYTHON) benchmarks/gpu.py --preflight
+	$(GPU_PYTHON) -c "import ray.train.torch" 2>/dev/null || $(GPU_PYTHON) -m pip install -q "ray[train]==2.60.*"
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu.py --out $(RESULTS)/gpu
+
+test-gpu:
+	$(GPU_PYTHON) benchmarks/gpu.py --preflight
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests/gpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
