@@ -122,13 +122,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.checkpoint is None):
         raise ConfigError("", "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)")
     options = {k: v for k, v in (("beam_size", args.beam), ("alpha", args.alpha)) if v is not None}
+    if args.n_best < 1:
+        raise ConfigError("", f"--n-best {args.n_best} must be >= 1")
     if args.engine is not None and args.model is not None:
         raise ConfigError("", "--engine applies to --checkpoint; a registered model decodes with its own engine")
     if args.model is not None:
         tracking = args.tracking_uri
         if tracking is None and args.config:
             tracking = _load(args.config).tracking_uri
-        predict = stream.from_registry(args.model, tracking, params=options)
+        n_best = {"n_best": args.n_best} if args.n_best > 1 else {}
+        predict = stream.from_registry(args.model, tracking, params={**options, **n_best})
     else:
         if args.tokenizer is None:
             raise ConfigError("", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)")
@@ -137,7 +140,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
         engine = {"engine": args.engine} if args.engine else {}
         decode = dataclasses.replace(decode or DecodeConfig(), **options, **engine)
-        predict = stream.from_checkpoint(Path(args.checkpoint), Path(args.tokenizer), decode)
+        predict = stream.from_checkpoint(
+            Path(args.checkpoint), Path(args.tokenizer), decode, n_best=args.n_best
+        )
     stream.translate_stream(predict, sys.stdin.buffer, sys.stdout)
     return 0
 
@@ -241,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
     p.add_argument("--beam", type=int, help="beam size (default: the model's or config's)")
     p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's or config's)")
+    p.add_argument("--n-best", type=int, default=1,
+                   help="the N best translations per line (<= beam), as LINE ||| TEXT ||| SCORE")
     p.add_argument("--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes")
     p.set_defaults(func=cmd_translate)
 

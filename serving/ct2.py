@@ -391,6 +391,12 @@ class CTranslate2Engine:
         found = self.hypotheses(src_ids, decode.beam_size, decode.alpha, decode.max_len_offset)
         return [hyps[0].tokens for hyps in found]
 
+    def nbest(self, src_ids: Sequence[Sequence[int]], decode: Any, n_best: int) -> list[list[Any]]:
+        """The ``n_best`` best hypotheses per source with ``decode``'s settings (as TorchEngine)."""
+        return self.hypotheses(
+            src_ids, decode.beam_size, decode.alpha, decode.max_len_offset, n_best=n_best
+        )
+
     def hypotheses(
         self,
         src_ids: Sequence[Sequence[int]],

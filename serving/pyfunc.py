@@ -19,6 +19,9 @@ from serving.translator import DecodeConfig, Translator
 
 REQUEST_PARAMS = ("beam_size", "alpha", "max_len_offset")
 """Decoding settings a request may change (``params``); the rest are the version's own."""
+N_BEST = "n_best"
+"""A request's ``params`` may also ask for the n best translations (<= beam size) of each text:
+then each text gets a list of ``{"translation", "score"}``, best first, instead of a string."""
 INPUT_EXAMPLE = ["A man is riding a bicycle ."]
 """What the registry shows as an example request (MLflow also runs it once when logging)."""
 
@@ -29,6 +32,7 @@ def signature(decode: DecodeConfig) -> Any:
     from mlflow.models import infer_signature
 
     params = {name: getattr(decode, name) for name in REQUEST_PARAMS}
+    params[N_BEST] = 1
     return infer_signature(INPUT_EXAMPLE, ["Ein Mann fährt Fahrrad ."], params=params)
 
 
@@ -70,8 +74,13 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):  # noqa: ANN001
         texts = model_input.iloc[:, 0] if hasattr(model_input, "iloc") else model_input
         translator = self._translator
-        changes = {k: v for k, v in (params or {}).items() if k in REQUEST_PARAMS and v is not None}
+        params = params or {}
+        changes = {k: v for k, v in params.items() if k in REQUEST_PARAMS and v is not None}
         if changes:  # this request's decoding; the loaded model and tokenizer are shared
             decode = dataclasses.replace(translator.decode, **changes)
             translator = Translator(translator.model, translator.tokenizer, decode, translator.device)
+        n_best = int(params.get(N_BEST) or 1)
+        if n_best > 1:
+            found = translator.translate_nbest([str(t) for t in texts], n_best)
+            return [[{"translation": t, "score": score} for t, score in hyps] for hyps in found]
         return translator.translate([str(t) for t in texts])

@@ -11,8 +11,9 @@ from serving import ServingError
 
 __all__ = ["ModelNotFoundError", "NotUtf8Error", "from_checkpoint", "from_registry", "load_translator", "translate_stream"]
 
-Predict = Callable[[list[str]], list[str]]
-"""Texts in, one translation per text out, in order."""
+Predict = Callable[[list[str]], list[Any]]
+"""Texts in, one translation per text out, in order: a string, or with n-best a list of
+(translation, score) pairs or of {"translation", "score"} (a registered model's form)."""
 
 
 class ModelNotFoundError(ServingError):
@@ -48,11 +49,16 @@ def from_registry(
     return lambda texts: list(model.predict(texts, params=params or None))
 
 
-def from_checkpoint(checkpoint: Path, tokenizer_dir: Path, decode: Any) -> Predict:
+def from_checkpoint(checkpoint: Path, tokenizer_dir: Path, decode: Any, n_best: int = 1) -> Predict:
     """A checkpoint (a ``model.pt`` or a folder holding one) and a tokenizer folder, no registry."""
     from serving.translator import Translator
 
-    return Translator.load(checkpoint, tokenizer_dir, decode).translate
+    translator = Translator.load(checkpoint, tokenizer_dir, decode)
+    if not 1 <= n_best <= translator.decode.beam_size:  # before any input is read
+        raise ServingError(f"--n-best {n_best} must be in [1, beam size {decode.beam_size}]")
+    if n_best > 1:
+        return lambda texts: translator.translate_nbest(texts, n_best)
+    return translator.translate
 
 
 def translate_stream(
@@ -60,21 +66,23 @@ def translate_stream(
 ) -> int:
     """Translate the lines of ``stdin`` to ``stdout``; returns the count. Lines are read in
     chunks of ``batch_lines``, so a long stream starts producing output early; a line that is
-    not UTF-8 stops the stream with an error naming it (the lines before it are written)."""
+    not UTF-8 stops the stream with an error naming it (the lines before it are written).
+    With n-best, each input line gets its hypotheses as ``LINE ||| TRANSLATION ||| SCORE``
+    lines (Moses' n-best format; LINE counts from 0), best first."""
     count = 0
     chunk: list[str] = []
     try:
         for line in _lines(stdin):
             chunk.append(line)
             if len(chunk) >= batch_lines:
-                count += _write(predict, chunk, stdout)
+                count += _write(predict, chunk, stdout, count)
                 chunk = []
     except NotUtf8Error:  # what was read before the bad line is still translated
         if chunk:
-            _write(predict, chunk, stdout)
+            _write(predict, chunk, stdout, count)
         raise
     if chunk:
-        count += _write(predict, chunk, stdout)
+        count += _write(predict, chunk, stdout, count)
     return count
 
 
@@ -91,8 +99,13 @@ def _lines(stdin: IO[bytes]) -> Iterable[str]:
         yield text.rstrip("\n").rstrip("\r")
 
 
-def _write(predict: Predict, lines: list[str], stdout: IO[str]) -> int:
-    for hyp in predict(lines):
-        stdout.write(hyp + "\n")
+def _write(predict: Predict, lines: list[str], stdout: IO[str], first: int) -> int:
+    for i, out in enumerate(predict(lines), start=first):
+        if isinstance(out, str):
+            stdout.write(out + "\n")
+            continue
+        for hyp in out:
+            text, score = (hyp["translation"], hyp["score"]) if isinstance(hyp, dict) else hyp
+            stdout.write(f"{i} ||| {text} ||| {score:.6f}\n")
     stdout.flush()
     return len(lines)

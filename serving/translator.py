@@ -164,23 +164,29 @@ class TorchEngine:
 
     def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
         """The best output ids (no BOS/EOS) per source, decoded as one padded batch."""
+        return [hyps[0].tokens for hyps in self.nbest(src_ids, decode, 1)]
+
+    def nbest(
+        self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig, n_best: int
+    ) -> list[list[Any]]:
+        """The ``n_best`` best hypotheses (ids and length-penalised scores) per source."""
         import torch
 
-        from transformer_core.search import beam_search
+        from transformer_core.search import beam_search_nbest
 
         width = max(len(s) for s in src_ids)
         src = torch.full((len(src_ids), width), self.config.pad_id, dtype=torch.long)  # (B, S)
         for i, seq in enumerate(src_ids):
             src[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
         with torch.inference_mode():
-            out = beam_search(
+            return beam_search_nbest(
                 self.model,
                 src.to(self.device),
                 beam_size=decode.beam_size,
                 alpha=decode.alpha,
                 max_len_offset=decode.max_len_offset,
+                n_best=n_best,
             )
-        return [[int(t) for t in seq] for seq in out]
 
 
 class Translator:
@@ -259,6 +265,20 @@ class Translator:
         if not texts:
             return []
         return self.detokenize(self.translate_ids(self.encode(texts)))
+
+    def translate_nbest(self, texts: Sequence[str], n_best: int) -> list[list[tuple[str, float]]]:
+        """The ``n_best`` (<= beam size) best translations of each text with their scores
+        (summed log-probabilities over GNMT's length penalty), best first, in input order."""
+        if not 1 <= n_best <= self.decode.beam_size:
+            raise ValueError(f"n_best {n_best} must be in [1, beam size {self.decode.beam_size}]")
+        src_ids = self.encode(texts)
+        batches = plan_decode_batches([len(s) for s in src_ids], self.decode.max_tokens_per_batch)
+        results = [
+            self.engine.nbest([self._fit(src_ids[i]) for i in rows], self.decode, n_best)
+            for rows in batches
+        ]
+        found = restore_order(batches, results, len(src_ids))
+        return [[(self.detokenize([h.tokens])[0], h.score) for h in hyps] for hyps in found]
 
 
 def _load_torch(

@@ -8,6 +8,7 @@ Padding and BOS are never produced (their log-probabilities are set to -inf).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -141,16 +142,36 @@ def beam_search_hypotheses(
     use_cache: bool = True,
     max_len: int | None = None,
 ) -> list[Hypothesis]:
-    """Like ``beam_search``, returning the best ``Hypothesis`` (tokens and score) per row.
+    """Like ``beam_search``, returning the best ``Hypothesis`` (tokens and score) per row."""
+    found = beam_search_nbest(
+        model, src, beam_size, alpha, max_len_offset, use_cache=use_cache, max_len=max_len
+    )
+    return [hyps[0] if hyps else Hypothesis([], float("-inf")) for hyps in found]
+
+
+def beam_search_nbest(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    n_best: int = 1,
+    *,
+    use_cache: bool = True,
+    max_len: int | None = None,
+) -> list[list[Hypothesis]]:
+    """The ``n_best`` (<= beam size) best hypotheses per source row, best first.
 
     At each step the 2k best continuations of the k open beams are ranked; EOS among the first k
     finishes a hypothesis, and the first k that are not EOS stay open. A sentence is done when
-    it has k finished hypotheses, when no open one can beat its best finished one (its score
-    can only fall, and the penalty only grows up to the length limit), or at the length limit.
-    Done sentences leave the batch, so later steps cost only what is still open.
+    it has k finished hypotheses, when no open one can beat its ``n_best``-th best finished one
+    (its score can only fall, and the penalty only grows up to the length limit), or at the
+    length limit. Done sentences leave the batch, so later steps cost only what is still open.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be in [1, beam_size {beam_size}], got {n_best}")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0 (the early stop relies on it), got {alpha}")
     config = model.config
@@ -237,8 +258,9 @@ def beam_search_hypotheses(
                 active.tolist(), at_limit.tolist(), bound.tolist(), strict=True
             ):
                 hyps = finished[sentence]
-                best_done = max((h.score for h in hyps), default=float("-inf"))
-                done = limited or len(hyps) >= k or best_done >= bound_i
+                scores_done = sorted((h.score for h in hyps), reverse=True)
+                nth_done = scores_done[n_best - 1] if len(scores_done) >= n_best else -math.inf
+                done = limited or len(hyps) >= k or nth_done >= bound_i
                 still_open.append(not done)
             keep = torch.tensor(still_open, dtype=torch.bool)
             if not bool(keep.any()):
@@ -260,7 +282,4 @@ def beam_search_hypotheses(
             else:
                 memory = memory.index_select(rows)
 
-        return [
-            max(hyps, key=lambda h: h.score, default=Hypothesis([], float("-inf")))
-            for hyps in finished
-        ]
+        return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]

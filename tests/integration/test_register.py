@@ -138,6 +138,12 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     # A request may change the decoding: here the maximum output length (source + 1).
     short = translate_here(inputs, TEXTS, DecodeConfig(max_len_offset=1))
     assert short != expected and model.predict(TEXTS, params={"max_len_offset": 1}) == short
+    # ... or ask for the n best translations, best first, the first being the translation.
+    nbest = model.predict(TEXTS, params={"n_best": 3})
+    assert [hyps[0]["translation"] for hyps in nbest] == expected
+    for hyps in nbest:
+        assert len(hyps) == 3
+        assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
     # The model carries the serving code and the model library, nothing else of this project.
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl")))
     assert sorted(p.name for p in (local / "code").iterdir()) == ["serving", "transformer_core"]
@@ -173,6 +179,13 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     predict = from_registry(f"models:/{name}@champion", config.tracking_uri)
     count = translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
     assert count == len(TEXTS) and stdout.getvalue().splitlines() == expected
+    # With --n-best: Moses' "LINE ||| TRANSLATION ||| SCORE" lines, best first per line.
+    stdout = io.StringIO()
+    predict = from_registry(f"models:/{name}@champion", config.tracking_uri, {"n_best": 2})
+    translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
+    lines = [line.split(" ||| ") for line in stdout.getvalue().splitlines()]
+    assert [int(n) for n, _, _ in lines] == [i for i in range(len(TEXTS)) for _ in range(2)]
+    assert [text for _, text, _ in lines[::2]] == expected
 
 
 def test_pip_requirements_are_pinned_and_installable() -> None:

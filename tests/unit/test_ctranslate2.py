@@ -76,6 +76,21 @@ def test_n_best_is_sorted_by_the_gnmt_score(tmp_path: Path) -> None:
         engine.hypotheses(sources(1), beam_size=4, n_best=5)
 
 
+def test_n_best_lists_mostly_equal_ours(tmp_path: Path) -> None:
+    """The same n-best list (outputs, order) from both engines through their common interface."""
+    from serving.translator import TorchEngine
+
+    model = tiny_model(seed=3)
+    engine = ct2.CTranslate2Engine(ct2.save_model(model, PIECES, tmp_path / "m"))
+    src_ids = sources(32)
+    decode = DecodeConfig(max_len_offset=5)
+    ours = TorchEngine(model).nbest(src_ids, decode, 3)
+    theirs = engine.nbest(src_ids, decode, 3)
+    same = [[h.tokens for h in a] == [h.tokens for h in b] for a, b in zip(ours, theirs, strict=True)]
+    assert all(len(hyps) == 3 for hyps in ours + theirs)
+    assert sum(same) >= 0.75 * len(same)  # random weights: see the beam test above
+
+
 def test_fixed_length_outputs(tmp_path: Path) -> None:
     """min_len = max_len: every output has that length (the benchmark relies on it)."""
     engine = ct2.CTranslate2Engine(ct2.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))

@@ -12,6 +12,7 @@ from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, decoding, pres
 from transformer_core.search import (
     beam_search,
     beam_search_hypotheses,
+    beam_search_nbest,
     greedy_search,
     length_penalty,
 )
@@ -146,6 +147,24 @@ def _exhaustive_best(model: Transformer, src: torch.Tensor, limit: int, alpha: f
     return best, len(outputs)
 
 
+def _exhaustive_ranking(model, src, limit, alpha):
+    """Every output up to ``limit`` tokens with its true score, best first."""
+    memory = model.encode(src)
+    words = [1, *range(4, model.tgt_vocab_size)]  # <unk> and the words (search bans pad, bos)
+    scored = []
+    with torch.no_grad():
+        for n in range(limit + 1):
+            for out in itertools.product(words, repeat=n):
+                target = list(out) + ([EOS_ID] if n < limit else [])
+                if not target:
+                    continue
+                tgt_in = torch.tensor([[BOS_ID] + target[:-1]])
+                log_probs = torch.log_softmax(model.decode(tgt_in, memory).float(), dim=-1)[0]
+                total = log_probs[torch.arange(len(target)), torch.tensor(target)].sum().item()
+                scored.append((list(out), total / length_penalty(len(target), alpha)))
+    return sorted(scored, key=lambda pair: -pair[1])
+
+
 @pytest.mark.parametrize("seed,alpha", [(0, 0.6), (1, 0.0), (2, 1.0), (3, 0.6)])
 def test_wide_beam_finds_the_exhaustive_optimum(seed, alpha):
     # Vocabulary: pad, unk, bos, eos and two words -> 3 producible words, outputs up to 3 long:
@@ -157,6 +176,29 @@ def test_wide_beam_finds_the_exhaustive_optimum(seed, alpha):
     [found] = beam_search_hypotheses(model, src, beam_size=64, alpha=alpha, max_len=3)
     assert found.tokens == tokens
     assert found.score == pytest.approx(score, abs=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_n_best_are_the_best_distinct_outputs_with_true_scores(alpha):
+    # A beam as wide as the 40 sequences keeps them all: its 5 best are the enumeration's 5 best.
+    model = _model(vocab=6, seed=4)
+    src = torch.tensor([[4, 5, 5, 4]])
+    [found] = beam_search_nbest(model, src, beam_size=64, alpha=alpha, n_best=5, max_len=3)
+    ranked = _exhaustive_ranking(model, src, limit=3, alpha=alpha)
+    assert [h.tokens for h in found] == [tokens for tokens, _ in ranked[:5]]
+    for h, (_, score) in zip(found, ranked, strict=False):
+        assert h.score == pytest.approx(score, abs=1e-5)
+    [best] = beam_search_hypotheses(model, src, beam_size=64, alpha=alpha, max_len=3)
+    assert best == found[0]
+
+
+def test_n_best_asks_for_at_most_the_beam():
+    model = _model()
+    found = beam_search_nbest(model, _sources(), beam_size=4, n_best=4, max_len_offset=4)
+    assert all(len(hyps) == 4 for hyps in found)
+    assert all(len({tuple(h.tokens) for h in hyps}) == 4 for hyps in found)
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search_nbest(model, _sources(), beam_size=4, n_best=5)
 
 
 def test_narrow_beam_score_is_consistent_with_enumeration():
