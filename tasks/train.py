@@ -54,6 +54,7 @@ NOT_IN_RESUME_KEY = (
     "keep_checkpoints",
     "cpus_per_worker",
     "prefetch",
+    "warn_encoder_spread",
 )
 
 

@@ -57,7 +57,10 @@ class TrainConfig:
     max_failures: int = 3
     """Restarts after a worker dies."""
     log_every: int = 100
-    """Metrics to MLflow every N steps."""
+    """Metrics to MLflow and a progress line on the console every N steps."""
+    warn_encoder_spread: float = 0.05
+    """Warn (console and an MLflow tag) when val_encoder_spread falls below this: the encoder has
+    collapsed to a source-independent output (about 0.5 at initialisation); 0 disables."""
     storage_path: str | None = None
     """Ray Train storage for resume (shared folder or s3://); null: <workdir>/train_ray."""
     stop_after: int | None = None

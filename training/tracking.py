@@ -39,6 +39,10 @@ class Tracker:
         if self.client is not None:
             self.client.log_param(self.run_id, key, value)
 
+    def tag(self, key: str, value: str) -> None:
+        if self.client is not None:
+            self.client.set_tag(self.run_id, key, value)
+
 
 def _read_json(fs: Any, path: str) -> dict[str, Any] | None:
     import pyarrow.fs as pafs

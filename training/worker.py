@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from training.data import TokenData
+from training.progress import Progress
 from training.tracking import Tracker
 from training.trainer import Trainer
 from transformer_core import checkpoint as ckpt
@@ -70,10 +71,22 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             )
 
     started = time.time()
+    progress = Progress(
+        trainer.last_step,
+        trainer.start_step,
+        enabled=rank == 0,
+        spread_floor=tc.warn_encoder_spread,
+    )
     try:
         while trainer.step < trainer.last_step:
-            tracker.metrics(trainer.train_step(), trainer.step)
-            tracker.metrics(trainer.maybe_evaluate(), trainer.step)
+            metrics = trainer.train_step()
+            tracker.metrics(metrics, trainer.step)
+            progress.step(trainer.step, metrics)
+            validation = trainer.maybe_evaluate()
+            tracker.metrics(validation, trainer.step)
+            if progress.validated(trainer.step, validation):
+                spread = validation["val_encoder_spread"]
+                tracker.tag("warning.encoder_collapse", f"step {trainer.step}: spread {spread:.3f}")
             trainer.maybe_checkpoint(save)
     finally:
         trainer.close()

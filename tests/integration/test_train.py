@@ -27,7 +27,9 @@ def make_tokenizer(root: Path) -> Path:
     letters = "abcdefghijklmnop"
     rng = np.random.default_rng(0)
     lines = ["".join(rng.choice(list(letters), size=12)) for _ in range(200)] + [letters]
-    return tokenizer_folder(root / "tokenizer", lines, VOCAB, model_type="char", add_dummy_prefix=False)
+    return tokenizer_folder(
+        root / "tokenizer", lines, VOCAB, model_type="char", add_dummy_prefix=False
+    )
 
 
 def write_split(folder: Path, n: int, seed: int, parts: int) -> None:
@@ -230,7 +232,9 @@ def test_missing_shards_error(ray_local, tmp_path):
     for f in (inputs["shard"] / "train").iterdir():
         f.unlink()
     # The stage contract finds the damage before the stage looks: files its manifest lists.
-    with pytest.raises(StageError, match=r"input 'shard' in .* is damaged: train/part-00000.parquet is missing"):
+    with pytest.raises(
+        StageError, match=r"input 'shard' in .* is damaged: train/part-00000.parquet is missing"
+    ):
         train.run(tiny_config(tmp_path), inputs)
 
 
@@ -276,18 +280,30 @@ def test_rows_longer_than_the_model_or_budget_are_refused_before_ray_train(ray_l
     tokenizer = make_tokenizer(tmp_path)
 
     def manifest_says(longest: int) -> dict:  # the shard manifest's lengths: one long target row
-        return {"vocab_size": VOCAB, "train": {"max_src_len": 9, "max_tgt_len": longest},
-                "dev": {"max_src_len": 9, "max_tgt_len": 9}}
+        return {
+            "vocab_size": VOCAB,
+            "train": {"max_src_len": 9, "max_tgt_len": longest},
+            "dev": {"max_src_len": 9, "max_tgt_len": 9},
+        }
 
-    inputs = {"shard": make_shards(tmp_path / "a", stats=manifest_says(600)), "tokenizer": tokenizer}
-    with pytest.raises(StageError, match=r"shard/train holds a row of 600 pieces but model.max_len is 512"):
+    inputs = {
+        "shard": make_shards(tmp_path / "a", stats=manifest_says(600)),
+        "tokenizer": tokenizer,
+    }
+    with pytest.raises(
+        StageError, match=r"shard/train holds a row of 600 pieces but model.max_len is 512"
+    ):
         train.run(tiny_config(tmp_path, max_tokens_per_batch=1024), inputs)  # debug: max_len 512
     inputs["shard"] = make_shards(tmp_path / "b", stats=manifest_says(200))
-    with pytest.raises(StageError, match=r"train.max_tokens_per_batch is 128: rerun `tfm stage shard --config"):
+    with pytest.raises(
+        StageError, match=r"train.max_tokens_per_batch is 128: rerun `tfm stage shard --config"
+    ):
         train.run(tiny_config(tmp_path), inputs)
     # no manifest lengths: the shards' own Parquet statistics (rows of up to 9 pieces here)
     inputs["shard"] = make_shards(tmp_path / "c")
-    with pytest.raises(StageError, match=r"shard/train holds a row of 9 pieces .* train.max_tokens_per_batch is 8"):
+    with pytest.raises(
+        StageError, match=r"shard/train holds a row of 9 pieces .* train.max_tokens_per_batch is 8"
+    ):
         train.run(tiny_config(tmp_path, max_tokens_per_batch=8), inputs)
     assert not (tmp_path / "train_ray").exists() and not (tmp_path / "train").exists()
 
@@ -314,3 +330,39 @@ def test_average_without_checkpoints_errors(tmp_path):
     config = tiny_config(tmp_path)
     with pytest.raises(StageError, match="no checkpoints"):
         average.run(config, {"train": train_out})
+
+
+@pytest.mark.slow  # one more Ray Train run
+def test_progress_lines_and_the_collapse_warning_reach_the_console(ray_local, tmp_path, capfd):
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from tasks import train
+
+    # A spread floor no encoder can reach: every validation warns.
+    config = tiny_config(
+        tmp_path,
+        steps=6,
+        num_workers=1,
+        cpus_per_worker=1.0,
+        log_every=2,
+        eval_every=3,
+        warn_encoder_spread=2.0,
+    )
+    train.run(config, make_inputs(tmp_path))
+    out = ""
+    for _ in range(30):  # Ray forwards worker output to the driver asynchronously
+        out += capfd.readouterr().out
+        if "train step 6/6" in out and out.count("WARNING step") >= 2:
+            break
+        time.sleep(0.5)
+    lines = [line for line in out.splitlines() if "train step" in line]
+    assert [line.split("train step ")[1].split(" ")[0] for line in lines] == ["2/6", "4/6", "6/6"]
+    assert all("ETA" in line and "tgt tok/s" in line for line in lines)
+    assert "dev ppl" in lines[-1]  # after the validation at step 3
+    assert out.count("WARNING step") == 2 and "val_encoder_spread" in out
+    run = MlflowClient(config.tracking_uri).search_runs(
+        [MlflowClient(config.tracking_uri).get_experiment_by_name("transformer").experiment_id]
+    )[0]
+    assert run.data.tags["warning.encoder_collapse"].startswith("step 6: spread ")

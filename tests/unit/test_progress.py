@@ -1,0 +1,44 @@
+"""The training console's progress lines and collapse warning."""
+
+from __future__ import annotations
+
+import io
+
+from training.progress import Progress, duration
+
+
+def test_durations_read_as_a_person_would():
+    assert [duration(s) for s in (0, 12.4, 245, 3725)] == ["0s", "12s", "4m05s", "1h02m"]
+
+
+def test_a_line_per_logging_step_with_eta_and_the_last_validation(monkeypatch):
+    clock = iter([100.0, 130.0, 160.0])
+    monkeypatch.setattr("training.progress.time.time", lambda: next(clock))
+    out = io.StringIO()
+    progress = Progress(total=100, start_step=20, out=out)  # resumed at step 20
+    metrics = {"loss": 4.25, "lr": 1e-3, "target_tokens_per_s": 2345.6}
+    assert progress.step(21, {}) is None  # not a logging step: nothing
+    line = progress.step(30, metrics)  # 10 steps in 30 s: 70 to go take 210 s
+    assert line == (
+        "train step 30/100 (30%) | loss 4.250 | lr 1.00e-03 | 2,346 tgt tok/s | "
+        "30s elapsed, ETA 3m30s"
+    )
+    progress.validated(30, {"val_ppl": 12.345, "val_encoder_spread": 0.4})
+    assert "dev ppl 12.35 | 1m00s elapsed, ETA 1m00s" in progress.step(60, metrics)
+    assert out.getvalue().count("\n") == 2
+
+
+def test_a_collapsed_encoder_warns_and_a_healthy_one_does_not():
+    out = io.StringIO()
+    progress = Progress(total=10, start_step=0, spread_floor=0.05, out=out)
+    assert progress.validated(5, {"val_encoder_spread": 0.31}) is None
+    warning = progress.validated(10, {"val_encoder_spread": 0.012})
+    assert warning.startswith("WARNING step 10: val_encoder_spread 0.012 < 0.05")
+    assert out.getvalue() == warning + "\n"
+
+
+def test_other_ranks_print_nothing():
+    out = io.StringIO()
+    progress = Progress(total=10, start_step=0, enabled=False, out=out)
+    progress.step(5, {"loss": 1.0, "lr": 1e-3})
+    assert out.getvalue() == ""

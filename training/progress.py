@@ -1,0 +1,82 @@
+"""What rank 0 prints while it trains: one line per logging step (step / total, loss, lr, target
+tokens/s, the last validation, elapsed and ETA), and a warning when the encoder collapses.
+
+Plain lines rather than a bar: they reach the driver's console through Ray's worker-log
+forwarding, which passes lines, and read the same in a terminal, CI and a log file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+
+def duration(seconds: float) -> str:
+    """``1h02m``, ``4m05s``, ``12s``."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class Progress:
+    """Lines for the steps ``start_step + 1 .. total``; silent unless ``enabled`` (rank 0)."""
+
+    def __init__(
+        self,
+        total: int,
+        start_step: int,
+        *,
+        enabled: bool = True,
+        spread_floor: float = 0.0,
+        out: IO[str] | None = None,
+    ):
+        self.total, self.start_step, self.enabled = total, start_step, enabled
+        self.spread_floor = spread_floor
+        self.out = out or sys.stdout
+        self.started = time.time()
+        self.validation: dict[str, float] = {}
+
+    def step(self, step: int, metrics: dict[str, Any]) -> str | None:
+        """The line for a logging step's ``metrics`` (nothing for other steps)."""
+        if not metrics:
+            return None
+        elapsed = time.time() - self.started
+        done = step - self.start_step
+        eta = elapsed / done * (self.total - step) if done > 0 else 0.0
+        parts = [
+            f"train step {step}/{self.total} ({100 * step / self.total:.0f}%)",
+            f"loss {metrics['loss']:.3f}",
+            f"lr {metrics['lr']:.2e}",
+            f"{metrics.get('target_tokens_per_s', 0.0):,.0f} tgt tok/s",
+        ]
+        if "val_ppl" in self.validation:
+            parts.append(f"dev ppl {self.validation['val_ppl']:.2f}")
+        parts.append(f"{duration(elapsed)} elapsed, ETA {duration(eta)}")
+        return self._print(" | ".join(parts))
+
+    def validated(self, step: int, metrics: dict[str, float]) -> str | None:
+        """Remember a validation's metrics; a warning line if the encoder has collapsed."""
+        if not metrics:
+            return None
+        self.validation = dict(metrics)
+        spread = metrics.get("val_encoder_spread")
+        if spread is not None and spread < self.spread_floor:
+            return self._print(self.collapse_warning(step, spread))
+        return None
+
+    def collapse_warning(self, step: int, spread: float) -> str:
+        return (
+            f"WARNING step {step}: val_encoder_spread {spread:.3f} < {self.spread_floor:g} "
+            "(train.warn_encoder_spread): the encoder's output barely differs between source "
+            "positions, so the decoder is translating without its source (a collapsed "
+            "encoder; docs/training.md says what to try)"
+        )
+
+    def _print(self, line: str) -> str:
+        if self.enabled:
+            print(line, file=self.out, flush=True)
+        return line
