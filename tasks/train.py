@@ -55,6 +55,7 @@ NOT_IN_RESUME_KEY = (
     "cpus_per_worker",
     "prefetch",
     "warn_encoder_spread",
+    "torch_threads",
 )
 
 

@@ -46,6 +46,9 @@ class TrainConfig:
     copied with non_blocking); 0 collates inside the step."""
     cpus_per_worker: float = 1.0
     """CPUs reserved per worker; fractional on small machines so Ray Data is never starved."""
+    torch_threads: int | None = None
+    """Intra-op threads per worker; null: the node's cores divided among its workers (Ray would
+    give a 1-CPU worker one thread, and training reads its own shards, so the rest would idle)."""
     eval_every: int = 1000
     """Validation loss and perplexity every N steps."""
     checkpoint_every: int = 1000
@@ -80,6 +83,8 @@ class TrainConfig:
                 raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
         if self.warmup_steps < 1:
             raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ConfigError("torch_threads", f"{self.torch_threads} must be >= 1 or null")
         if self.prefetch < 0:
             raise ConfigError("prefetch", f"{self.prefetch} must be >= 0")
         if self.pad_multiple > self.max_tokens_per_batch:

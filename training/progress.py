@@ -2,7 +2,9 @@
 tokens/s, the last validation, elapsed and ETA), and a warning when the encoder collapses.
 
 Plain lines rather than a bar: they reach the driver's console through Ray's worker-log
-forwarding, which passes lines, and read the same in a terminal, CI and a log file.
+forwarding, which passes lines, and read the same in a terminal, CI and a log file. Written,
+not printed: Ray Train patches a worker's ``print`` to log each line besides printing it, which
+would show every line twice.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class Progress:
     ):
         self.total, self.start_step, self.enabled = total, start_step, enabled
         self.spread_floor = spread_floor
-        self.out = out or sys.stdout
+        self.out = out or sys.stderr
         self.started = time.time()
         self.validation: dict[str, float] = {}
 
@@ -78,5 +80,6 @@ class Progress:
 
     def _print(self, line: str) -> str:
         if self.enabled:
-            print(line, file=self.out, flush=True)
+            self.out.write(line + "\n")
+            self.out.flush()
         return line

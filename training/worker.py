@@ -10,6 +10,7 @@ logger callbacks).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     mc, tc, seed, vocab_size = cfg["model"], cfg["train"], cfg["seed"], cfg["vocab_size"]
+    torch.set_num_threads(tc.torch_threads or worker_threads(ctx.get_local_world_size()))
     train = TokenData.read(f"{cfg['shard_dir']}/train", vocab_size)
     dev = TokenData.read(f"{cfg['shard_dir']}/dev", vocab_size)
     torch.manual_seed(seed)  # the same initial weights on every rank
@@ -105,6 +107,11 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         **{k: v for k, v in trainer.latest.items() if k in SUMMARY_METRICS},
     }
+
+
+def worker_threads(local_workers: int) -> int:
+    """The cores this process may run on, shared among the workers of its node."""
+    return max(1, len(os.sched_getaffinity(0)) // max(local_workers, 1))
 
 
 def read_state(folder: Path, rank: int) -> dict[str, Any]:

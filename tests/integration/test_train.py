@@ -353,7 +353,7 @@ def test_progress_lines_and_the_collapse_warning_reach_the_console(ray_local, tm
     train.run(config, make_inputs(tmp_path))
     out = ""
     for _ in range(30):  # Ray forwards worker output to the driver asynchronously
-        out += capfd.readouterr().out
+        out += "".join(capfd.readouterr())
         if "train step 6/6" in out and out.count("WARNING step") >= 2:
             break
         time.sleep(0.5)
