@@ -183,12 +183,7 @@ def ray_vs_plain(size: str, steps: int, corpus: TokenData) -> list[dict]:
         torch.cuda.empty_cache()
         return value
 
-    before = plain()
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-    )
-    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    try:
+    def in_ray() -> float:
         with tempfile.TemporaryDirectory() as storage:
             result = Path(storage) / "result.json"
             TorchTrainer(
@@ -197,21 +192,44 @@ def ray_vs_plain(size: str, steps: int, corpus: TokenData) -> list[dict]:
                 scaling_config=ScalingConfig(num_workers=1, use_gpu=True),
                 run_config=RunConfig(storage_path=storage, name="bench"),
             ).fit()
-            in_ray = float(json.loads(result.read_text())["tokens_per_s"])
+            return float(json.loads(result.read_text())["tokens_per_s"])
+
+    # Interleaved, plain first and last, so drift hits both paths alike.
+    runs: list[tuple[str, float]] = [("plain", plain())]
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        for _ in range(2):
+            runs.append(("Ray Train, 1 worker", in_ray()))
+            runs.append(("plain", plain()))
     finally:
         ray.shutdown()
-    after = plain()
-    reference = (before + after) / 2
-    return [
-        {"loop": "plain (before)", "model": size, "tokens/s": before, "ratio": before / reference},
+    mean = {
+        name: sum(v for n, v in runs if n == name) / sum(1 for n, _ in runs if n == name)
+        for name, _ in runs
+    }
+    rows = [
         {
-            "loop": "Ray Train, 1 worker",
+            "run": i + 1,
+            "loop": name,
             "model": size,
-            "tokens/s": in_ray,
-            "ratio": in_ray / reference,
-        },
-        {"loop": "plain (after)", "model": size, "tokens/s": after, "ratio": after / reference},
+            "tokens/s": value,
+            "vs_plain_mean": value / mean["plain"],
+        }
+        for i, (name, value) in enumerate(runs)
     ]
+    rows.append(
+        {
+            "run": "mean",
+            "loop": "Ray Train / plain",
+            "model": size,
+            "tokens/s": mean["Ray Train, 1 worker"],
+            "vs_plain_mean": mean["Ray Train, 1 worker"] / mean["plain"],
+        }
+    )
+    return rows
 
 
 # ------------------------------------------------------------------------------ profile
