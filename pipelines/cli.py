@@ -74,10 +74,11 @@ def _print_summary(config, results) -> None:
     for r in results:
         result = "ran" if r.ran else "up to date (skipped)"
         print(f"{r.stage:<12} {result:<22} {r.seconds:>8.1f}  {r.path}")
+    from pipelines.flows import scores
+
     stats = {r.stage: r.stats for r in results}
-    scores = stats.get("score") or stats.get("parse_score")
-    if scores:
-        shown = {k: v for k, v in scores.items() if isinstance(v, (int, float, str)) and k != "signature"}
+    shown = scores(results)
+    if shown:
         print("\nscores: " + ", ".join(
             f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()
         ))

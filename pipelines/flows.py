@@ -78,7 +78,50 @@ def run_pipeline(
             if result.ran:
                 forced |= graph.downstream(config, [spec.name])
         mlflow.set_tag("stages.ran", ",".join(r.stage for r in results if r.ran))
+    from prefect.artifacts import create_markdown_artifact
+
+    # The run's outcome in the Prefect UI too, beside the flow run, not only in MLflow.
+    create_markdown_artifact(
+        key=artifact_key(config.name),
+        markdown=summary_markdown(config, results, parent.info.run_id),
+        description=f"{config.name}: stages and scores",
+    )
     return results
+
+
+def artifact_key(name: str) -> str:
+    """Prefect's artifact keys allow lowercase letters, digits and dashes."""
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") + "-summary"
+
+
+def scores(results: list[StageResult]) -> dict[str, Any]:
+    """The score (or parse_score) stage's figures: numbers and short strings."""
+    stats = {r.stage: r.stats for r in results}
+    found = stats.get("score") or stats.get("parse_score") or {}
+    return {k: v for k, v in found.items() if isinstance(v, (int, float, str)) and k != "signature"}
+
+
+def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run_id: str) -> str:
+    """A markdown table of the stages (ran or skipped, why, seconds) and one of the scores."""
+    lines = [
+        f"## {config.name}",
+        "",
+        "| stage | result | why | seconds |",
+        "|---|---|---|---|",
+        *(
+            f"| {r.stage} | {'ran' if r.ran else 'skipped'} | {r.reason} | {r.seconds:.1f} |"
+            for r in results
+        ),
+    ]
+    found = scores(results)
+    if found:
+        lines += ["", "| score | value |", "|---|---|"]
+        lines += [
+            f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |"
+            for k, v in found.items()
+        ]
+    lines += ["", f"MLflow parent run `{mlflow_run_id}` ({config.tracking_uri})"]
+    return "\n".join(lines) + "\n"
 
 
 @flow(name="pipeline")

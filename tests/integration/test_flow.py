@@ -98,6 +98,29 @@ def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(firs
     assert str(champion.version) == "1"
 
 
+def test_the_flow_run_shows_its_stages_and_scores_as_a_prefect_artifact(first_run):
+    from prefect import get_client
+
+    from pipelines.flows import artifact_key
+
+    # Through the REST API: Prefect 3.8.8's client sends filter bodies its server refuses.
+    body = {
+        "artifacts": {"key": {"any_": [artifact_key("flowtest")]}},
+        "sort": "UPDATED_DESC",
+        "limit": 1,
+        "offset": 0,
+    }
+    with get_client(sync_client=True) as client:
+        response = client._client.post("/artifacts/filter", json=body)
+    response.raise_for_status()
+    [artifact] = response.json()
+    assert artifact["type"] == "markdown"
+    table = artifact["data"]
+    for stage in WMT14_STAGES:
+        assert f"| {stage} | ran |" in table
+    assert "| bleu_sacre |" in table and "MLflow parent run" in table
+
+
 def test_second_run_skips_every_stage(first_run):
     from pipelines.flows import pipeline_flow
 
