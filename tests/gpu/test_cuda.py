@@ -63,6 +63,21 @@ def tokens(n: int, seed: int) -> TokenData:
     return TokenData(*sides)
 
 
+def gpu_training(**changes) -> TrainConfig:
+    """A few 2k-token GPU steps, no validation or checkpoints in the way."""
+    settings = {
+        "tokens_per_step": 2048,
+        "max_tokens_per_batch": 1024,
+        "warmup_steps": 10,
+        "eval_every": 100,
+        "checkpoint_every": 0,
+        "checkpoint_minutes": 0,
+        "use_gpu": True,
+        "pad_multiple": 8,
+    }
+    return TrainConfig(**{**settings, **changes})
+
+
 def test_bf16_autocast_loss_is_within_tolerance_of_float32():
     m = model().to(CUDA).train()
     src, tgt_in, tgt_out = (t.to(CUDA) for t in batch())
@@ -123,18 +138,7 @@ def test_compile_on_and_off_give_the_same_loss_on_a_fixed_batch():
 
 
 def test_a_training_step_makes_no_host_sync_except_on_logging_steps():
-    config = TrainConfig(
-        steps=6,
-        tokens_per_step=2048,
-        max_tokens_per_batch=1024,
-        warmup_steps=10,
-        log_every=3,
-        eval_every=100,
-        checkpoint_every=0,
-        checkpoint_minutes=0,
-        use_gpu=True,
-        pad_multiple=8,
-    )
+    config = gpu_training(steps=6, log_every=3)
     m = model(seed=7).to(CUDA)
     trainer = Trainer(m, config, tokens(400, 1), tokens(20, 2), seed=1)
     assert trainer.optimizer.defaults["fused"]  # fused Adam by default on a GPU
@@ -151,18 +155,7 @@ def test_a_training_step_makes_no_host_sync_except_on_logging_steps():
 
 
 def test_compiled_training_matches_eager_training_over_steps():
-    config = TrainConfig(
-        steps=4,
-        tokens_per_step=2048,
-        max_tokens_per_batch=1024,
-        warmup_steps=10,
-        log_every=1,
-        eval_every=100,
-        checkpoint_every=0,
-        checkpoint_minutes=0,
-        use_gpu=True,
-        pad_multiple=8,
-    )
+    config = gpu_training(steps=4, log_every=1)
     traces = {}
     for compile in (False, True):
         m = model(seed=8, dropout=0.0).to(CUDA)
