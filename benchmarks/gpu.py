@@ -3,10 +3,10 @@
 1. Training throughput of Transformer base and big, bf16 autocast, torch.compile off and on:
    tokens/s (source + target), target tokens/s, model TFLOP/s and MFU (transformer_core/flops.py
    against the device's datasheet bf16 peak), peak memory. The paper's batch: one 25k-token
-   step, lengths drawn like WMT14 En-De BPE (a log-normal fitted to its mean and spread), a 37k
-   vocabulary, pad_multiple 8, fused Adam, prefetched pinned batches.
+   step, lengths from a log-normal with WMT14 En-De BPE's means (~27 source, ~30 target pieces)
+   and a long tail, a 37k vocabulary, pad_multiple 8, fused Adam, prefetched pinned batches.
 2. The same Trainer loop inside a Ray Train worker (1 GPU) against the plain loop in this
-   process, the plain loop measured before and after (their spread is the noise).
+   process, interleaved plain, Ray, plain, Ray, plain (the plain runs' spread is the noise).
 3. Where the time goes: torch.profiler over 3 more steps of each run: the share of wall time the
    GPU was busy, which scaled-dot-product-attention kernels ran (with the padding masks), and for
    the largest model GPU time by kernel kind and the top kernels. Runs with cuDNN's attention
