@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from serving import ServingError
 from transformer_core.config import UNK_ID, ConfigError, ModelConfig
+from transformer_core.folders import remove_stale_temporaries, temporary_sibling
 from transformer_core.search import Hypothesis
 
 if TYPE_CHECKING:
@@ -221,8 +222,8 @@ def save_model(
         "vocab_size": len(pieces),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    remove_stale_temporaries(out)
+    tmp = temporary_sibling(out)
     try:
         tmp.mkdir()
         spec.save(str(tmp))
@@ -231,24 +232,6 @@ def save_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _remove_stale(out: Path) -> None:
-    """Remove the temporary siblings of ``out`` left by exports whose process is gone."""
-    for tmp in out.parent.glob(f".{out.name}.tmp-*-*"):
-        pid = tmp.name.rsplit("-", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def _move_into_place(tmp: Path, out: Path, info: dict[str, Any]) -> None:

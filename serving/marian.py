@@ -40,15 +40,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serving import ServingError
 from transformer_core.config import UNK_ID, ModelConfig
+from transformer_core.folders import publish, temporary_sibling
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -343,7 +342,7 @@ def save_marian(
         "alpha": alpha,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_sibling(out)
     try:
         tmp.mkdir()
         _write_json(tmp / "config.json", marian_config(model))
@@ -363,18 +362,10 @@ def save_marian(
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``, swapping an existing ``out`` aside first and removing it."""
-    old = None
-    if out.exists() or out.is_symlink():
-        if not out.is_dir():
-            raise ServingError(f"{out} exists and is not a folder: not replacing it")
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out, old)
-    try:
-        os.rename(tmp, out)
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    """``publish``, refusing to replace something that is not a folder."""
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise ServingError(f"{out} exists and is not a folder: not replacing it")
+    publish(tmp, out)
 
 
 def export_marian(

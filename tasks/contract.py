@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import fingerprint, to_dict
+from transformer_core.folders import publish, remove_stale_temporaries, temporary_sibling
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def run_stage(
     log.info("stage %s: running (%s)", stage, reason)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_sibling(out_dir)
     tmp.mkdir()
     try:
         stats = to_dict(dict(build(tmp) or {}))
@@ -266,34 +266,6 @@ def lineage(inputs: Mapping[str, Path]) -> dict[str, str]:
         for up_role, info in (manifest.get("inputs") or {}).items():
             stack.append((up_role, Path(info["path"]), info.get("fingerprint")))
     return dict(sorted(found.items()))
-
-
-def remove_stale_temporaries(out_dir: Path) -> list[Path]:
-    """Remove the temporary siblings of ``out_dir`` (``.<name>.tmp-<pid>-*``, ``.<name>.old-*``)
-    that a killed run left behind: those whose process is gone. Returns what it removed."""
-    import psutil
-
-    removed = []
-    for path in out_dir.parent.glob(f".{out_dir.name}.*-*"):
-        kind, _, rest = path.name[len(out_dir.name) + 2 :].partition("-")
-        pid = rest.split("-", 1)[0]
-        owner_alive = kind == "tmp" and pid.isdigit() and psutil.pid_exists(int(pid))
-        if kind in ("tmp", "old") and not owner_alive:
-            shutil.rmtree(path, ignore_errors=True)
-            log.info("removed %s, left behind by a run that did not finish", path)
-            removed.append(path)
-    return removed
-
-
-def publish(tmp: Path, out_dir: Path) -> None:
-    """Move a finished temporary folder into place, replacing any older output."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
