@@ -13,7 +13,7 @@ __all__ = ["ModelNotFoundError", "NotUtf8Error", "from_checkpoint", "from_regist
 
 Predict = Callable[[list[str]], list[Any]]
 """Texts in, one translation per text out, in order: a string, or with n-best a list of
-(translation, score) pairs or of {"translation", "score"} (a registered model's form)."""
+{"translation", "score"}, best first (a registered model's form)."""
 
 
 class ModelNotFoundError(ServingError):
@@ -56,8 +56,11 @@ def from_checkpoint(checkpoint: Path, tokenizer_dir: Path, decode: Any, n_best: 
     translator = Translator.load(checkpoint, tokenizer_dir, decode)
     if not 1 <= n_best <= translator.decode.beam_size:  # before any input is read
         raise ServingError(f"--n-best {n_best} must be in [1, beam size {decode.beam_size}]")
-    if n_best > 1:
-        return lambda texts: translator.translate_nbest(texts, n_best)
+    if n_best > 1:  # the registered model's form, so the stream writes one kind
+        return lambda texts: [
+            [{"translation": text, "score": score} for text, score in hyps]
+            for hyps in translator.translate_nbest(texts, n_best)
+        ]
     return translator.translate
 
 
@@ -105,7 +108,6 @@ def _write(predict: Predict, lines: list[str], stdout: IO[str], first: int) -> i
             stdout.write(out + "\n")
             continue
         for hyp in out:
-            text, score = (hyp["translation"], hyp["score"]) if isinstance(hyp, dict) else hyp
-            stdout.write(f"{i} ||| {text} ||| {score:.6f}\n")
+            stdout.write(f"{i} ||| {hyp['translation']} ||| {hyp['score']:.6f}\n")
     stdout.flush()
     return len(lines)
