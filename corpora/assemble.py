@@ -2,11 +2,11 @@
 
 Layout (what the download stage publishes, docs/contracts.md): ``train/<corpus>.<src>``,
 ``train/<corpus>.<tgt>``, ``dev.<src>``, ``dev.<tgt>``, ``test.<src>``, ``test.<tgt>``.
-``from_wmt14`` fills it from the registry's archives (``corpora.sources``; cached outside the
-folder, pinned in a lock file once they read cleanly, dropped from the cache when they do not),
-``from_local`` from ``<prefix>.<lang>`` files on disk; the synthetic grammar writes the same
-layout itself (``corpora.synthetic``). Each returns the stats the download stage's manifest
-records.
+``from_wmt14`` fills it from the registry's archives and ``from_multi30k`` from the registry's
+Multi30k files (``corpora.sources``; both cached outside the folder, pinned in a lock file once
+they read cleanly, dropped from the cache when they do not), ``from_local`` from
+``<prefix>.<lang>`` files on disk; the synthetic grammar writes the same layout itself
+(``corpora.synthetic``). Each returns the stats the download stage's manifest records.
 """
 
 from __future__ import annotations
@@ -14,22 +14,26 @@ from __future__ import annotations
 import gzip
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from corpora import CorpusError, sources
 from corpora.archives import corrupt_archive, iter_members
 from corpora.fetch import Expected, LockFile, Seen, download, hash_file, mirror_url
-from corpora.sources import Corpus, split_pair
+from corpora.sources import Archive, Corpus, split_pair
 from corpora.text import LineWriter, read_sgm, read_text_lines, read_tsv
 
-__all__ = ["from_local", "from_wmt14"]
+__all__ = ["from_local", "from_multi30k", "from_wmt14"]
 
 log = logging.getLogger(__name__)
 
 # (split, corpus, output file per language) for each corpus a folder gets.
 _Plan = list[tuple[str, Corpus, dict[str, Path]]]
+# What reading a gzipped stream that ends early or fails its CRC raises.
+_GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
 
 
 def from_wmt14(
@@ -65,23 +69,65 @@ def from_wmt14(
     corpora_stats: dict[str, Any] = {}
     for key, items in by_archive.items():
         archive = sources.archive(key)
-        url = mirror_url(archive.url, mirror)
-        path = Path(cache) / archive.path
-        pinned = lock.expected(archive.url)
-        expected = [Expected(archive.bytes, archive.sha256, archive.md5, origin="the source registry"), pinned]
-        log.info("download: %s -> %s", url, path)
-        seen = download(url, path, [e for e in expected if e is not None], max_retries=max_retries)
-        try:
-            stats = _read_archive(out, path, items, (src, tgt), url=archive.url, seen=seen)
-        except CorpusError as exc:
-            # A cached file that failed to read would be reused by every rerun: drop it, and
-            # keep the error's class (unsafe archive, missing member, ...) for callers.
-            path.unlink(missing_ok=True)
-            raise type(exc)(f"{exc}; {_after_bad_archive(path, archive.url, lock, pinned)}") from None
-        # Pinned only now that the archive read cleanly, so a bad file never becomes the pin.
-        lock.pin(archive.url, seen)
-        corpora_stats.update(stats)
+        fetched = _fetch(
+            archive, Path(cache) / archive.path, mirror=mirror, lock=lock, max_retries=max_retries
+        )
+        with _pinned_once_read([fetched], lock):
+            corpora_stats.update(
+                _read_archive(out, fetched.path, items, (src, tgt), url=archive.url, seen=fetched.seen)
+            )
     return _summary("wmt14", pair, corpora_stats, mirror=mirror, test_variant=test_variant)
+
+
+def from_multi30k(
+    out: Path,
+    *,
+    pair: str,
+    dev: str,
+    test: str,
+    mirror: str | None,
+    cache: Path,
+    lock_file: Path,
+    max_retries: int,
+) -> dict[str, Any]:
+    """Download (or reuse from ``cache``) the Multi30k task 1 files of the pair's two languages,
+    train and the named dev and test sets (each a gzipped text file of its own), into ``out``.
+
+    A split's two files are pinned in the lock file together once both read cleanly and align;
+    otherwise both are dropped from the cache, so a rerun after fixing the mirror starts afresh.
+    """
+    src, tgt = split_pair(pair)
+    plan = [
+        ("train", sources.multi30k_train(pair)),
+        ("dev", sources.multi30k_eval_set(dev, pair)),
+        ("test", sources.multi30k_eval_set(test, pair)),
+    ]
+    lock = LockFile(lock_file)
+    corpora_stats: dict[str, Any] = {}
+    for split, corpus in plan:
+        outputs = _outputs(out, split, corpus.name, src, tgt)
+        fetched = {
+            lang: _fetch(
+                sources.multi30k_file(member), Path(cache) / "multi30k" / member,
+                mirror=mirror, lock=lock, max_retries=max_retries,
+            )
+            for lang, member in corpus.members.items()
+        }
+        with _pinned_once_read(list(fetched.values()), lock):
+            writers = _copy_text({lang: f.path for lang, f in fetched.items()}, outputs, gzipped=True)
+            lines = _check_corpus(corpus, writers)
+        corpora_stats[_stat_key(split, corpus.name)] = {
+            "split": split,
+            "name": corpus.name,
+            "lines": lines,
+            "files": {lang: _rel(outputs[lang], out) for lang in (src, tgt)},
+            "inputs": {
+                lang: {"url": f.archive.url, "bytes": f.seen.bytes, "sha256": f.seen.sha256}
+                for lang, f in fetched.items()
+            },
+            **_fixes(writers),
+        }
+    return _summary("multi30k", pair, corpora_stats, mirror=mirror)
 
 
 def from_local(
@@ -110,15 +156,7 @@ def from_local(
 
     corpora_stats: dict[str, Any] = {}
     for split, name, inputs, outputs in plan:
-        writers = {lang: LineWriter(outputs[lang]) for lang in (src, tgt)}
-        try:
-            for lang, writer in writers.items():
-                with open(inputs[lang], "rb") as f:
-                    for line in read_text_lines(f):
-                        writer.write(line)
-        finally:
-            for writer in writers.values():
-                writer.close()
+        writers = _copy_text(inputs, outputs)
         lines = _check_aligned(name, {lang: (str(inputs[lang]), w) for lang, w in writers.items()})
         seen = {lang: hash_file(inputs[lang]) for lang in (src, tgt)}
         corpora_stats[_stat_key(split, name)] = {
@@ -136,6 +174,59 @@ def from_local(
     return _summary("local", pair, corpora_stats, local_dir=str(folder.resolve()))
 
 
+# ----------------------------------------------------------------------------- downloads
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """A registry file in the download cache."""
+
+    archive: Archive
+    path: Path
+    seen: Seen
+    pinned: Expected | None
+    """What the lock file had pinned for it before this run (None: nothing)."""
+
+
+def _fetch(archive: Archive, path: Path, *, mirror: str | None, lock: LockFile, max_retries: int) -> _Fetched:
+    """``archive`` at ``path``, downloaded (from ``mirror`` if set) unless a copy that verifies
+    against the registry's checksums and the lock file's pin is already there."""
+    url = mirror_url(archive.url, mirror, bases=(archive.base,))
+    pinned = lock.expected(archive.url)
+    expected = [Expected(archive.bytes, archive.sha256, archive.md5, origin="the source registry"), pinned]
+    log.info("download: %s -> %s", url, path)
+    seen = download(url, path, [e for e in expected if e is not None], max_retries=max_retries)
+    return _Fetched(archive, path, seen, pinned)
+
+
+@contextmanager
+def _pinned_once_read(files: Sequence[_Fetched], lock: LockFile) -> Iterator[None]:
+    """Pin ``files`` in the lock file once the block has read them without a CorpusError.
+
+    Pinned only then, so a bad file never becomes the pin. A cached file that failed to read
+    would be reused by every rerun: on an error all of ``files`` are dropped from the cache,
+    and the error says so, keeping its class (unsafe archive, missing member, ...) for callers.
+    """
+    try:
+        yield
+    except CorpusError as exc:
+        for f in files:
+            f.path.unlink(missing_ok=True)
+        raise type(exc)(f"{exc}; {_after_bad_download(files, lock)}") from None
+    for f in files:
+        lock.pin(f.archive.url, f.seen)
+
+
+def _after_bad_download(files: Sequence[_Fetched], lock: LockFile) -> str:
+    """What a user can do about downloaded files that did not read (now removed from the cache)."""
+    removed = " and ".join(str(f.path) for f in files)
+    hints = [lock.unpin_hint(f.archive.url) for f in files if f.pinned is not None]
+    if not hints:
+        them = "it" if len(files) == 1 else "them"
+        return f"removed the cached {removed} and pinned nothing, so a rerun downloads {them} again"
+    return f"removed the cached {removed}. {' '.join(hints)}"
+
+
 # ----------------------------------------------------------------------------- archive members
 
 
@@ -148,11 +239,7 @@ def _read_archive(
     stats: dict[str, Any] = {}
     for split, corpus, outputs in items:
         corpus_writers = {lang: writers[(corpus.name, lang)] for lang in langs}
-        lines = _check_aligned(
-            corpus.name, {lang: (corpus.members[lang], w) for lang, w in corpus_writers.items()}
-        )
-        if corpus.lines is not None and lines != corpus.lines:
-            log.warning("%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines)
+        lines = _check_corpus(corpus, corpus_writers)
         stats[_stat_key(split, corpus.name)] = {
             "split": split,
             "name": corpus.name,
@@ -165,13 +252,6 @@ def _read_archive(
             **_fixes(corpus_writers),
         }
     return stats
-
-
-def _after_bad_archive(path: Path, url: str, lock: LockFile, pinned: Expected | None) -> str:
-    """What a user can do about an archive that downloaded but did not read."""
-    if pinned is None:
-        return f"removed the cached {path} and pinned nothing, so a rerun downloads it again"
-    return f"removed the cached {path}. {lock.unpin_hint(url)}"
 
 
 def _convert(
@@ -221,9 +301,33 @@ def _copy_member(
                 writer.write(segment)
     except ValueError as exc:
         raise CorpusError(f"member {member!r} of {archive} ({corpus.format}): {exc}") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+    except _GZIP_ERRORS as exc:
         # A gzipped member ends early or fails its CRC (the tar around it read fine).
         raise corrupt_archive(archive, f"member {member!r}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- text files
+
+
+def _copy_text(
+    inputs: dict[str, Path], outputs: dict[str, Path], *, gzipped: bool = False
+) -> dict[str, LineWriter]:
+    """Copy each language's text file (gzipped or plain) to its output, one segment per line;
+    the closed writers. A gzip file that ends early or is corrupt fails naming it."""
+    writers: dict[str, LineWriter] = {}
+    try:
+        for lang, path in inputs.items():
+            writers[lang] = writer = LineWriter(outputs[lang])
+            with (gzip.open if gzipped else open)(path, "rb") as f:
+                try:
+                    for line in read_text_lines(f):
+                        writer.write(line)
+                except _GZIP_ERRORS as exc:
+                    raise corrupt_archive(path, exc) from None
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return writers
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -237,6 +341,15 @@ def _outputs(out: Path, split: str, name: str, src: str, tgt: str) -> dict[str, 
 
 def _local_inputs(folder: Path, prefix: str, src: str, tgt: str) -> dict[str, Path]:
     return {lang: folder / f"{prefix}.{lang}" for lang in (src, tgt)}
+
+
+def _check_corpus(corpus: Corpus, writers: dict[str, LineWriter]) -> int:
+    """The line count of a registry corpus whose sides (named by their members) must align; a
+    count other than the published one is logged, not fatal."""
+    lines = _check_aligned(corpus.name, {lang: (corpus.members[lang], w) for lang, w in writers.items()})
+    if corpus.lines is not None and lines != corpus.lines:
+        log.warning("%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines)
+    return lines
 
 
 def _check_aligned(name: str, sides: dict[str, tuple[str, LineWriter]]) -> int:

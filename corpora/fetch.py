@@ -3,8 +3,8 @@
 ``download(url, dest, expected)`` writes ``<dest>.part`` and renames it to ``dest`` only after its
 size and checksums verify, so a file under its final name is always complete. ``LockFile`` pins
 the sha256 and size of a URL's first download that its reader accepted, for files nobody
-publishes a checksum for; later downloads must match. ``mirror_url`` maps statmt.org URLs onto
-a mirror.
+publishes a checksum for; later downloads must match. ``mirror_url`` maps a source's URLs
+(statmt.org's unless told another base) onto a mirror.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,13 +91,17 @@ class Seen:
 # ----------------------------------------------------------------------------- mirrors
 
 
-def mirror_url(url: str, mirror: str | None) -> str:
-    """``url`` with its statmt.org base replaced by ``mirror`` (the path after the host is kept)."""
+def mirror_url(url: str, mirror: str | None, bases: Sequence[str] = STATMT_PREFIXES) -> str:
+    """``url`` with its base replaced by ``mirror`` (the path after the base is kept).
+
+    ``bases`` are the URL prefixes a mirror stands in for: statmt.org's by default; a source
+    published elsewhere passes its own (Multi30k: its repository's raw-file root).
+    """
     if not mirror:
         return url
     if not mirror.startswith(("file://", "http://", "https://")):
         raise CorpusError(f"data.mirror {mirror!r} must be a file:// folder or an http(s):// base")
-    for prefix in STATMT_PREFIXES:
+    for prefix in bases:
         if url.startswith(prefix):
             return mirror.rstrip("/") + "/" + url[len(prefix):]
     return url

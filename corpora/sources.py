@@ -1,4 +1,4 @@
-"""The source registry: where each WMT14 corpus lives and which archive members hold it.
+"""The source registry: where each WMT14 and Multi30k corpus lives and which files hold it.
 
 Training corpora are tables here: statmt.org publishes no list of them anyone else keeps. The
 dev and test sets (newstest2013, newstest2014 full and filtered) come from sacreBLEU's own
@@ -8,10 +8,15 @@ we still download them ourselves, through mirrors, the lock file and safe extrac
 Archive paths are relative to ``https://www.statmt.org/`` (a mirror keeps them); member paths
 are exactly as they appear inside the archives. Checksums are ``None`` where nobody publishes
 one; the download stage then pins what it saw first in a lock file (see docs/data.md).
+
+Multi30k (task 1: image captions, English with German, French and Czech translations) is a
+table of its splits: each split and language is a gzipped text file of its own in the
+multi30k/dataset repository, relative to ``MULTI30K`` (a mirror keeps those paths too).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -19,6 +24,7 @@ from typing import Literal
 from corpora import CorpusError
 
 STATMT = "https://www.statmt.org/"
+MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/master/"
 
 Format = Literal["text", "gzip", "sgm", "tsv"]
 """text: one segment per line; gzip: the same, gzipped; sgm: WMT's <seg> files; tsv: one member
@@ -30,18 +36,20 @@ class Archive:
     """One downloadable file."""
 
     path: str
-    """Path after https://www.statmt.org/ (a mirror serves the same path)."""
+    """Path after ``base`` (a mirror serves the same path)."""
     bytes: int | None = None
     """Expected size, when known."""
     sha256: str | None = None
     """Expected sha256, when published."""
     md5: str | None = None
     """Expected md5, when published (sacrebleu's dataset table has them for the test sets)."""
+    base: str = STATMT
+    """Where the source publishes it; ``data.mirror`` replaces this part of the URL."""
 
     @property
     def url(self) -> str:
-        """The canonical statmt.org URL (also the key in the lock file)."""
-        return STATMT + self.path
+        """The canonical URL (also the key in the lock file)."""
+        return self.base + self.path
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,8 @@ class Corpus:
     name: str
     """Corpus name; names the output files (``train/<name>.<lang>``)."""
     archive: str
-    """Key of its archive: into ``ARCHIVES``, or a sacreBLEU dataset (``wmt14/full``)."""
+    """Key of its archive: into ``ARCHIVES``, or a sacreBLEU dataset (``wmt14/full``); or
+    ``multi30k``, whose members are files of their own (``multi30k_file``)."""
     format: Format
     """How the members are written."""
     members: Mapping[str, str]
@@ -141,6 +150,45 @@ PUBLISHED_LINES: dict[tuple[str, str], int] = {
 """Segments per (sacreBLEU dataset, statmt pair), where published; another count is logged."""
 
 
+# ----------------------------------------------------------------------------- Multi30k (task 1)
+# data/task1/raw/<split>.<lang>.gz in the multi30k/dataset repository, one gzipped file per split
+# and language (English, and its German, French and Czech translations). Czech came with WMT18's
+# multimodal task, after the 2017 test sets: the repository has no test_2017_*.cs.gz. The counts
+# are the repository README's for train, val and the 2016/2017 tests; test_2018_flickr's 1,071 is
+# the WMT18 multimodal test set's (the README lists neither it nor Czech).
+
+MULTI30K_LANGUAGES = ("en", "de", "fr", "cs")
+MULTI30K_DEV, MULTI30K_TEST = "val", "test_2016_flickr"
+"""The standard dev and test sets (test_2016_flickr: the test set most Multi30k results report)."""
+
+
+def _multi30k(split: str, languages: Sequence[str], lines: int, *, name: str | None = None) -> Corpus:
+    members = {lang: f"data/task1/raw/{split}.{lang}.gz" for lang in languages}
+    return Corpus(name or split, "multi30k", "gzip", members, lines=lines)
+
+
+MULTI30K_TRAIN = _multi30k("train", MULTI30K_LANGUAGES, 29000, name="multi30k")
+"""The training split; named ``multi30k`` like a WMT training corpus (``train/multi30k.<lang>``)."""
+
+MULTI30K_EVAL: dict[str, Corpus] = {
+    c.name: c
+    for c in (
+        _multi30k(MULTI30K_DEV, MULTI30K_LANGUAGES, 1014),
+        _multi30k("test_2016_flickr", MULTI30K_LANGUAGES, 1000),
+        _multi30k("test_2017_flickr", ("en", "de", "fr"), 1000),
+        _multi30k("test_2017_mscoco", ("en", "de", "fr"), 461),
+        _multi30k("test_2018_flickr", MULTI30K_LANGUAGES, 1071),
+    )
+}
+"""The dev and test sets by split name."""
+
+STANDARD_EVAL: dict[str, tuple[str, str]] = {
+    "wmt14": ("newstest2013", "newstest2014"),
+    "multi30k": (MULTI30K_DEV, MULTI30K_TEST),
+}
+"""data.source -> its (dev, test) when the config names none."""
+
+
 # ----------------------------------------------------------------------------- look-ups
 
 
@@ -190,6 +238,43 @@ def train_corpora(pair: str, names: Sequence[str] = ()) -> list[Corpus]:
     if unknown:
         raise CorpusError(f"unknown corpus {unknown[0]!r} for {pair} (known: {', '.join(table)})")
     return [table[n] for n in dict.fromkeys(names)]
+
+
+def multi30k_file(member: str) -> Archive:
+    """A Multi30k member (``data/task1/raw/val.de.gz``) as the file it is, under ``MULTI30K``."""
+    return Archive(member, base=MULTI30K)
+
+
+def multi30k_train(pair: str) -> Corpus:
+    """Multi30k's training split for the direction ``pair`` (its two languages, source first)."""
+    return _multi30k_sides(MULTI30K_TRAIN, "train", pair)
+
+
+def multi30k_eval_set(name: str, pair: str) -> Corpus:
+    """A Multi30k dev or test set (``val``, ``test_2016_flickr``, ...) for the direction ``pair``."""
+    corpus = MULTI30K_EVAL.get(name)
+    if corpus is None:
+        raise CorpusError(f"unknown Multi30k dev/test set {name!r} (known: {', '.join(MULTI30K_EVAL)})")
+    return _multi30k_sides(corpus, name, pair)
+
+
+def multi30k_test_sets() -> dict[str, dict[str, str]]:
+    """Every Multi30k test set: name -> language -> canonical URL."""
+    return {
+        name: {lang: multi30k_file(member).url for lang, member in corpus.members.items()}
+        for name, corpus in MULTI30K_EVAL.items()
+        if name.startswith("test_")
+    }
+
+
+def _multi30k_sides(corpus: Corpus, split: str, pair: str) -> Corpus:
+    """``corpus`` (the split ``split``) with the members of ``pair``'s languages only, source
+    first; an error naming a language it lacks."""
+    src, tgt = split_pair(pair)
+    missing = [lang for lang in (src, tgt) if lang not in corpus.members]
+    if missing:
+        raise CorpusError(f"Multi30k {split} has no {missing[0]!r} text (it has {', '.join(corpus.members)})")
+    return dataclasses.replace(corpus, members={lang: corpus.members[lang] for lang in (src, tgt)})
 
 
 def eval_set(name: str, variant: str, pair: str) -> Corpus:

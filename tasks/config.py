@@ -23,9 +23,10 @@ from typing import Any, Literal
 
 import yaml
 
+from corpora import CorpusError
 from corpora.encoding import ShardConfig
 from corpora.filters import CleanConfig
-from corpora.sources import split_pair
+from corpora.sources import STANDARD_EVAL, multi30k_eval_set, multi30k_train, split_pair
 from corpora.subwords import TokenizerConfig
 from serving.translator import DecodeConfig
 from training.config import TrainConfig
@@ -42,20 +43,20 @@ __all__ = ["ConfigError", "RunConfig", "load_config", "config_from_dict", "to_di
 class DataConfig:
     """Where the parallel corpus comes from (download stage)."""
 
-    source: Literal["synthetic", "wmt14", "local", "treebank"] = "synthetic"
-    """synthetic: the offline grammar corpus; wmt14: statmt.org or a mirror; local: files on disk; treebank: PTB files."""
+    source: Literal["synthetic", "wmt14", "multi30k", "local", "treebank"] = "synthetic"
+    """synthetic: the offline grammar corpus; wmt14: statmt.org or a mirror; multi30k: Multi30k task 1; local: files on disk; treebank: PTB files."""
     pair: str = "en-de"
-    """Language pair as src-tgt, e.g. en-de or en-fr."""
+    """Language pair as src-tgt, e.g. en-de or en-fr (multi30k: two of en, de, fr, cs)."""
     corpora: tuple[str, ...] = ()
-    """Training corpora names from the source registry; empty means the registry's default set."""
-    dev: str = "newstest2013"
-    """Development set name."""
-    test: str = "newstest2014"
-    """Test set name (newstest2014: the full 3,003-segment release unless test_variant says otherwise)."""
+    """Training corpora names from the source registry; empty means the registry's default set (multi30k: leave empty)."""
+    dev: str | None = None
+    """Development set name; null means the source's standard: newstest2013 (wmt14), val (multi30k)."""
+    test: str | None = None
+    """Test set name; null means the source's standard: newstest2014 (wmt14; release: test_variant), test_2016_flickr (multi30k)."""
     test_variant: Literal["full", "filtered"] = "full"
-    """newstest2014 release: full (3,003 segments) or filtered (2,737)."""
+    """newstest2014 release: full (3,003 segments) or filtered (2,737); Multi30k test sets have one (full)."""
     mirror: str | None = None
-    """A file:// folder or http(s):// base that replaces statmt.org (offline clusters, tests)."""
+    """A file:// folder or http(s):// base replacing statmt.org (multi30k: the repository root); offline clusters, tests."""
     local_dir: str | None = None
     """For source=local: a folder with train/dev/test .<lang> files (or treebank files)."""
     max_retries: int = 5
@@ -86,6 +87,35 @@ class DataConfig:
             raise ConfigError("pair", f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)")
         if self.max_retries < 1:
             raise ConfigError("max_retries", f"{self.max_retries} must be >= 1")
+        # Sources without named sets (local, synthetic, treebank) keep WMT14's names, as before.
+        # Resolved here, not in each reader, so every stage and fingerprint sees the same names.
+        dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
+        if self.dev is None:
+            object.__setattr__(self, "dev", dev)
+        if self.test is None:
+            object.__setattr__(self, "test", test)
+        if self.source == "multi30k":
+            self._check_multi30k()
+
+    def _check_multi30k(self) -> None:
+        """The pair's languages and the dev and test sets must be Multi30k's."""
+        if self.corpora:
+            raise ConfigError(
+                "corpora", f"{list(self.corpora)}: Multi30k has one training corpus; leave data.corpora empty"
+            )
+        if self.test_variant != "full":
+            raise ConfigError(
+                "test_variant", f"{self.test_variant!r} is a newstest2014 release; Multi30k test sets have one (full)"
+            )
+        try:
+            multi30k_train(self.pair)
+        except CorpusError as exc:
+            raise ConfigError("pair", str(exc)) from None
+        for key in ("dev", "test"):
+            try:
+                multi30k_eval_set(getattr(self, key), self.pair)
+            except CorpusError as exc:
+                raise ConfigError(key, str(exc)) from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,10 +2,11 @@
 
 Out (docs/contracts.md): ``train/<corpus>.<src>``, ``train/<corpus>.<tgt>``, ``dev.<src>``,
 ``dev.<tgt>``, ``test.<src>``, ``test.<tgt>``, with src/tgt from ``data.pair``. Sources:
-``wmt14`` (statmt.org or a mirror; archives are cached outside the stage folder and pinned in a
-lock file once they read cleanly; one that does not read is dropped, so a rerun downloads it
-again), ``local`` (``<prefix>.<lang>`` files on disk) and ``synthetic`` (the quickstart's
-grammar). The parsing pipeline reads treebank files in its own first stage instead.
+``wmt14`` (statmt.org or a mirror) and ``multi30k`` (the multi30k/dataset repository or a
+mirror), whose files are cached outside the stage folder and pinned in a lock file once they
+read cleanly (one that does not read is dropped, so a rerun downloads it again); ``local``
+(``<prefix>.<lang>`` files on disk) and ``synthetic`` (the quickstart's grammar). The parsing
+pipeline reads treebank files in its own first stage instead.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 
 
 def cache_dir(config: RunConfig) -> Path:
-    """Where downloaded archives are kept between runs."""
+    """Where downloaded files are kept between runs."""
     return Path(config.data.cache_dir) if config.data.cache_dir else config.root / "cache" / "downloads"
 
 
@@ -49,6 +50,12 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
                 out, pair=data.pair, corpora=data.corpora, dev=data.dev, test=data.test,
                 test_variant=data.test_variant, mirror=data.mirror, cache=cache_dir(config),
                 lock_file=lock_path(config), max_retries=data.max_retries,
+            )
+    elif data.source == "multi30k":
+        def build(out: Path) -> dict[str, Any]:
+            return assemble.from_multi30k(
+                out, pair=data.pair, dev=data.dev, test=data.test, mirror=data.mirror,
+                cache=cache_dir(config), lock_file=lock_path(config), max_retries=data.max_retries,
             )
     elif data.source == "local":
         def build(out: Path) -> dict[str, Any]:
