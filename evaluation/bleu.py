@@ -7,6 +7,9 @@
   maps tokens one-to-one and cannot change BLEU) on hypothesis and reference, compound hyphens
   split as ``##AT##-##AT##``, then ``multi-bleu.perl`` (here sacreBLEU with ``tokenize='none'``
   and no smoothing, which computes the same corpus BLEU). Not comparable with ``bleu_sacre``.
+- ``bleu_tok_lc``: Moses-tokenized, lowercased BLEU (``multi-bleu.perl -lc`` on
+  ``tokenizer.perl`` output), the form Multi30k papers report (the dataset's own scripts
+  lowercase and tokenize). Comparable with neither of the above.
 - ``chrf``: sacreBLEU's chrF2, with its signature.
 """
 
@@ -23,7 +26,7 @@ __all__ = [
     "sentence_bleu", "split_compounds", "write_sentences",
 ]
 
-METRICS = ("bleu_sacre", "bleu_tok_compound", "chrf")
+METRICS = ("bleu_sacre", "bleu_tok_compound", "bleu_tok_lc", "chrf")
 # Source-length buckets (whitespace words) of the BLEU-by-length plot: [lo, hi).
 LENGTH_EDGES = (1, 10, 20, 30, 40, 50, 60)
 
@@ -56,7 +59,8 @@ def score_texts(hyps: Sequence[str], refs: Sequence[str], lang: str) -> dict[str
     """Corpus scores of detokenized ``hyps`` against one reference each, in target language ``lang``.
 
     Returns ``bleu_sacre`` (+ ``bleu_sacre_signature``, ``bleu_sacre_details``),
-    ``bleu_tok_compound`` (+ signature), ``chrf`` (+ signature) and ``segments``.
+    ``bleu_tok_compound`` (+ signature), ``bleu_tok_lc`` (+ signature), ``chrf`` (+ signature)
+    and ``segments``.
     """
     from sacrebleu.metrics import BLEU, CHRF
 
@@ -71,11 +75,14 @@ def score_texts(hyps: Sequence[str], refs: Sequence[str], lang: str) -> dict[str
     chrf = CHRF()
     chrf_result = chrf.corpus_score(hyps, [refs])
 
-    tok_hyps = [split_compounds(t) for t in moses_tokenize(hyps, lang)]
-    tok_refs = [split_compounds(t) for t in moses_tokenize(refs, lang)]
+    moses_hyps, moses_refs = moses_tokenize(hyps, lang), moses_tokenize(refs, lang)
+    tok_hyps = [split_compounds(t) for t in moses_hyps]
+    tok_refs = [split_compounds(t) for t in moses_refs]
     # multi-bleu.perl has no smoothing: a corpus with no matching 4-gram scores 0.
     tok = BLEU(tokenize="none", force=True, smooth_method="none")
     tok_result = tok.corpus_score(tok_hyps, [tok_refs])
+    lc = BLEU(tokenize="none", force=True, smooth_method="none", lowercase=True)
+    lc_result = lc.corpus_score(moses_hyps, [moses_refs])
 
     return {
         "bleu_sacre": sacre_result.score,
@@ -90,6 +97,10 @@ def score_texts(hyps: Sequence[str], refs: Sequence[str], lang: str) -> dict[str
         "bleu_tok_compound_signature": (
             f"pretok:moses-{lang}+compound-atat|{tok.get_signature()}"
             f"|sacremoses:{metadata.version('sacremoses')}"
+        ),
+        "bleu_tok_lc": lc_result.score,
+        "bleu_tok_lc_signature": (
+            f"pretok:moses-{lang}|{lc.get_signature()}|sacremoses:{metadata.version('sacremoses')}"
         ),
         "chrf": chrf_result.score,
         "chrf_signature": str(chrf.get_signature()),

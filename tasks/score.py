@@ -86,8 +86,9 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
             f"{test_name} ({test_variant}) {config.data.pair}: BLEU {scores['bleu_sacre']:.2f}",
         )
         log.info(
-            "score: bleu_sacre %.2f, bleu_tok_compound %.2f, chrf %.2f on %d segments",
-            scores["bleu_sacre"], scores["bleu_tok_compound"], scores["chrf"], len(refs),
+            "score: bleu_sacre %.2f, bleu_tok_compound %.2f, bleu_tok_lc %.2f, chrf %.2f on %d "
+            "segments", scores["bleu_sacre"], scores["bleu_tok_compound"], scores["bleu_tok_lc"],
+            scores["chrf"], len(refs),
         )
         return {k: result[k] for k in (*bleu.METRICS, "test_set", "test_segments", "signature")}
 

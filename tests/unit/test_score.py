@@ -77,6 +77,18 @@ def test_tokenized_compound_bleu_by_hand():
     assert scores["bleu_tok_compound"] > scores["bleu_sacre"]
 
 
+def test_lowercased_tokenized_bleu_by_hand():
+    # Multi30k's form: Moses tokens, case folded; compounds stay whole.
+    hyp = "Ein Mann fährt Fahrrad, auf der Straße."
+    ref = "ein mann fährt ein Fahrrad, auf der straße."
+    hyp_tok = "ein mann fährt fahrrad , auf der straße ."
+    ref_tok = "ein mann fährt ein fahrrad , auf der straße ."
+    scores = score_texts([hyp], [ref], "de")
+    assert scores["bleu_tok_lc"] == pytest.approx(_bleu_by_hand([hyp_tok], [ref_tok]), abs=1e-6)
+    assert scores["bleu_tok_lc"] > scores["bleu_sacre"]  # case-sensitive: Mann != mann
+    assert "lc" in scores["bleu_tok_lc_signature"] and "moses-de" in scores["bleu_tok_lc_signature"]
+
+
 def test_tokenized_bleu_is_unsmoothed_like_multi_bleu():
     # No matching 4-gram anywhere: multi-bleu.perl reports 0; smoothed sacreBLEU does not.
     scores = score_texts(["a b c d"], ["a b x d"], "en")
