@@ -262,6 +262,8 @@ def _train(
                 "seed": config.seed,
                 "vocab_size": counts["vocab_size"],
                 "shard_dir": str(Path(inputs["shard"]).resolve()),
+                "tokenizer_file": str((Path(inputs["tokenizer"]) / "spm.model").resolve()),
+                "best_path": best_path(run_dir),
                 "tracking_uri": tracking_uri,
                 "mlflow_run_id": run_id,
                 "callbacks": list(callbacks),
@@ -289,7 +291,7 @@ def _train(
                 f"resume from its latest checkpoint): {exc}"
             ) from exc
         summary = result.return_value or {}
-        stats = export(result, tmp)
+        stats = export(result, tmp, best_path(run_dir) if tc.bleu_sentences else None)
         if learning_curve(client, run_id, tmp / "learning_curve.png"):
             client.log_artifact(run_id, str(tmp / "learning_curve.png"))
         client.log_artifact(run_id, str(tmp / CHECKPOINTS_JSON))
@@ -298,7 +300,8 @@ def _train(
     return {
         **counts,
         **stats,
-        "complete": last >= tc.steps,
+        "complete": last >= tc.steps or bool(summary.get("stopped_early")),
+        "stopped_early": bool(summary.get("stopped_early")),
         "resumed_from_step": summary.get("start_step", last),
         "world_size": tc.num_workers,
         "accumulation": accum,
@@ -311,8 +314,14 @@ def _train(
     }
 
 
-def export(result: Any, tmp: Path) -> dict[str, Any]:
-    """Weights-only copies of the kept checkpoints, ``final/model.pt`` and ``checkpoints.json``."""
+def best_path(run_dir: str) -> str:
+    """Where the workers keep the best checkpoint by ``val_bleu`` (beside Ray's checkpoints)."""
+    return f"{run_dir}/best/{MODEL_FILE}"
+
+
+def export(result: Any, tmp: Path, best: str | None = None) -> dict[str, Any]:
+    """Weights-only copies of the kept checkpoints, ``final/model.pt``, ``best/model.pt`` (the
+    best by ``val_bleu``, from ``best``, when training measured it) and ``checkpoints.json``."""
     if result.checkpoint is None:
         raise StageError("training reported no checkpoint")
     kept = sorted(result.best_checkpoints or [], key=lambda cm: cm[1]["step"])
@@ -337,11 +346,31 @@ def export(result: Any, tmp: Path) -> dict[str, Any]:
         final_metrics = metrics
     (tmp / "final").mkdir()
     shutil.copyfile(tmp / entries[-1]["path"], tmp / "final" / MODEL_FILE)  # the latest one
-    (tmp / CHECKPOINTS_JSON).write_text(
-        json.dumps({"checkpoints": entries, "final": f"final/{MODEL_FILE}"}, indent=2) + "\n"
-    )
+    listing: dict[str, Any] = {"checkpoints": entries, "final": f"final/{MODEL_FILE}"}
+    stats: dict[str, Any] = {}
+    if best is not None:
+        fs, path = open_fs(best)
+        try:
+            with fs.open_input_file(path) as f:
+                (tmp / "best").mkdir()
+                (tmp / "best" / MODEL_FILE).write_bytes(f.read())
+        except FileNotFoundError:
+            raise StageError(f"training measured val_bleu but left no best checkpoint {best}") from None
+        state = ckpt.load(tmp / "best" / MODEL_FILE)
+        listing["best"] = {
+            "path": f"best/{MODEL_FILE}",
+            "step": int(state["step"]),
+            "val_bleu": float(state["val_bleu"]),
+        }
+        stats = {"best_step": listing["best"]["step"], "best_val_bleu": listing["best"]["val_bleu"]}
+    (tmp / CHECKPOINTS_JSON).write_text(json.dumps(listing, indent=2) + "\n")
     return {
         "step": int(final_metrics["step"]),
         "checkpoints": len(entries),
-        **{k: final_metrics[k] for k in ("val_loss", "val_ppl", "loss") if k in final_metrics},
+        **stats,
+        **{
+            k: final_metrics[k]
+            for k in ("val_loss", "val_ppl", "val_bleu", "loss")
+            if k in final_metrics
+        },
     }

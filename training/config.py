@@ -50,7 +50,12 @@ class TrainConfig:
     """Intra-op threads per worker; null: the node's cores divided among its workers (Ray would
     give a 1-CPU worker one thread, and training reads its own shards, so the rest would idle)."""
     eval_every: int = 1000
-    """Validation loss and perplexity every N steps."""
+    """Validation loss and perplexity (and val_bleu, with bleu_sentences) every N steps."""
+    bleu_sentences: int = 0
+    """Dev sentences translated greedily at every validation for val_bleu (sacreBLEU); the best
+    checkpoint by val_bleu is kept besides the last ones. 0: no BLEU while training."""
+    patience: int | None = None
+    """Stop early after this many validations without a better val_bleu; null: never."""
     checkpoint_every: int = 1000
     """Checkpoint every N steps (0 disables the step trigger)."""
     checkpoint_minutes: float = 10.0
@@ -94,6 +99,12 @@ class TrainConfig:
             )
         if self.cpus_per_worker <= 0:
             raise ConfigError("cpus_per_worker", f"{self.cpus_per_worker} must be > 0")
+        if self.bleu_sentences < 0:
+            raise ConfigError("bleu_sentences", f"{self.bleu_sentences} must be >= 0")
+        if self.patience is not None and (self.patience < 1 or not self.bleu_sentences):
+            raise ConfigError(
+                "patience", f"{self.patience} needs bleu_sentences > 0 and must be >= 1 or null"
+            )
         for name in ("eval_every", "log_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"{getattr(self, name)} must be >= 1")

@@ -1,5 +1,6 @@
 """What rank 0 prints while it trains: one line per logging step (step / total, loss, lr, target
-tokens/s, the last validation, elapsed and ETA), and a warning when the encoder collapses.
+tokens/s, the last validation's perplexity and BLEU, elapsed and ETA), and a warning when the
+encoder collapses.
 
 Plain lines rather than a bar: they reach the driver's console through Ray's worker-log
 forwarding, which passes lines, and read the same in a terminal, CI and a log file. Written,
@@ -57,6 +58,8 @@ class Progress:
         ]
         if "val_ppl" in self.validation:
             parts.append(f"dev ppl {self.validation['val_ppl']:.2f}")
+        if "val_bleu" in self.validation:
+            parts.append(f"dev BLEU {self.validation['val_bleu']:.1f}")
         parts.append(f"{duration(elapsed)} elapsed, ETA {duration(eta)}")
         return self._print(" | ".join(parts))
 

@@ -121,32 +121,43 @@ def log_params(client: Any, run_id: str, params: Mapping[str, Any]) -> None:
 
 
 def learning_curve(client: Any, run_id: str, path: Path) -> Path | None:
-    """Plot train loss and validation loss against step (matplotlib, Agg) into ``path``."""
+    """Train and validation loss, and dev BLEU when measured (right axis), against step (left
+    panel) and wall-clock minutes since the run's first metric (right panel); matplotlib, Agg."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    drawn = False
-    for key, label in (("loss", "train loss"), ("val_loss", "validation loss")):
-        history = {m.step: m.value for m in client.get_metric_history(run_id, key)}
+    series = {}
+    for key in ("loss", "val_loss", "val_bleu"):
+        history = {m.step: m for m in client.get_metric_history(run_id, key)}
         if history:
-            steps = sorted(history)
-            ax.plot(
-                steps,
-                [history[s] for s in steps],
-                label=label,
-                marker="." if len(steps) < 50 else None,
-            )
-            drawn = True
-    if not drawn:
-        plt.close(fig)
+            series[key] = [history[s] for s in sorted(history)]
+    if not ("loss" in series or "val_loss" in series):
         return None
-    ax.set_xlabel("step")
-    ax.set_ylabel("label-smoothed loss per token")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    t0 = min(m.timestamp for ms in series.values() for m in ms)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, x_label, x_of in (
+        (axes[0], "step", lambda m: m.step),
+        (axes[1], "wall-clock minutes", lambda m: (m.timestamp - t0) / 60_000),
+    ):
+        lines = []
+        for key, label in (("loss", "train loss"), ("val_loss", "validation loss")):
+            if key in series:
+                ms = series[key]
+                marker = "." if len(ms) < 50 else None
+                lines += ax.plot([x_of(m) for m in ms], [m.value for m in ms], label=label, marker=marker)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("label-smoothed loss per token")
+        ax.grid(alpha=0.3)
+        if "val_bleu" in series:
+            bleu_ax = ax.twinx()
+            ms = series["val_bleu"]
+            lines += bleu_ax.plot(
+                [x_of(m) for m in ms], [m.value for m in ms], "g.-", label="dev BLEU (greedy)"
+            )
+            bleu_ax.set_ylabel("sacreBLEU")
+        ax.legend(lines, [line.get_label() for line in lines], loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -23,6 +23,7 @@ from torch.nn.attention import sdpa_kernel
 
 from training.config import TrainConfig
 from training.data import BatchStream, TokenData, accumulation_steps
+from training.dev_bleu import DevBleu
 from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
 from training.prefetch import Prefetcher
 from transformer_core.batching import plan_batches
@@ -38,7 +39,8 @@ Callback = Callable[["Trainer"], None]
 
 class Trainer:
     """Adam and the paper's schedule on ``module``, fed by the seeded batch stream of ``train``;
-    validation on ``dev``. ``model`` is ``module`` as wrapped for training (default: itself)."""
+    validation on ``dev`` (and ``val_bleu`` with ``dev_bleu``). ``model`` is ``module`` as
+    wrapped for training (default: itself)."""
 
     def __init__(
         self,
@@ -52,8 +54,13 @@ class Trainer:
         world_size: int = 1,
         model: nn.Module | None = None,
         callbacks: Sequence[Callback] = (),
+        dev_bleu: DevBleu | None = None,
     ):
         self.module, self.model = module, model if model is not None else module
+        self.dev_bleu = dev_bleu
+        self.best: dict[str, Any] = {}  # step and val_bleu of the best validation so far
+        self.since_best = 0  # validations since then
+        self.improved = False  # the last validation set a new best
         self.config, self.train_data, self.dev_data = config, train, dev
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.callbacks = list(callbacks)
@@ -127,6 +134,8 @@ class Trainer:
             "rng": rng_state(),
             "world_size": self.world_size,
             "train_seconds": self.train_seconds,
+            "best": dict(self.best),
+            "since_best": self.since_best,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -145,6 +154,8 @@ class Trainer:
         )
         self.close()  # a running prefetcher reads from the old position
         self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.best = dict(state.get("best") or {})
+        self.since_best = int(state.get("since_best", 0))
         same_world = int(state.get("world_size", self.world_size)) == self.world_size
         if state.get("rng") is not None and same_world:
             set_rng_state(state["rng"])
@@ -157,6 +168,13 @@ class Trainer:
     def last_step(self) -> int:
         """The step this run stops at (``steps``, or ``stop_after`` if earlier)."""
         return self.config.last_step
+
+    @property
+    def done(self) -> bool:
+        """At the last step, or out of patience (``patience`` validations without a better
+        ``val_bleu``): the same answer on every rank, as the BLEU is summed over all of them."""
+        patience = self.config.patience
+        return self.step >= self.last_step or (patience is not None and self.since_best >= patience)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast on CUDA, nothing on CPU."""
@@ -295,7 +313,9 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Validation loss/NLL per target token and perplexity over every rank's share of the dev
-        batches, and ``val_encoder_spread`` (see ``encoder_spread``) on each rank's first batch."""
+        batches, ``val_encoder_spread`` (see ``encoder_spread``) on each rank's first batch and,
+        with ``dev_bleu``, ``val_bleu``: sacreBLEU of greedy translations of the dev subset
+        (``improved`` says whether it is the best so far)."""
         module, mc = self.module, self.module.config
         module.eval()
         totals = [torch.zeros((), device=self.device) for _ in range(5)]
@@ -322,6 +342,13 @@ class Trainer:
             "val_ppl": math.exp(min(nll / n, 50.0)),
             "val_encoder_spread": spread / max(ranks, 1.0),
         }
+        if self.dev_bleu is not None:
+            val["val_bleu"] = self.dev_bleu.score(module, self.device)
+            self.improved = val["val_bleu"] > self.best.get("val_bleu", -1.0)
+            if self.improved:
+                self.best, self.since_best = {"step": self.step, "val_bleu": val["val_bleu"]}, 0
+            else:
+                self.since_best += 1
         self.latest.update(val)
         self._interval = None  # time training only
         return val
@@ -330,15 +357,15 @@ class Trainer:
 
     def maybe_checkpoint(self, save: Callable[[dict[str, Any]], None]) -> bool:
         """``save(metrics)`` on every rank every ``checkpoint_every`` steps, every
-        ``checkpoint_minutes`` (rank 0's clock, broadcast so every rank saves) and at the last
-        step. ``metrics``: step, wall time, train seconds, data position and ``latest``."""
+        ``checkpoint_minutes`` (rank 0's clock, broadcast so every rank saves) and when
+        ``done``. ``metrics``: step, wall time, train seconds, data position and ``latest``."""
         tc = self.config
         due = bool(tc.checkpoint_every) and self.step % tc.checkpoint_every == 0
         if tc.checkpoint_minutes > 0:
             waited = time.time() - self._last_checkpoint
             late = self.rank == 0 and waited >= 60 * tc.checkpoint_minutes
             due = broadcast_flag(late, self.device) or due
-        if not (due or self.step == self.last_step):
+        if not (due or self.done):
             return False
         save(
             {

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from training.data import TokenData
+from training.data import TokenData, open_fs
+from training.dev_bleu import DevBleu
 from training.progress import Progress
 from training.tracking import Tracker
 from training.trainer import Trainer
@@ -32,6 +33,7 @@ SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """Ray Train's per-worker function. ``cfg`` (``train_loop_config``): ``model``
     (``ModelConfig``), ``train`` (``TrainConfig``), ``seed``, ``vocab_size``, ``shard_dir``,
+    ``tokenizer_file``, ``best_path`` (where the best checkpoint by ``val_bleu`` goes),
     ``tracking_uri``, ``mlflow_run_id`` and ``callbacks`` (the Trainer's). Returns a summary."""
     import ray.train
     import ray.train.torch
@@ -48,7 +50,30 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     model = ray.train.torch.prepare_model(
         module, parallel_strategy_kwargs={"broadcast_buffers": False}
     )
-    trainer = Trainer(module, tc, train, dev, seed=seed, rank=rank, world_size=world, model=model)
+    dev_bleu = None
+    if tc.bleu_sentences:
+        import sentencepiece
+
+        tokenizer = sentencepiece.SentencePieceProcessor(model_file=cfg["tokenizer_file"])
+        dev_bleu = DevBleu(
+            dev,
+            tokenizer.decode,
+            tc.bleu_sentences,
+            rank=rank,
+            world_size=world,
+            max_tokens=tc.max_tokens_per_batch,
+        )
+    trainer = Trainer(
+        module,
+        tc,
+        train,
+        dev,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+        model=model,
+        dev_bleu=dev_bleu,
+    )
     trainer.callbacks.extend(cfg.get("callbacks", ()))
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -80,7 +105,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         spread_floor=tc.warn_encoder_spread,
     )
     try:
-        while trainer.step < trainer.last_step:
+        while not trainer.done:
             metrics = trainer.train_step()
             tracker.metrics(metrics, trainer.step)
             progress.step(trainer.step, metrics)
@@ -89,6 +114,8 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             if progress.validated(trainer.step, validation):
                 spread = validation["val_encoder_spread"]
                 tracker.tag("warning.encoder_collapse", f"step {trainer.step}: spread {spread:.3f}")
+            if validation and trainer.improved and rank == 0:
+                save_best(cfg["best_path"], module, trainer.best, vocab_size)
             trainer.maybe_checkpoint(save)
     finally:
         trainer.close()
@@ -105,6 +132,8 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         "timed_seconds": timed,
         "loop_seconds": time.time() - started,
         "torch_threads": torch.get_num_threads(),
+        "best": trainer.best,
+        "stopped_early": trainer.step < trainer.last_step,
         **{k: v for k, v in trainer.latest.items() if k in SUMMARY_METRICS},
     }
 
@@ -112,6 +141,20 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
 def worker_threads(local_workers: int) -> int:
     """The cores this process may run on, shared among the workers of its node."""
     return max(1, len(os.sched_getaffinity(0)) // max(local_workers, 1))
+
+
+def save_best(path: str, module: Transformer, best: dict[str, Any], vocab_size: int) -> None:
+    """The weights of the best validation so far to ``path`` (local or a URI), replacing the
+    previous best only once complete. Beside Ray's checkpoints, which it keeps by recency."""
+    import pyarrow.fs as pafs
+
+    fs, target = open_fs(path)
+    partial = f"{target}.partial"
+    with tempfile.TemporaryDirectory() as d:
+        local = ckpt.save(Path(d) / MODEL_FILE, module, module.config, vocab_size=vocab_size, **best)
+        fs.create_dir(str(Path(target).parent), recursive=True)
+        pafs.copy_files(str(local), partial, destination_filesystem=fs)
+    fs.move(partial, target)
 
 
 def read_state(folder: Path, rank: int) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def trained(ray_local, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("train")
     inputs = make_inputs(root)
-    config = tiny_config(root)
+    config = tiny_config(root, bleu_sentences=24)
     out = train.run(config, inputs).path
     return config, inputs, out
 
@@ -178,6 +178,24 @@ def test_two_workers_learn_and_log_to_mlflow(trained):
     for k, v in final.state_dict().items():
         assert np.array_equal(v.numpy(), last_ckpt[k].numpy()), k
     assert (out / "learning_curve.png").stat().st_size > 0
+
+
+def test_dev_bleu_is_logged_and_the_best_checkpoint_kept(trained):
+    from transformer_core import checkpoint
+
+    config, _, out = trained
+    stats = read_manifest(out)["stats"]
+    bleu = metric_history(config, stats["mlflow_run_id"], "val_bleu")
+    assert sorted(bleu) == [8, 16, 24] and all(0.0 <= b <= 100.0 for b in bleu.values())
+    best_step = max(bleu, key=lambda s: (bleu[s], -s))  # the first of equals is kept
+    best = json.loads((out / "checkpoints.json").read_text())["best"]
+    assert best["step"] == best_step == stats["best_step"]
+    assert best["val_bleu"] == pytest.approx(bleu[best_step])
+    state = checkpoint.load(out / best["path"])
+    assert state["step"] == best_step and state["vocab_size"] == VOCAB
+    if best_step == 24:  # the same weights as the last checkpoint
+        last = checkpoint.load(out / "final" / "model.pt")["model"]
+        assert all(np.array_equal(v.numpy(), last[k].numpy()) for k, v in state["model"].items())
 
 
 def test_up_to_date_stage_is_skipped(trained):

@@ -233,3 +233,40 @@ def test_compiled_training_takes_the_same_steps_as_eager_on_cpu():
     # the first batch, again when two sizes that were equal differ (dynamo's duck sizing) and
     # once for a batch of one row (sizes 0 and 1 are always specialised).
     assert counters["stats"]["unique_graphs"] <= 6 < len(shapes)
+
+
+def test_val_bleu_keeps_the_best_validation_and_patience_stops_the_run():
+    from training.dev_bleu import DevBleu
+
+    def detokenize(ids: list[int]) -> str:
+        return " ".join(f"s{i}" for i in ids)
+
+    def spoil_after_step_8(trainer: Trainer) -> None:
+        # From step 9 every output token is UNK (no reference has one): dev BLEU drops to 0.
+        if trainer.step > 8:
+            with torch.no_grad():
+                trainer.module.src_embed.weight.zero_()
+
+    dev = reversal(16, 2)
+    trainer = make_trainer(
+        settings(steps=40, lr_scale=0.5, patience=2, bleu_sentences=16),
+        callbacks=[spoil_after_step_8],
+        dev_bleu=DevBleu(dev, detokenize, 16),
+    )
+    bleus = {}
+    while not trainer.done:
+        trainer.train_step()
+        validation = trainer.maybe_evaluate()
+        if validation:
+            bleus[trainer.step] = validation["val_bleu"]
+            assert trainer.improved == (trainer.best["step"] == trainer.step)
+    assert max(bleus[4], bleus[8]) > 0, bleus  # it matched something before being spoiled
+    best_step = max((4, 8), key=lambda s: (bleus[s], -s))  # the first of equals
+    assert trainer.best == {"step": best_step, "val_bleu": bleus[best_step]}
+    # Patience 2: two validations without a better BLEU, then a stop (not at step 40).
+    assert trainer.step == best_step + 2 * 4 and trainer.since_best == 2
+    assert all(bleus[s] == 0.0 for s in bleus if s > 8), bleus
+    # The state carries it: a resumed run is still done.
+    resumed = make_trainer(settings(steps=40, patience=2, bleu_sentences=16))
+    resumed.load_state_dict(as_checkpoint(trainer.state_dict()))
+    assert resumed.done and resumed.best == trainer.best
