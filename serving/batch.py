@@ -14,18 +14,59 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from serving.translator import DecodeConfig, Translator, plan_decode_batches, restore_order
 
-__all__ = ["BatchTranslator", "translate_distributed"]
+__all__ = ["BatchTranslator", "Progress", "translate_distributed"]
 
 log = logging.getLogger(__name__)
+
+
+class Progress:
+    """Sentences translated so far: a tqdm bar for a person at a terminal, else (logs, CI) a
+    plain line at every tenth of the total, with the rate, elapsed time and ETA."""
+
+    def __init__(self, total: int, out: IO[str] | None = None, bar: bool | None = None):
+        from tqdm import tqdm
+
+        self.total, self.done, self.out = total, 0, out or sys.stderr
+        if bar is None:
+            bar = self.out.isatty() and os.environ.get("CI", "").lower() != "true"
+        self.bar = tqdm(total=total, unit="sent", desc="translate", file=self.out) if bar else None
+        self.started, self.next_line = time.time(), 0.1
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        if self.done / self.total + 1e-9 < self.next_line and self.done < self.total:
+            return
+        from tqdm import tqdm
+
+        elapsed = time.time() - self.started
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else 0.0
+        self.out.write(
+            f"translate {self.done}/{self.total} sentences ({100 * self.done / self.total:.0f}%)"
+            f" | {rate:,.1f} sent/s | {tqdm.format_interval(elapsed)} elapsed, ETA "
+            f"{tqdm.format_interval(eta)}\n"
+        )
+        self.out.flush()
+        while self.next_line <= self.done / self.total + 1e-9:
+            self.next_line += 0.1
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class BatchTranslator:
@@ -117,11 +158,14 @@ def translate_distributed(
     hyps: list[str] = []
     counts: list[int] = []
     busy = 0.0
+    progress = Progress(len(src_ids))
     for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        progress.update(len(out["idx"]))
         idx.extend(int(i) for i in out["idx"])
         hyps.extend(str(h) for h in out["hyp"])
         counts.extend(int(c) for c in out["hyp_tokens"])
         busy += float(out["seconds"].sum())
+    progress.close()
     # restore_order checks every row came back exactly once.
     texts = restore_order([idx], [hyps], len(src_ids))
     n_tokens = restore_order([idx], [counts], len(src_ids))

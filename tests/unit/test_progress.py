@@ -42,3 +42,19 @@ def test_other_ranks_print_nothing():
     progress = Progress(total=10, start_step=0, enabled=False, out=out)
     progress.step(5, {"loss": 1.0, "lr": 1e-3})
     assert out.getvalue() == ""
+
+
+def test_translate_progress_writes_a_line_per_tenth_when_not_at_a_terminal():
+    from serving.batch import Progress as TranslateProgress
+
+    out = io.StringIO()
+    progress = TranslateProgress(200, out=out)
+    for n in (7, 13, 30, 50, 100):  # batches of uneven sizes: 7, 20, 50, 100, 200 done
+        progress.update(n)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split(" sentences")[0] for line in lines] == [
+        "translate 20/200", "translate 50/200", "translate 100/200", "translate 200/200"
+    ]
+    assert all("sent/s" in line and "ETA" in line for line in lines)
+    assert lines[-1].endswith("ETA 00:00")
