@@ -94,13 +94,29 @@ def test_learned_positions_are_parameters():
 # -- initialisation, dropout, state dict -----------------------------------------------------
 
 
-def test_initialisation():
+def test_initialisation_is_pytorchs_transformer_layers():
+    # Each weight's range and spread against torch.nn.TransformerEncoderLayer's own init
+    # (packed q/k/v Xavier, default Linear elsewhere); attention biases zero, FFN biases not.
     model = tiny_model()
-    D = model.config.d_model
-    w = model.encoder_layers[0].ffn.w1.weight
-    bound = math.sqrt(6 / (w.shape[0] + w.shape[1]))  # xavier-uniform
-    assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
-    assert model.encoder_layers[0].ffn.w1.bias.abs().max() == 0
+    D, h, d_ff = model.config.d_model, model.config.n_heads, model.config.d_ff
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(D, h, d_ff, batch_first=True)
+    ours = model.encoder_layers[0]
+    q, k, v = ref.self_attn.in_proj_weight.detach().chunk(3)
+    pairs = [
+        (ours.self_attn.q_proj.weight, q),
+        (ours.self_attn.k_proj.weight, k),
+        (ours.self_attn.v_proj.weight, v),
+        (ours.self_attn.out_proj.weight, ref.self_attn.out_proj.weight),
+        (ours.ffn.w1.weight, ref.linear1.weight),
+        (ours.ffn.w2.weight, ref.linear2.weight),
+        (ours.ffn.w1.bias, ref.linear1.bias),
+    ]
+    for mine, theirs in pairs:
+        assert mine.abs().max().item() == pytest.approx(theirs.abs().max().item(), rel=0.05)
+        assert mine.std().item() == pytest.approx(theirs.std().item(), rel=0.15)
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        assert getattr(ours.self_attn, proj).bias.abs().max() == 0
     assert model.src_embed.weight.std().item() == pytest.approx(D**-0.5, rel=0.1)
 
 
