@@ -117,6 +117,7 @@ class Trainer:
         self.timed_tokens, self.timed_seconds = 0, 0.0  # throughput after the first interval
         # (start, tokens, target tokens, model FLOPs) since the last sync
         self._interval: tuple[float, int, int, float] | None = None
+        self._sums: list[torch.Tensor] | None = None  # loss, nll, tokens since the last log
         self._last_checkpoint = time.time()
         seed_all(seed, rank)  # dropout differs by rank
         self.model.train()
@@ -153,6 +154,7 @@ class Trainer:
             pad_multiple=self.config.pad_multiple,
         )
         self.close()  # a running prefetcher reads from the old position
+        self._sums = self._interval = None  # logged intervals start afresh
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.best = dict(state.get("best") or {})
         self.since_best = int(state.get("since_best", 0))
@@ -238,7 +240,9 @@ class Trainer:
         )
         scale = W / targets  # DDP averages over ranks; this makes it a per-token mean
         lr = self.scheduler.get_last_lr()[0]
-        sums = [torch.zeros((), device=self.device) for _ in range(3)]  # loss, nll, tokens
+        if self._sums is None:  # loss, nll, tokens since the last log, summed on the device
+            self._sums = [torch.zeros((), device=self.device) for _ in range(3)]
+        sums = self._sums
         no_sync = self._no_sync
         for i, tensors in enumerate(host):
             src, tgt_in, tgt_out = (t.to(self.device, non_blocking=True) for t in tensors)
@@ -256,7 +260,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.train_seconds += time.time() - started
-        metrics = self._log(sums, lr, grad_norm) if logging else {}
+        metrics = self._log(lr, grad_norm) if logging else {}
         for callback in self.callbacks:
             callback(self)
         return metrics
@@ -269,8 +273,11 @@ class Trainer:
             return None
         return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
 
-    def _log(self, sums: list[torch.Tensor], lr: float, grad_norm: Any) -> dict[str, float]:
-        loss, nll, n = all_reduce_sum(sums, self.device)
+    def _log(self, lr: float, grad_norm: Any) -> dict[str, float]:
+        """Loss, NLL and perplexity per target token over every step since the last log (one
+        step's batch alone swings with its sentence lengths), lr and throughput."""
+        loss, nll, n = all_reduce_sum(self._sums, self.device)
+        self._sums = None
         start, tokens, targets, flops = self._interval
         seconds = time.time() - start  # the all-reduce above waited for the device
         if self.step > self.start_step + self.config.log_every or self.step == self.last_step:

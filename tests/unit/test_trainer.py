@@ -270,3 +270,29 @@ def test_val_bleu_keeps_the_best_validation_and_patience_stops_the_run():
     resumed = make_trainer(settings(steps=40, patience=2, bleu_sentences=16))
     resumed.load_state_dict(as_checkpoint(trainer.state_dict()))
     assert resumed.done and resumed.best == trainer.best
+
+
+def test_logged_loss_is_the_token_weighted_mean_since_the_last_log():
+    from training.data import BatchStream
+
+    every_step = make_trainer(settings(log_every=1))
+    losses = [m["loss"] for m in run(every_step, 8)]
+    every_fourth = make_trainer(settings(log_every=4))
+    logged = {}
+    for _ in range(8):
+        metrics = every_fourth.train_step()
+        if metrics:
+            logged[every_fourth.step] = metrics["loss"]
+    assert sorted(logged) == [4, 8]
+    # Target tokens of each step, from the same seeded plan the Trainer reads.
+    data = reversal(96, 1)
+    stream = BatchStream(data, settings().max_tokens_per_batch, SEED)
+    tokens = [
+        int(data.tgt_lens[np.concatenate(stream.take(every_step.accumulation))].sum())
+        for _ in range(8)
+    ]
+    for end in (4, 8):
+        steps = range(end - 4, end)
+        expected = sum(losses[i] * tokens[i] for i in steps) / sum(tokens[i] for i in steps)
+        assert logged[end] == pytest.approx(expected, rel=1e-5)
+        assert not any(logged[end] == pytest.approx(losses[i], rel=1e-5) for i in steps)
