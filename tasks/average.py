@@ -1,4 +1,5 @@
-"""Stage average: the mean of the last N checkpoints' weights (paper section 6.1).
+"""Stage average: the mean of the last N checkpoints' weights (paper section 6.1), or the best
+checkpoint by dev BLEU (``average.select: best``).
 
 In: ``train`` (``checkpoints.json`` and the checkpoints it lists). Out: ``model.pt``.
 
@@ -79,11 +80,20 @@ def _average(config: RunConfig, train_dir: Path, tmp: Path) -> dict[str, Any]:
     listing_file = train_dir / "checkpoints.json"
     if not listing_file.is_file():
         raise StageError(f"{listing_file} does not exist (run `tfm stage train` first)")
-    entries = json.loads(listing_file.read_text())["checkpoints"]
+    listing = json.loads(listing_file.read_text())
+    entries = listing["checkpoints"]
     if not entries:
         raise StageError(f"{listing_file} lists no checkpoints: nothing to average")
     avg = config.average
-    chosen = pick_checkpoints(entries, avg.last, avg.spacing, config.train.checkpoint_minutes)
+    if avg.select == "best":
+        if "best" not in listing:
+            raise StageError(
+                f"average.select: best, but {listing_file} has no best checkpoint "
+                "(train.bleu_sentences was 0)"
+            )
+        chosen = [listing["best"]]
+    else:
+        chosen = pick_checkpoints(entries, avg.last, avg.spacing, config.train.checkpoint_minutes)
     paths = [train_dir / e["path"] for e in chosen]
     state = average_checkpoints(paths)
     newest = checkpoint.load(paths[-1])
@@ -101,8 +111,11 @@ def _average(config: RunConfig, train_dir: Path, tmp: Path) -> dict[str, Any]:
         "count": len(chosen),
         "requested": avg.last,
         "spacing": avg.spacing,
+        "select": avg.select,
     }
-    if len(chosen) < avg.last:
+    if avg.select == "best":
+        stats["val_bleu"] = chosen[0]["val_bleu"]
+    elif len(chosen) < avg.last:
         stats["warning"] = (
             f"averaged {len(chosen)} checkpoint(s), fewer than average.last={avg.last}"
             + (

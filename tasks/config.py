@@ -126,6 +126,9 @@ class AverageConfig:
     """Number of checkpoints averaged (base 5, big 20)."""
     spacing: Literal["step", "time"] = "step"
     """Pick the last N by step, or the last N spaced by checkpoint_minutes (the paper's way)."""
+    select: Literal["last", "best"] = "last"
+    """last: average the last N checkpoints (the paper); best: take the best checkpoint by dev
+    BLEU alone (needs train.bleu_sentences; with train.patience the last ones are past it)."""
 
     def __post_init__(self) -> None:
         if self.last < 1:

@@ -240,6 +240,29 @@ def test_average_with_too_few_checkpoints_warns(trained):
     assert stats["count"] == 4 and stats["requested"] == 50 and "warning" in stats
 
 
+def test_average_select_best_takes_the_best_checkpoint_by_dev_bleu(trained, tmp_path):
+    from tasks import average
+    from transformer_core import checkpoint
+
+    config, _, train_out = trained
+    best = json.loads((train_out / "checkpoints.json").read_text())["best"]
+    picked = config.replace(workdir=str(tmp_path), average=config.average.__class__(select="best"))
+    out = average.run(picked, {"train": train_out}).path
+    stats = read_manifest(out)["stats"]
+    assert stats["steps"] == [best["step"]] and stats["val_bleu"] == best["val_bleu"]
+    chosen = checkpoint.load(out / "model.pt")["model"]
+    kept = checkpoint.load(train_out / best["path"])["model"]
+    assert all(np.array_equal(v.numpy(), kept[k].numpy()) for k, v in chosen.items())
+
+    listing = json.loads((train_out / "checkpoints.json").read_text())
+    del listing["best"]
+    no_bleu = tmp_path / "no_bleu"
+    no_bleu.mkdir()
+    (no_bleu / "checkpoints.json").write_text(json.dumps(listing))
+    with pytest.raises(StageError, match="average.select: best.*bleu_sentences"):
+        average.run(picked.replace(workdir=str(tmp_path / "other")), {"train": no_bleu})
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
