@@ -349,13 +349,13 @@ def export(result: Any, tmp: Path, best: str | None = None) -> dict[str, Any]:
     listing: dict[str, Any] = {"checkpoints": entries, "final": f"final/{MODEL_FILE}"}
     stats: dict[str, Any] = {}
     if best is not None:
+        import pyarrow.fs as pafs
+
         fs, path = open_fs(best)
-        try:
-            with fs.open_input_file(path) as f:
-                (tmp / "best").mkdir()
-                (tmp / "best" / MODEL_FILE).write_bytes(f.read())
-        except FileNotFoundError:
-            raise StageError(f"training measured val_bleu but left no best checkpoint {best}") from None
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            raise StageError(f"training measured val_bleu but left no best checkpoint {best}")
+        (tmp / "best").mkdir()
+        pafs.copy_files(path, str(tmp / "best" / MODEL_FILE), source_filesystem=fs)
         state = ckpt.load(tmp / "best" / MODEL_FILE)
         listing["best"] = {
             "path": f"best/{MODEL_FILE}",

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from serving.translator import plan_decode_batches
 from training.data import TokenData
 from training.distributed import all_reduce_sum
 from transformer_core.config import EOS_ID
@@ -44,14 +45,7 @@ class DevBleu:
         self.references = [
             self._text(dev.tgt_values[dev.tgt_offsets[i] : dev.tgt_offsets[i + 1]]) for i in rows
         ]
-        # Longest first, ``max_tokens`` padded source tokens per batch.
-        order = np.argsort([-len(s) for s in self.sources], kind="stable")
-        self.batches: list[np.ndarray] = []
-        start = 0
-        while start < order.size:
-            size = max(1, max_tokens // max(len(self.sources[order[start]]), 1))
-            self.batches.append(order[start : start + size])
-            start += size
+        self.batches = plan_decode_batches([len(s) for s in self.sources], max_tokens)
 
     def _text(self, ids: np.ndarray) -> str:
         """Text of piece ids, EOS and everything after it dropped."""

@@ -1,0 +1,65 @@
+"""The Multi30k recipe on the real shared files learns to translate: dev BLEU rises above a
+measured floor and the encoder never collapses (skipped without ../shared/data/multi30k)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks import clean, download, shard, tokenizer, train
+from tasks.config import load_config
+from tasks.contract import read_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+MIRROR = REPO.parent / "shared" / "data" / "multi30k"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (MIRROR / "data" / "task1" / "raw").is_dir(), reason=f"{MIRROR} is absent"),
+    pytest.mark.usefixtures("ray_local"),
+]
+
+# Measured with these settings (seed 1234, 2 CPU threads, 2026-11-23): dev BLEU 1.6, 2.6, 8.5
+# and val_encoder_spread 0.24, 0.59, 0.69 at steps 100, 200, 300 (the spread dips early, then
+# recovers). The collapsed encoder of docs/training.md had spread 0.06 at step 50 and 100, and
+# 0.0007 at 300, with a dev perplexity stuck near 150: it scores ~0-2 however long it trains.
+STEPS, EVERY = 300, 100
+BLEU_FLOOR = 5.0
+SPREAD_FLOOR = 0.15
+
+
+def test_the_multi30k_recipe_learns_to_translate(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    config = load_config(
+        REPO / "configs" / "multi30k_en_de.yaml",
+        {
+            "workdir": str(tmp_path),
+            "data.mirror": MIRROR.resolve().as_uri(),
+            "train.steps": STEPS,
+            "train.eval_every": EVERY,
+            "train.checkpoint_every": EVERY,
+            "train.bleu_sentences": 200,
+        },
+    )
+    raw = download.run(config, {}).path
+    assert read_manifest(raw)["stats"]["train_lines"] == 29_000
+    cleaned = clean.run(config, {"download": raw}).path
+    tok = tokenizer.run(config, {"clean": cleaned}).path
+    shards = shard.run(config, {"clean": cleaned, "tokenizer": tok}).path
+    out = train.run(config, {"shard": shards, "tokenizer": tok}).path
+
+    stats = read_manifest(out)["stats"]
+    client = MlflowClient(stats["tracking_uri"])
+
+    def history(key: str) -> dict[int, float]:
+        return {m.step: m.value for m in client.get_metric_history(stats["mlflow_run_id"], key)}
+
+    bleu, spread = history("val_bleu"), history("val_encoder_spread")
+    print(f"Multi30k {STEPS} steps: dev BLEU {bleu}, encoder spread {spread}")
+    assert sorted(bleu) == list(range(EVERY, STEPS + 1, EVERY))
+    assert bleu[STEPS] > bleu[EVERY] and bleu[STEPS] >= BLEU_FLOOR, bleu
+    assert min(spread.values()) >= SPREAD_FLOOR, spread
+    assert "warning.encoder_collapse" not in client.get_run(stats["mlflow_run_id"]).data.tags
