@@ -43,12 +43,13 @@ def tiny_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory, tiny_tokenizer):
     """An average stage folder (chained to a train folder, for lineage) with a debug-size model
-    trained for 100 steps to copy its input, so that its outputs depend on the content."""
+    trained for 200 steps to copy its input, so that its outputs depend on the content."""
     import torch
 
     from serving.tokenizer import load
     from transformer_core import checkpoint, presets
     from transformer_core.model import Transformer
+    from transformer_core.schedule import make_optimizer, make_scheduler
 
     root = tmp_path_factory.mktemp("tiny-model")
     tok = load(tiny_tokenizer)
@@ -60,8 +61,10 @@ def tiny_model(tmp_path_factory, tiny_tokenizer):
         try:
             torch.manual_seed(0)
             model = Transformer(presets.debug(), tok.vocab_size).train()
-            opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-            for step in range(100):
+            # The paper's optimizer and schedule: warmup to 3.95e-3 at step 40 (d_model 64).
+            opt = make_optimizer(model)
+            schedule = make_scheduler(opt, d_model=64, warmup_steps=40, scale=0.2)
+            for step in range(200):
                 batch = [data[(step * 16 + i) % len(data)] for i in range(16)]
                 tgt = torch.zeros(16, max(map(len, batch)), dtype=torch.long)  # (B, T), pad 0
                 for i, ids in enumerate(batch):
@@ -72,10 +75,11 @@ def tiny_model(tmp_path_factory, tiny_tokenizer):
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                schedule.step()
         finally:
             torch.set_num_threads(threads)
         checkpoint.save(tmp / "model.pt", model, presets.debug(), vocab_size=tok.vocab_size)
         return {"loss": loss.item()}
 
-    train = finished_folder(root / "train", "train", {"steps": 100}, lambda tmp: {})
-    return finished_folder(root / "average", "average", {"copy": 100}, build, {"train": train})
+    train = finished_folder(root / "train", "train", {"steps": 200}, lambda tmp: {})
+    return finished_folder(root / "average", "average", {"copy": 200}, build, {"train": train})

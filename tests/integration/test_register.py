@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import io
 import json
 import os
@@ -135,9 +137,14 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert model.predict(TEXTS) == expected
     assert list(model.predict(pd.DataFrame({"text": TEXTS}))) == expected
-    # A request may change the decoding: here the maximum output length (source + 1).
-    short = translate_here(inputs, TEXTS, DecodeConfig(max_len_offset=1))
-    assert short != expected and model.predict(TEXTS, params={"max_len_offset": 1}) == short
+    # A request may change the decoding: each setting gives what the Translator gives with it,
+    # and (the tiny model being what it is) at least one of them changes some translation.
+    changed = False
+    for params in ({"max_len_offset": 1}, {"beam_size": 1}, {"alpha": 0.0}, {"max_len_offset": 0}):
+        here = translate_here(inputs, TEXTS, DecodeConfig(**{**asdict(config.decode), **params}))
+        assert model.predict(TEXTS, params=params) == here, params
+        changed |= here != expected
+    assert changed
     # ... or ask for the n best translations, best first, the first being the translation.
     nbest = model.predict(TEXTS, params={"n_best": 3})
     assert [hyps[0]["translation"] for hyps in nbest] == expected
