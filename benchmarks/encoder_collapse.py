@@ -9,7 +9,7 @@ by sqrt(d_model), plus sinusoids, as the paper describes. Each row: validation p
 collapsed to one output for every position) after N steps.
 
     python benchmarks/encoder_collapse.py --shards runs/multi30k_en_de/shard \
-        --steps 400 --warmup 400 --lr-scale 1.0 --models ours,reference
+        --steps 50 --eval-every 25 --models ours-xavier,ours,reference
 """
 
 from __future__ import annotations
@@ -97,26 +97,20 @@ def reference_residual_dropout(config: ModelConfig, vocab_size: int) -> Referenc
     return model
 
 
-def ours_torch_init(config: ModelConfig, vocab_size: int) -> Transformer:
-    """Ours, re-initialised as PyTorch's layers initialise themselves: query/key/value as one
-    packed Xavier matrix (Xavier with gain 1/sqrt(2) per projection), every other Linear with
-    nn.Linear's default (Kaiming-uniform, a=sqrt(5)), embeddings unchanged."""
+def ours_xavier(config: ModelConfig, vocab_size: int) -> Transformer:
+    """Ours as it was initialised before: Xavier-uniform (gain 1) on every Linear, zero biases
+    (tensor2tensor's choice). This is the one that collapsed."""
     model = Transformer(config, vocab_size)
     for module in model.modules():
         if isinstance(module, nn.Linear) and module is not model.generator:
-            module.reset_parameters()
-    for name, module in model.named_modules():
-        if name.endswith(("q_proj", "k_proj", "v_proj")):
-            nn.init.xavier_uniform_(module.weight, gain=2**-0.5)
-            nn.init.zeros_(module.bias)
-        if name.endswith("out_proj"):
+            nn.init.xavier_uniform_(module.weight)
             nn.init.zeros_(module.bias)
     return model
 
 
 def ours_xavier_ffn_default(config: ModelConfig, vocab_size: int) -> Transformer:
-    """Ours with only the feed-forward layers re-initialised by nn.Linear's default."""
-    model = Transformer(config, vocab_size)
+    """The Xavier init with only the feed-forward layers at nn.Linear's default."""
+    model = ours_xavier(config, vocab_size)
     for name, module in model.named_modules():
         if name.endswith(("ffn.w1", "ffn.w2")):
             module.reset_parameters()
@@ -124,8 +118,8 @@ def ours_xavier_ffn_default(config: ModelConfig, vocab_size: int) -> Transformer
 
 
 def ours_fairseq_init(config: ModelConfig, vocab_size: int) -> Transformer:
-    """Ours, initialised as fairseq's Transformer is: query/key/value Xavier with gain
-    1/sqrt(2), the output projection Xavier, the feed-forward layers nn.Linear's default."""
+    """fairseq's Transformer init: query/key/value Xavier with gain 1/sqrt(2), the attention
+    output Xavier, the feed-forward layers nn.Linear's default."""
     model = ours_xavier_ffn_default(config, vocab_size)
     for name, module in model.named_modules():
         if name.endswith(("q_proj", "k_proj", "v_proj")):
@@ -134,12 +128,12 @@ def ours_fairseq_init(config: ModelConfig, vocab_size: int) -> Transformer:
 
 
 MODELS = {
-    "ours": Transformer,
+    "ours": Transformer,  # PyTorch's Transformer layers' init (the default since 2026-11-23)
+    "ours-xavier": ours_xavier,
+    "ours-xavier-ffn-default": ours_xavier_ffn_default,
+    "ours-fairseq-init": ours_fairseq_init,
     "reference": ReferenceTransformer,
     "reference-residual-dropout": reference_residual_dropout,
-    "ours-torch-init": ours_torch_init,
-    "ours-ffn-default-init": ours_xavier_ffn_default,
-    "ours-fairseq-init": ours_fairseq_init,
 }
 
 
@@ -177,7 +171,7 @@ def run(name: str, mc: ModelConfig, tc: TrainConfig, train, dev, vocab: int, see
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", required=True, help="a shard stage folder (train/, dev/)")
-    parser.add_argument("--models", default="ours,reference")
+    parser.add_argument("--models", default="ours-xavier,ours,reference", help=", ".join(MODELS))
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=400)
