@@ -29,15 +29,12 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-# The folder of this file is on sys.path; the serving package must win over serving.py here.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-from serving import pyfunc  # noqa: E402
-from serving.ct2 import _penalty, export_ctranslate2  # noqa: E402
-from serving.translator import DecodeConfig  # noqa: E402
-from transformer_core import checkpoint  # noqa: E402
+from serving import pyfunc
+from serving.ct2 import _penalty, export_ctranslate2
+from serving.translator import DecodeConfig
+from transformer_core import checkpoint
 
-sys.path.insert(0, str(_HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
 RUN = Path("runs/quickstart")

@@ -20,12 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-# Python puts this folder first on sys.path; its serving.py must not hide the serving package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-import serving  # noqa: E402, F401
-
-sys.path.append(str(_HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, presets
-from transformer_core.search import beam_search, greedy_search
 from transformer_core.schedule import make_optimizer, make_scheduler
+from transformer_core.search import beam_search, greedy_search
 
 VOCAB = 12  # 4 special ids + 8 symbols
 FIRST_SYMBOL = 4

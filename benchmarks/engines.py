@@ -10,8 +10,8 @@ Engines: ``torch-float32``, ``torch-bfloat16`` (``decode.dtype``), ``ct2-float32
 ``ct2-int8`` (``decode.engine: ctranslate2`` with that ``decode.compute_type``; the export is
 float32 and CTranslate2 quantizes it as it loads).
 
-    python benchmarks/serving.py --quick                  # base, batch 16, 12-token outputs
-    python benchmarks/serving.py --threads 2 [--json out.json]   # base, batch 32, 50 tokens
+    python benchmarks/engines.py --quick                  # base, batch 16, 12-token outputs
+    python benchmarks/engines.py --threads 2 [--json out.json]   # base, batch 32, 50 tokens
 """
 
 from __future__ import annotations
@@ -25,15 +25,11 @@ from pathlib import Path
 
 import torch
 
-# While this file's folder is on the path its name, serving.py, hides the serving package:
-# import the package first, then put the folder back for ``common``.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-from serving import ct2  # noqa: E402
-from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets  # noqa: E402
-from transformer_core.search import beam_search  # noqa: E402
+from serving import ct2
+from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets
+from transformer_core.search import beam_search
 
-sys.path.insert(0, str(_HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report, vocab_for  # noqa: E402
 
 ENGINES = ("torch-float32", "torch-bfloat16", "ct2-float32", "ct2-int8")
