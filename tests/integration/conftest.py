@@ -23,6 +23,17 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture
+def server(mirror_root):
+    """A local HTTP mirror (test_download.MirrorServer) serving the requesting module's
+    ``mirror_root`` folder."""
+    from test_download import MirrorServer
+
+    srv = MirrorServer(mirror_root)
+    yield srv
+    srv.close()
+
+
 @pytest.fixture(scope="session")
 def harness():
     """Prefect's test harness: a temporary API server and database for the session's flows."""

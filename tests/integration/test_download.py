@@ -15,7 +15,6 @@ import json
 import re
 import tarfile
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -205,13 +204,6 @@ def _no_published_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def mirror_root(tmp_path: Path) -> Path:
     return write_mirror(tmp_path / "mirror", wmt_layout())
-
-
-@pytest.fixture
-def server(mirror_root: Path) -> Iterator[MirrorServer]:
-    srv = MirrorServer(mirror_root)
-    yield srv
-    srv.close()
 
 
 def make_config(tmp_path: Path, **data: object) -> RunConfig:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,13 +58,6 @@ def mirror_root(tmp_path: Path) -> Path:
         for lang in langs:
             write_file(root, split, lang)
     return root
-
-
-@pytest.fixture
-def server(mirror_root: Path) -> Iterator[MirrorServer]:
-    srv = MirrorServer(mirror_root)
-    yield srv
-    srv.close()
 
 
 def make_config(tmp_path: Path, **data: object) -> RunConfig:
