@@ -46,7 +46,7 @@ GPU_PYTHON ?= python3
 bench-gpu:
 	$(GPU_PYTHON) benchmarks/gpu.py --preflight
 	$(GPU_PYTHON) -c "import ray.train.torch" 2>/dev/null || $(GPU_PYTHON) -m pip install -q "ray[train]==2.60.*"
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu.py --out $(RESULTS)/gpu
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu.py --out $(RESULTS)/gpu $(BENCH_FLAGS)
 
 test-gpu:
 	$(GPU_PYTHON) benchmarks/gpu.py --preflight

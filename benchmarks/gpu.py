@@ -4,18 +4,26 @@
    tokens/s (source + target), target tokens/s, model TFLOP/s and MFU (transformer_core/flops.py
    against the device's datasheet bf16 peak), peak memory. The paper's batch: one 25k-token
    step, lengths from a log-normal with WMT14 En-De BPE's means (~27 source, ~30 target pieces)
-   and a long tail, a 37k vocabulary, pad_multiple 8, fused Adam, prefetched pinned batches.
+   and a long tail, a 37k vocabulary, pad_multiple 8, fused Adam, prefetched pinned batches;
+   each speed switch flipped once (train.fused_loss: the projection fused with the loss).
 2. The same Trainer loop inside a Ray Train worker (1 GPU) against the plain loop in this
    process, interleaved plain, Ray, plain, Ray, plain (the plain runs' spread is the noise).
 3. Where the time goes: torch.profiler over 3 more steps of each run: the share of wall time the
    GPU was busy, which scaled-dot-product-attention kernels ran (with the padding masks), and for
-   the largest model GPU time by kernel kind and the top kernels. Runs with cuDNN's attention
-   allowed (train.cudnn_attention) and not.
+   the largest model GPU time by kernel kind and the top kernels.
 4. Beam-search decoding of base (beam 4, batches 64 and 128, 50-token outputs with EOS masked),
    float32 and bfloat16 weights.
+5. Time to BLEU: configs/multi30k_en_de_gpu.yaml's model trained for ``--multi30k-minutes`` on
+   the shards its pipeline prepared (``--multi30k WORKDIR``), dev BLEU at every validation and
+   test2016 BLEU of the last weights (the Trainer driven directly: no Prefect or MLflow needed).
 
     python benchmarks/gpu.py --preflight          # exit 2 with one line when CUDA is absent
-    python benchmarks/gpu.py --out benchmarks/results/gpu [--quick] [--skip ray,profile]
+    python benchmarks/gpu.py --out benchmarks/results/gpu [--quick] [--sizes big] \
+        [--skip ray,switches,compile,decode] [--multi30k WORKDIR [--multi30k-minutes 3]]
+
+``make bench-gpu BENCH_FLAGS="..."`` passes flags through. A Multi30k workdir comes from
+``for s in download clean tokenizer shard; do tfm stage $s --config
+configs/multi30k_en_de_gpu.yaml --set workdir=WORKDIR; done`` on any machine.
 
 Writes ``gpu.json`` and ``gpu.md`` (the tables) under ``--out`` and prints the tables.
 """
@@ -114,6 +122,7 @@ def training_run(
         "compile": tc.compile,
         "cudnn_attn": tc.cudnn_attention,
         "prefetch": tc.prefetch,
+        "fused_loss": tc.fused_loss,
         "fused_adam": tc.fused_adam is not False,
         "pad": tc.pad_multiple,
         "tokens/s": m["tokens_per_s"],
@@ -126,7 +135,7 @@ def training_run(
         "attention kernels": attention,
         "wall_s": time.time() - started,
     }
-    label = f"{size}{' compiled' if tc.compile else ''}"
+    label = f"{size}{' compiled' if tc.compile else ''}{' fused loss' if tc.fused_loss else ''}"
     return row, [{"run": label, **k} for k in kinds], [{"run": label, **t} for t in top]
 
 
@@ -332,6 +341,75 @@ def decoding(batches: tuple[int, ...], out_len: int) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------------ Multi30k
+
+
+def multi30k_bleu(workdir: Path, config_path: str, minutes: float) -> list[dict]:
+    """Time to BLEU on one GPU: the Multi30k GPU config's model and Trainer on the shards its
+    pipeline prepared in ``workdir`` (``tfm stage shard --config ...``), trained for at most
+    ``minutes`` (compilation included) or the config's steps, with dev BLEU at every validation
+    (greedy, as in the pipeline); then test2016 BLEU of the last weights with the config's beam
+    search (sacreBLEU, no averaging). No Prefect or MLflow: the Trainer driven directly."""
+    from sacrebleu.metrics import BLEU
+
+    from corpora.text import read_lines
+    from serving import tokenizer as tokenizer_lib
+    from serving.translator import Translator
+    from tasks.config import load_config
+    from training.dev_bleu import DevBleu
+
+    config = load_config(config_path)
+    tc = dataclasses.replace(config.train, checkpoint_every=0, checkpoint_minutes=0)
+    tokenizer = tokenizer_lib.load(workdir / "tokenizer")
+    vocab = tokenizer.vocab_size
+    train = TokenData.read(str(workdir / "shard" / "train"), vocab)
+    dev = TokenData.read(str(workdir / "shard" / "dev"), vocab)
+    torch.manual_seed(config.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of this code
+    module = Transformer(config.model, vocab).to(device)
+    dev_bleu = DevBleu(dev, tokenizer.decode, tc.bleu_sentences, max_tokens=tc.max_tokens_per_batch)
+    trainer = Trainer(module, tc, train, dev, seed=config.seed, dev_bleu=dev_bleu)
+    curve: list[dict] = []
+    started = time.time()
+    while not trainer.done and time.time() - started < minutes * 60:
+        metrics = trainer.train_step()
+        metrics.update(trainer.maybe_evaluate())
+        if "val_bleu" in metrics:
+            curve.append(
+                {
+                    "step": trainer.step,
+                    "minutes": (time.time() - started) / 60,
+                    "val_bleu": metrics["val_bleu"],
+                    "val_loss": metrics.get("val_loss"),
+                }
+            )
+            print(f"  multi30k step {trainer.step}: dev BLEU {metrics['val_bleu']:.2f}", flush=True)
+    trained = time.time() - started
+    trainer.close()
+    module.eval()
+    src, tgt = config.languages
+    sources = read_lines(workdir / "download" / f"test.{src}")
+    references = read_lines(workdir / "download" / f"test.{tgt}")
+    translator = Translator(module, tokenizer, config.decoding, device=device)
+    decode_started = time.time()
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+        hyps = translator.translate(sources)
+    decode_s = time.time() - decode_started
+    bleu = BLEU().corpus_score(hyps, [references])
+    return [
+        {
+            "config": Path(config_path).name,
+            "steps": trainer.step,
+            "train_minutes": trained / 60,
+            "tokens/s": trainer.timed_tokens / max(trainer.timed_seconds, 1e-9),
+            "best dev BLEU": max((c["val_bleu"] for c in curve), default=None),
+            f"test BLEU (last, beam {config.decoding.beam_size})": bleu.score,
+            "decode_s": decode_s,
+            "curve": curve,
+        }
+    ]
+
+
 # ------------------------------------------------------------------------------ main
 
 
@@ -361,7 +439,17 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/gpu", help="folder for JSON + md")
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
     parser.add_argument("--sizes", default="base,big")
-    parser.add_argument("--skip", default="", help="comma-separated: train,compile,ray,decode")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: train,compile,switches,ray,decode,multi30k"
+    )
+    parser.add_argument(
+        "--multi30k",
+        default="",
+        help="workdir where `tfm stage shard --config MULTI30K_CONFIG` prepared the shards "
+        "(the Multi30k BLEU row is skipped without it)",
+    )
+    parser.add_argument("--multi30k-config", default="configs/multi30k_en_de_gpu.yaml")
+    parser.add_argument("--multi30k-minutes", type=float, default=3.0)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(
@@ -391,6 +479,7 @@ def main() -> int:
         ("profile_kinds", "Where the largest model's training step spends its GPU time"),
         ("profile_top", "Its top kernels"),
         ("decoding", "Beam search (base, beam 4, 50-token outputs), target tokens/s"),
+        ("multi30k", "Multi30k En-De on one GPU: BLEU after a fixed time"),
     ]
 
     def save() -> None:
@@ -417,20 +506,30 @@ def main() -> int:
     if "ray" not in skip:  # first, in a process that has not compiled or profiled anything
         log("Ray Train vs plain loop")
         section("ray", ray_vs_plain(sizes[0], 3 * steps, corpus))
-    runs = [(size, {"cudnn_attention": cudnn}) for size in sizes for cudnn in (False, True)]
-    # Each speed switch off once, on the smaller model.
-    runs += [(sizes[0], {"prefetch": 0}), (sizes[0], {"fused_adam": False})]
-    runs += [(sizes[0], {"pad_multiple": 1})]
+    # Every size with the defaults and without the fused loss; each other switch flipped once,
+    # on the smaller model; compiled, with and without the fused loss.
+    runs = [(size, {"fused_loss": fused}) for size in sizes for fused in (False, True)]
+    if "switches" not in skip:
+        runs += [(sizes[0], {"cudnn_attention": True}), (sizes[0], {"prefetch": 0})]
+        runs += [(sizes[0], {"fused_adam": False}), (sizes[0], {"pad_multiple": 1})]
     if "compile" not in skip:
-        runs += [(size, {"compile": True}) for size in sizes]
+        runs += [
+            (size, {"compile": True, "fused_loss": f}) for size in sizes for f in (False, True)
+        ]
     if "train" not in skip:
         for size, switches in runs:
             log(f"training {size} {switches}")
             row, kinds, top = training_run(size, steps, corpus, **switches)
             section("training", [row])
-            if size == sizes[-1] and not switches.get("cudnn_attention"):
+            if size == sizes[-1] and set(switches) <= {"compile", "fused_loss"}:
                 section("profile_kinds", kinds)
                 section("profile_top", top)
+    if "multi30k" not in skip and args.multi30k:
+        log(f"Multi30k, {args.multi30k_minutes} minutes")
+        section(
+            "multi30k",
+            multi30k_bleu(Path(args.multi30k), args.multi30k_config, args.multi30k_minutes),
+        )
     if "decode" not in skip:
         log("decoding")
         section("decoding", decoding((64, 128), 20 if args.quick else 50))

@@ -11,6 +11,7 @@ and ``A`` are, and the data order is the same on every rank without communicatio
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +30,11 @@ from training.prefetch import Prefetcher
 from transformer_core.batching import plan_batches
 from transformer_core.config import ConfigError
 from transformer_core.flops import peak_flops, train_flops
-from transformer_core.loss import label_smoothed_nll
+from transformer_core.loss import (
+    chunk_loss_and_grad,
+    label_smoothed_nll,
+    linear_label_smoothed_nll,
+)
 from transformer_core.model import NO_CUDNN, Memory, Transformer
 from transformer_core.schedule import make_optimizer, make_scheduler
 
@@ -101,11 +106,22 @@ class Trainer:
         # Dynamic shapes: token-budget batches vary in both dimensions, so one graph serves all
         # of them instead of a recompilation per shape.
         self._forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
-        self._loss = (
-            torch.compile(label_smoothed_nll, dynamic=True)
-            if config.compile
-            else label_smoothed_nll
-        )
+        self.fused_loss = config.fused_loss
+        if self.fused_loss:
+            chunk = torch.compile(chunk_loss_and_grad, dynamic=True) if config.compile else None
+            self._loss = functools.partial(
+                linear_label_smoothed_nll,
+                weight=module.generator.weight,
+                # The loss runs outside the autocast region: the projection's dtype is explicit.
+                dtype=torch.bfloat16 if self.device.type == "cuda" else None,
+                **({"chunk_fn": chunk} if chunk is not None else {}),
+            )
+        else:
+            self._loss = (
+                torch.compile(label_smoothed_nll, dynamic=True)
+                if config.compile
+                else label_smoothed_nll
+            )
         self.peak_flops = (
             peak_flops(torch.cuda.get_device_name(self.device))
             if self.device.type == "cuda"
@@ -249,8 +265,11 @@ class Trainer:
             last = i == len(host) - 1
             with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
                 with self.autocast(), self._attention_kernels():
-                    logits = self._forward(src, tgt_in)  # (B, T, V)
-                loss, nll, n = self._loss(logits, tgt_out, mc.label_smoothing, mc.pad_id)
+                    # (B, T, V) logits, or (B, T, D) states for the fused projection and loss
+                    out = self._forward(src, tgt_in, project=not self.fused_loss)
+                loss, nll, n = self._loss(
+                    out, target=tgt_out, epsilon=mc.label_smoothing, pad_id=mc.pad_id
+                )
                 (loss * scale).backward()
             for total, value in zip(sums, (loss.detach(), nll.detach(), n), strict=True):
                 total += value

@@ -337,8 +337,9 @@ class Transformer(nn.Module):
             x = self.encoder_norm(x)
         return Memory(states=x, src_pad=src_pad)
 
-    def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
-        """Decoder input ids (B, T), the whole target prefix -> logits (B, T, V)."""
+    def decode(self, tgt_in: Tensor, memory: Memory, project: bool = True) -> Tensor:
+        """Decoder input ids (B, T), the whole target prefix -> logits (B, T, V); without
+        ``project``, the last states (B, T, D) before the pre-softmax projection."""
         self.check_shape(tgt_in, "tgt_in")
         if tgt_in.size(0) != memory.src_pad.size(0):
             raise ValueError(
@@ -350,11 +351,13 @@ class Transformer(nn.Module):
             x = layer(x, memory.states, src_mask)
         if self.config.norm_first:
             x = self.decoder_norm(x)
-        return self.generator(x)  # (B, T, V)
+        return self.generator(x) if project else x  # (B, T, V) or (B, T, D)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V) for source (B, S) and decoder input (B, T)."""
-        return self.decode(tgt_in, self.encode(src))
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        """Teacher-forced logits (B, T, V) for source (B, S) and decoder input (B, T); without
+        ``project``, the decoder's last states (B, T, D), for a loss fused with the projection
+        (transformer_core.loss.linear_label_smoothed_nll)."""
+        return self.decode(tgt_in, self.encode(src), project)
 
     @torch.no_grad()
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:

@@ -212,26 +212,55 @@ def test_fused_adam_takes_the_same_steps_as_multi_tensor_adam():
         torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.slow  # torch.compile on CPU: ~1.5 minutes of compiling
-def test_compiled_training_takes_the_same_steps_as_eager_on_cpu():
+def test_fused_loss_takes_the_same_steps_as_the_logits_path():
+    """The projection fused with the loss (chunks of 2 rows here) trains like the whole-logits
+    path: same logged losses and, after 3 steps, the same weights to float32 rounding."""
+    import transformer_core.loss as loss_module
+
+    plain = make_trainer(settings(fused_loss=False, steps=3))
+    plain_metrics = run(plain, 3)
+    saved = loss_module.CHUNK_LOGITS
+    loss_module.CHUNK_LOGITS = 2 * VOCAB
+    try:
+        fused = make_trainer(settings(fused_loss=True, steps=3))
+        fused_metrics = run(fused, 3)
+    finally:
+        loss_module.CHUNK_LOGITS = saved
+    assert fused.fused_loss and not plain.fused_loss
+    for a, b in zip(fused_metrics, plain_metrics, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    expected = plain.module.state_dict()
+    for name, value in fused.module.state_dict().items():
+        if name.endswith("k_proj.bias"):  # rounding noise made full-size by Adam, as above
+            continue
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow  # torch.compile on CPU: ~1.5 minutes of compiling per case
+@pytest.mark.parametrize("fused_loss", [False, True])
+def test_compiled_training_takes_the_same_steps_as_eager_on_cpu(fused_loss):
     def trainer(**changes) -> Trainer:
         torch.manual_seed(SEED)  # no dropout: compiled code draws its masks differently
         module = Transformer(presets.debug().replace(max_len=32, dropout=0.0), VOCAB)
-        config = settings(steps=8, pad_multiple=2, **changes)
+        config = settings(steps=8, pad_multiple=2, fused_loss=fused_loss, **changes)
         return Trainer(module, config, reversal(96, 1), reversal(16, 2), seed=SEED)
 
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # this process's earlier graphs (the other case) do not count
+    counters.clear()
     eager = run(trainer(), 8)
     compiled_trainer = trainer(compile=True)
     compiled = run(compiled_trainer, 8)
     for a, b in zip(compiled, eager, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
-    from torch._dynamo.utils import counters
 
     batches = trainer().stream.take(16)  # the 8 steps' batches
     shapes = {compiled_trainer._collate(rows)[0].shape for rows in batches}
-    # Dynamic shapes: the graphs do not grow with the shapes. Model and loss each compile for
-    # the first batch, again when two sizes that were equal differ (dynamo's duck sizing) and
-    # once for a batch of one row (sizes 0 and 1 are always specialised).
+    # Dynamic shapes: the graphs do not grow with the shapes. Model and loss (or the fused loss's
+    # chunk function) each compile for the first batch, again when two sizes that were equal
+    # differ (dynamo's duck sizing) and once for a batch of one row (sizes 0 and 1 are always
+    # specialised).
     assert counters["stats"]["unique_graphs"] <= 6 < len(shapes)
 
 
