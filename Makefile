@@ -45,7 +45,8 @@ bench: $(STAMP)
 GPU_PYTHON ?= python3
 bench-gpu:
 	$(GPU_PYTHON) benchmarks/gpu.py --preflight
-	$(GPU_PYTHON) -c "import ray.train.torch" 2>/dev/null || $(GPU_PYTHON) -m pip install -q "ray[train]==2.60.*"
+	$(GPU_PYTHON) -c "import ray.train.torch, sentencepiece, sacrebleu, yaml" 2>/dev/null || \
+		$(GPU_PYTHON) -m pip install -q "ray[train]==2.60.*" "sentencepiece>=0.2" "sacrebleu>=2.4" "pyyaml>=6"
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu.py --out $(RESULTS)/gpu $(BENCH_FLAGS)
 
 test-gpu:
