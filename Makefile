@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode.py $(if $(BENCH_FULL),,--quick) --bf16 --json $(RESULTS)/decode.json
 	$(PY) benchmarks/train.py --json $(RESULTS)/train.json
 	$(PY) benchmarks/data.py $(if $(BENCH_FULL),,--pairs 100000) --json $(RESULTS)/data.json
+	$(PY) benchmarks/train_memory.py $(if $(BENCH_FULL),,--pairs 100000 --steps 12 --repeats 1) --json $(RESULTS)/train_memory.json
 
 # The GPU suite runs in a Python whose torch is a CUDA build (ours in .venv is the CPU wheel):
 # the machine's own by default. It fails fast without CUDA, installs Ray Train if missing, and

@@ -3,7 +3,9 @@
 Encoding runs in an actor pool (``shard.num_actors`` actors, each loads the sentencepiece model
 once) whose actors read ranges of the clean row groups themselves and encode them. The ordered
 output streams back to the driver, which writes ``rows_per_shard`` rows per file
-(``corpora.parquet``), holding one batch at a time, never the corpus.
+(``corpora.parquet``), holding one batch at a time, never the corpus. Each Parquet part gets
+an uncompressed Arrow IPC twin with the same rows, ``arrow/<split>/part-*.arrow``, which
+training memory-maps (``training.data``).
 
 Shard schema (docs/contracts.md): ``src_ids list<int32>``, ``tgt_ids list<int32>``,
 ``src_len int32``, ``tgt_len int32``, where ids are the pieces followed by EOS and a length
@@ -208,7 +210,9 @@ def _write(
     tables: Iterable[pa.Table], out: Path, config: ShardConfig, max_len: int, *, drop: bool
 ) -> tuple[_Lengths, list[Path], int]:
     """Write one split; the lengths, the files and the rows over ``max_len`` (dropped if ``drop``)."""
-    writer = ParquetShardWriter(out, SHARD_SCHEMA, config.rows_per_shard)
+    # The IPC twins go to <shard>/arrow/<split>/, where training.data.token_files looks.
+    ipc_folder = out.parent / "arrow" / out.name
+    writer = ParquetShardWriter(out, SHARD_SCHEMA, config.rows_per_shard, ipc_folder=ipc_folder)
     lengths = _Lengths()
     over = 0
     for table in tables:
@@ -249,7 +253,8 @@ def shard_corpus(
     clean: Path, model_file: Path, out: Path, config: ShardConfig, src: str, tgt: str, *, max_len: int
 ) -> dict[str, Any]:
     """Encode the clean folder (``train/part-*.parquet``, ``dev.*``, ``test.*``) with the
-    sentencepiece ``model_file`` into ``out/{train,dev,test}/part-*.parquet``, dropping train and
+    sentencepiece ``model_file`` into ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
+    ``out/arrow/{train,dev,test}/part-*.arrow``, dropping train and
     dev rows over ``max_len`` pieces; the stats per split and ``lengths.png``. Needs a running Ray."""
     import ray
 

@@ -83,7 +83,8 @@ size (and Parquet files by their footer) unless a full check is asked for."""
 
 def damage(folder: Path, manifest: Mapping[str, Any], *, full: bool = False) -> str | None:
     """What is wrong with a finished folder's files against its manifest, or None: a missing
-    file, another size, a Parquet file whose footer does not read, a sha256 that differs (files
+    file, another size, a Parquet or Arrow IPC file whose footer does not read or holds another
+    row count, a sha256 that differs (files
     up to ``SMALL_FILE``; every file with ``full``)."""
     for rel, info in manifest.get("files", {}).items():
         path = folder / rel
@@ -92,10 +93,10 @@ def damage(folder: Path, manifest: Mapping[str, Any], *, full: bool = False) -> 
         size = path.stat().st_size
         if size != info["bytes"]:
             return f"{rel} has {size} bytes, manifest says {info['bytes']}"
-        if path.suffix == ".parquet":
-            rows = parquet_rows(path)
+        if path.suffix in TABLE_FILES:
+            rows = table_rows(path)
             if rows is None:
-                return f"{rel} is not a readable Parquet file (its footer does not read)"
+                return f"{rel} is not a readable {TABLE_FILES[path.suffix]} file (its footer does not read)"
             if rows != info.get("rows", rows):
                 return f"{rel} holds {rows} rows, manifest says {info['rows']}"
         if "sha256" in info and (full or size <= SMALL_FILE) and sha256_file(path) != info["sha256"]:
@@ -110,6 +111,26 @@ def parquet_rows(path: Path) -> int | None:
 
     try:
         return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError):
+        return None
+
+
+TABLE_FILES = {".parquet": "Parquet", ".arrow": "Arrow IPC"}
+"""Files whose row count the manifest records and ``damage`` checks, by suffix."""
+
+
+def table_rows(path: Path) -> int | None:
+    """The row count of a Parquet or Arrow IPC file, from its footer (and an IPC file's batch
+    headers); None if it does not read."""
+    if path.suffix != ".arrow":
+        return parquet_rows(path)
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            reader = pyarrow.ipc.open_file(source)
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     except (pa.ArrowException, OSError):
         return None
 
@@ -170,16 +191,16 @@ def check(folder: Path, expected_fingerprint: str, *, full: bool = False) -> Sta
 
 
 def describe_files(folder: Path, hash_files: bool = True) -> dict[str, dict[str, Any]]:
-    """Size, sha256 and, for Parquet files, the row count of every file under ``folder`` except
-    the manifest, by relative path."""
+    """Size, sha256 and, for Parquet and Arrow IPC files, the row count of every file under
+    ``folder`` except the manifest, by relative path."""
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(Path(folder).rglob("*")):
         if path.is_file() and path.name != MANIFEST:
             info: dict[str, Any] = {"bytes": path.stat().st_size}
             if hash_files:
                 info["sha256"] = sha256_file(path)
-            if path.suffix == ".parquet":
-                info["rows"] = parquet_rows(path)
+            if path.suffix in TABLE_FILES:
+                info["rows"] = table_rows(path)
             files[path.relative_to(folder).as_posix()] = info
     return files
 

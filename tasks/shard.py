@@ -1,8 +1,9 @@
 """Stage shard: the clean corpus encoded with the tokenizer into token-id Parquet shards.
 
 In: ``clean``, ``tokenizer``. Out: ``{train,dev,test}/part-*.parquet`` (``src_ids``,
-``tgt_ids``, ``src_len``, ``tgt_len``; pieces + EOS) and ``lengths.png``; the vocabulary size
-and per-split lengths in the manifest. The Ray Data encoding is ``corpora.encoding``.
+``tgt_ids``, ``src_len``, ``tgt_len``; pieces + EOS), beside each part its uncompressed Arrow
+IPC twin ``part-*.arrow`` (the same rows, memory-mapped by training), and ``lengths.png``; the
+vocabulary size and per-split lengths in the manifest. The Ray Data encoding is ``corpora.encoding``.
 
 Train and dev rows with more pieces (EOS included) on either side than ``max_pieces`` =
 min(``model.max_len``, ``train.max_tokens_per_batch``) are dropped and counted per split

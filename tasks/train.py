@@ -30,7 +30,7 @@ from tasks.contract import (
     stage_fingerprint,
 )
 from tasks.runtime import ensure_ray, stage_run
-from training.data import accumulation_steps, open_fs, shard_files
+from training.data import open_fs, shard_files
 from training.tracking import learning_curve, log_params, mlflow_run
 from training.trainer import Callback
 from training.worker import MODEL_FILE, train_loop_per_worker
@@ -53,6 +53,8 @@ NOT_IN_RESUME_KEY = (
     "checkpoint_minutes",
     "keep_checkpoints",
     "cpus_per_worker",
+    "placement_strategy",
+    "elastic_check_seconds",
     "prefetch",
     "warn_encoder_spread",
     "torch_threads",
@@ -138,6 +140,7 @@ def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int
         check_lengths(config, shard / split, longest_row(stats.get(split, {}), metas))
         counts[f"{split}_rows"] = rows
     counts["vocab_size"] = vocab_size(config, inputs)
+    counts["tgt_vocab_size"] = target_vocab_size(config, inputs)
     return counts
 
 
@@ -194,6 +197,23 @@ def vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int:
     return pieces
 
 
+def target_vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int | None:
+    """With ``tokenizer.target_symbols`` the decoder's vocabulary is the special ids and the
+    target symbols, which sentencepiece numbers right after them (a word-level target
+    vocabulary: a softmax over ~100 tree tokens instead of every piece); else None (joint)."""
+    from corpora.subwords import FIRST_SYMBOL_ID
+
+    if not config.tokenizer.target_symbols:
+        return None
+    stats = (read_manifest(Path(inputs["tokenizer"])) or {}).get("stats", {})
+    if "target_symbols" not in stats:
+        raise StageError(
+            f"{inputs['tokenizer']}/manifest.json does not count its target symbols: rerun "
+            "`tfm stage tokenizer --config <config> --force`"
+        )
+    return FIRST_SYMBOL_ID + int(stats["target_symbols"])
+
+
 def check_resources(config: RunConfig) -> None:
     """GPUs and CPUs the workers ask for must exist (on a local Ray, all of them)."""
     import ray
@@ -204,7 +224,7 @@ def check_resources(config: RunConfig) -> None:
     gpus = resources.get("GPU", 0)
     if tc.use_gpu and gpus == 0:
         raise StageError("train.use_gpu is true but the Ray cluster has no GPU")
-    if tc.use_gpu and gpus < tc.num_workers:
+    if tc.use_gpu and gpus < tc.min_workers:
         message = (
             f"train.num_workers={tc.num_workers} GPU workers but the cluster has {gpus:g} GPUs"
         )
@@ -212,9 +232,9 @@ def check_resources(config: RunConfig) -> None:
             raise StageError(message)
         log.warning("%s; waiting for the autoscaler", message)
     cpus = resources.get("CPU", 0)
-    if local and tc.num_workers * tc.cpus_per_worker > cpus:
+    if local and tc.min_workers * tc.cpus_per_worker > cpus:
         raise StageError(
-            f"train.cpus_per_worker: {tc.num_workers} workers x {tc.cpus_per_worker:g} CPUs "
+            f"train.cpus_per_worker: {tc.min_workers} workers x {tc.cpus_per_worker:g} CPUs "
             f"exceed the local Ray's {cpus:g} CPUs"
         )
 
@@ -235,7 +255,12 @@ def _train(
     check_resources(config)
     storage, name = storage_location(config, inputs)
     run_dir = f"{storage.rstrip('/')}/{name}"
-    accum = accumulation_steps(tc.tokens_per_step, tc.num_workers, tc.max_tokens_per_batch)
+    per_step = tc.batches_per_step(tc.max_workers)  # elastic: the same for every worker count
+    if tc.elastic:
+        world: int | str = f"{tc.min_workers}..{tc.max_workers}"
+        accum: int | str = f"{-(-per_step // tc.max_workers)}..{-(-per_step // tc.min_workers)}"
+    else:
+        world, accum = tc.num_workers, per_step // tc.num_workers
 
     (tmp / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
     with mlflow_run(run_dir, lambda: stage_run(config, STAGE)) as (tracking_uri, run_id):
@@ -245,9 +270,9 @@ def _train(
             run_id,
             {
                 **flatten(to_dict(config)),
-                "world_size": tc.num_workers,
+                "world_size": world,
                 "accumulation": accum,
-                "tokens_per_step": tc.num_workers * accum * tc.max_tokens_per_batch,
+                "tokens_per_step": per_step * tc.max_tokens_per_batch,
                 "vocab_size": counts["vocab_size"],
                 "train_rows": counts["train_rows"],
                 "ray_run_dir": run_dir,
@@ -261,6 +286,7 @@ def _train(
                 "train": tc,
                 "seed": config.seed,
                 "vocab_size": counts["vocab_size"],
+                "tgt_vocab_size": counts["tgt_vocab_size"],
                 "shard_dir": str(Path(inputs["shard"]).resolve()),
                 "tokenizer_file": str((Path(inputs["tokenizer"]) / "spm.model").resolve()),
                 "best_path": best_path(run_dir),
@@ -270,11 +296,13 @@ def _train(
             },
             scaling_config=ray.train.ScalingConfig(
                 num_workers=tc.num_workers,
+                elastic_resize_monitor_interval_s=tc.elastic_check_seconds,
                 use_gpu=tc.use_gpu,
                 resources_per_worker={
                     "CPU": tc.cpus_per_worker,
                     **({"GPU": 1} if tc.use_gpu else {}),
                 },
+                placement_strategy=tc.placement_strategy,
             ),
             run_config=ray.train.RunConfig(
                 name=name,
@@ -303,8 +331,8 @@ def _train(
         "complete": last >= tc.steps or bool(summary.get("stopped_early")),
         "stopped_early": bool(summary.get("stopped_early")),
         "resumed_from_step": summary.get("start_step", last),
-        "world_size": tc.num_workers,
-        "accumulation": accum,
+        "world_size": summary.get("world_size", world),  # the last worker group's
+        "accumulation": summary.get("accumulation", accum),
         "n_parameters": summary.get("n_parameters"),
         "tokens_per_s": summary.get("tokens_per_s"),
         "loop_seconds": summary.get("loop_seconds"),
@@ -337,6 +365,7 @@ def export(result: Any, tmp: Path, best: str | None = None) -> dict[str, Any]:
             state["model"],
             ModelConfig.from_dict(state["config"]),
             vocab_size=state["vocab_size"],
+            tgt_vocab_size=state.get("tgt_vocab_size"),
             step=step,
             time=float(metrics["time"]),
         )

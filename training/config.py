@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from transformer_core.config import ConfigError
 
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+"""Ray placement-group strategies (``train.placement_strategy``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -27,8 +30,12 @@ class TrainConfig:
     """Adam epsilon."""
     clip_norm: float | None = None
     """Gradient clipping norm; null disables."""
-    num_workers: int = 1
-    """Ray Train workers (one per GPU on a cluster)."""
+    num_workers: int | tuple[int, int] = 1
+    """Ray Train workers (one per GPU on a cluster); ``[min, max]``: elastic, as many as the
+    cluster holds between the two (a resize restarts from the latest checkpoint), with the same
+    batches per step whatever the count (docs/training.md, "Elastic training")."""
+    elastic_check_seconds: float = 60.0
+    """With ``num_workers: [min, max]``: how often Ray Train looks for room for more workers."""
     use_gpu: bool = False
     """Train on GPUs (bf16 autocast)."""
     compile: bool = False
@@ -50,6 +57,9 @@ class TrainConfig:
     copied with non_blocking); 0 collates inside the step."""
     cpus_per_worker: float = 1.0
     """CPUs reserved per worker; fractional on small machines so Ray Data is never starved."""
+    placement_strategy: str = "PACK"
+    """Ray's placement of the workers: PACK (as few nodes as possible: the GPUs of one node
+    first), SPREAD (across nodes where possible), STRICT_PACK or STRICT_SPREAD."""
     torch_threads: int | None = None
     """Intra-op threads per worker; null: the node's cores divided among its workers (Ray would
     give a 1-CPU worker one thread, and training reads its own shards, so the rest would idle)."""
@@ -85,11 +95,23 @@ class TrainConfig:
             "steps",
             "tokens_per_step",
             "max_tokens_per_batch",
-            "num_workers",
             "pad_multiple",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
+        if self.min_workers < 1:
+            raise ConfigError("num_workers", f"{self.num_workers} must be >= 1")
+        if self.min_workers > self.max_workers:
+            raise ConfigError("num_workers", f"{list(self.num_workers)}: min exceeds max")
+        if self.elastic and self.max_workers > self.step_batches:
+            raise ConfigError(
+                "num_workers",
+                f"at most {self.step_batches} elastic workers: every worker needs one of the "
+                f"{self.step_batches} micro-batches of a step (tokens_per_step / "
+                "max_tokens_per_batch, rounded up)",
+            )
+        if self.elastic_check_seconds < 0:
+            raise ConfigError("elastic_check_seconds", f"{self.elastic_check_seconds} must be >= 0")
         if self.warmup_steps < 1:
             raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
         if self.torch_threads is not None and self.torch_threads < 1:
@@ -103,6 +125,11 @@ class TrainConfig:
             )
         if self.cpus_per_worker <= 0:
             raise ConfigError("cpus_per_worker", f"{self.cpus_per_worker} must be > 0")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ConfigError(
+                "placement_strategy",
+                f"{self.placement_strategy!r} is not one of {', '.join(PLACEMENT_STRATEGIES)}",
+            )
         if self.bleu_sentences < 0:
             raise ConfigError("bleu_sentences", f"{self.bleu_sentences} must be >= 0")
         if self.patience is not None and (self.patience < 1 or not self.bleu_sentences):
@@ -116,6 +143,34 @@ class TrainConfig:
             raise ConfigError(
                 "checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0"
             )
+
+    @property
+    def elastic(self) -> bool:
+        """``num_workers`` is a ``[min, max]`` range."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def step_batches(self) -> int:
+        """Micro-batches of an elastic step, over all workers: ceil(tokens_per_step /
+        max_tokens_per_batch), whatever the worker count."""
+        return -(-self.tokens_per_step // self.max_tokens_per_batch)
+
+    def batches_per_step(self, world_size: int) -> int:
+        """Micro-batches of one optimizer step over all ``world_size`` workers: elastic,
+        ``step_batches`` (dealt round-robin, so a worker takes one more than another when
+        ``world_size`` does not divide it); fixed, ``world_size`` x the accumulation steps."""
+        if self.elastic:
+            return self.step_batches
+        per_worker = -(-self.tokens_per_step // (world_size * self.max_tokens_per_batch))
+        return world_size * max(1, per_worker)
 
     @property
     def last_step(self) -> int:

@@ -41,10 +41,8 @@ class DevBleu:
         self.detokenize = detokenize
         self.max_len_offset = max_len_offset
         rows = np.arange(min(sentences, len(dev)))[rank::world_size]
-        self.sources = [dev.src_values[dev.src_offsets[i] : dev.src_offsets[i + 1]] for i in rows]
-        self.references = [
-            self._text(dev.tgt_values[dev.tgt_offsets[i] : dev.tgt_offsets[i + 1]]) for i in rows
-        ]
+        self.sources, targets = dev.ids(rows)
+        self.references = [self._text(ids) for ids in targets]
         self.batches = plan_decode_batches([len(s) for s in self.sources], max_tokens)
 
     def _text(self, ids: np.ndarray) -> str:

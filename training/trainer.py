@@ -1,11 +1,12 @@
 """The Trainer: optimizer steps over one rank's share of the global batch plan (paper section 5).
 
 Nothing here knows Ray. The caller builds the model, wraps it for data parallelism if it wants
-(``model``, e.g. DDP), and saves what ``state_dict`` returns. Step ``s`` takes the next ``W * A``
-batches of the seeded stream (``W`` ranks, ``A`` accumulated micro-batches) and rank ``r``
-trains on ``r, r + W, ...`` of them; the loss is divided by the step's target tokens over all
-ranks, which every rank knows from the plan, so the gradient is a per-token mean whatever ``W``
-and ``A`` are, and the data order is the same on every rank without communication.
+(``model``, e.g. DDP), and saves what ``state_dict`` returns. Step ``s`` takes the next ``B``
+batches of the seeded stream (``TrainConfig.batches_per_step``: ``W * A`` for ``W`` ranks of
+``A`` accumulated micro-batches; with elastic workers the same ``B`` for every ``W``) and rank
+``r`` trains on ``r, r + W, ...`` of them; the loss is divided by the step's target tokens over
+all ranks, which every rank knows from the plan, so the gradient is a per-token mean whatever
+``W`` and ``A`` are, and the data order is the same on every rank without communication.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 from torch.nn.attention import sdpa_kernel
 
 from training.config import TrainConfig
-from training.data import BatchStream, TokenData, accumulation_steps
+from training.data import BatchStream, TokenData
 from training.dev_bleu import DevBleu
 from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
 from training.prefetch import Prefetcher
@@ -86,9 +87,8 @@ class Trainer:
         self.scheduler = make_scheduler(
             self.optimizer, mc.d_model, config.warmup_steps, config.lr_scale
         )
-        self.accumulation = accumulation_steps(
-            config.tokens_per_step, world_size, config.max_tokens_per_batch
-        )
+        self.per_step = config.batches_per_step(world_size)  # micro-batches, all ranks
+        self.accumulation = -(-self.per_step // world_size)  # the most a rank takes
         self.stream = BatchStream(
             train, config.max_tokens_per_batch, seed, pad_multiple=config.pad_multiple
         )
@@ -213,7 +213,7 @@ class Trainer:
     def _host_batches(self) -> tuple[list[np.ndarray], list[tuple[torch.Tensor, ...]]]:
         """The step's batches (all ranks') and this rank's collated micro-batches."""
         W, position = self.world_size, self.stream.position
-        batches = self.stream.take(W * self.accumulation)
+        batches = self.stream.take(self.per_step)
         if not self.config.prefetch:
             return batches, [self._collate(rows) for rows in batches[self.rank :: W]]
         if self._prefetcher is None:

@@ -32,7 +32,8 @@ SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 
 def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """Ray Train's per-worker function. ``cfg`` (``train_loop_config``): ``model``
-    (``ModelConfig``), ``train`` (``TrainConfig``), ``seed``, ``vocab_size``, ``shard_dir``,
+    (``ModelConfig``), ``train`` (``TrainConfig``), ``seed``, ``vocab_size``, optionally
+    ``tgt_vocab_size`` (a decoder vocabulary of the first ids only), ``shard_dir``,
     ``tokenizer_file``, ``best_path`` (where the best checkpoint by ``val_bleu`` goes),
     ``tracking_uri``, ``mlflow_run_id`` and ``callbacks`` (the Trainer's). Returns a summary."""
     import ray.train
@@ -45,7 +46,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     train = TokenData.read(f"{cfg['shard_dir']}/train", vocab_size)
     dev = TokenData.read(f"{cfg['shard_dir']}/dev", vocab_size)
     torch.manual_seed(seed)  # the same initial weights on every rank
-    module = Transformer(mc, vocab_size)
+    module = Transformer(mc, vocab_size, cfg.get("tgt_vocab_size"))
     # The only buffer is the fixed sinusoid table: broadcasting it every forward is waste.
     model = ray.train.torch.prepare_model(
         module, parallel_strategy_kwargs={"broadcast_buffers": False}
@@ -88,7 +89,13 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             if rank == 0:
                 weights, when = state.pop("model"), metrics["time"]
                 ckpt.save(
-                    Path(d) / MODEL_FILE, weights, mc, vocab_size=vocab_size, time=when, **state
+                    Path(d) / MODEL_FILE,
+                    weights,
+                    mc,
+                    vocab_size=vocab_size,
+                    tgt_vocab_size=cfg.get("tgt_vocab_size"),
+                    time=when,
+                    **state,
                 )
             torch.save(state["rng"], Path(d) / f"rng-rank-{rank:05d}.pt")
             ray.train.report(
@@ -151,7 +158,15 @@ def save_best(path: str, module: Transformer, best: dict[str, Any], vocab_size: 
     fs, target = open_fs(path)
     partial = f"{target}.partial"
     with tempfile.TemporaryDirectory() as d:
-        local = ckpt.save(Path(d) / MODEL_FILE, module, module.config, vocab_size=vocab_size, **best)
+        tgt = module.tgt_vocab_size if module.tgt_vocab_size != vocab_size else None
+        local = ckpt.save(
+            Path(d) / MODEL_FILE,
+            module,
+            module.config,
+            vocab_size=vocab_size,
+            tgt_vocab_size=tgt,
+            **best,
+        )
         fs.create_dir(str(Path(target).parent), recursive=True)
         pafs.copy_files(str(local), partial, destination_filesystem=fs)
     fs.move(partial, target)

@@ -18,6 +18,7 @@ from serving.tokenizer import load as load_tokenizer
 from tasks import clean, download, shard, tokenizer
 from tasks.config import CleanConfig, DataConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
 from tasks.contract import StageError, read_manifest, run_stage
+from training.data import TokenData
 from transformer_core.config import EOS_ID
 
 # Every test here runs stages on a local Ray.
@@ -164,7 +165,8 @@ def started(folders: dict[str, Path]) -> dict[str, float]:
 
 
 def shard_bytes(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.parquet"))}
+    files = sorted(folder.rglob("part-*.parquet")) + sorted(folder.rglob("part-*.arrow"))
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in files}
 
 
 def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
@@ -173,7 +175,14 @@ def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
 
     shard_dir = folders["shard"]
     files = shard_bytes(shard_dir)
-    train_files = [name for name in files if name.startswith("train/")]
+    train_files = [name for name in files if name.startswith("train/") and name.endswith(".parquet")]
+    # every Parquet part has its Arrow IPC twin (what training memory-maps), counted in the manifest
+    assert {f"arrow/{name[:-8]}.arrow" for name in files if name.endswith(".parquet")} == {
+        name for name in files if name.endswith(".arrow")
+    }
+    assert read_manifest(shard_dir)["files"]["arrow/train/part-00000.arrow"]["rows"] == 500
+    mapped = TokenData.read(str(shard_dir / "train"), read_manifest(shard_dir)["stats"]["vocab_size"])
+    assert len(mapped.chunks) > 1 and not mapped.chunks[0][0].flags.owndata
     stats = read_manifest(shard_dir)["stats"]
     kept = read_manifest(folders["clean"])["stats"]["kept"]
     assert stats["train"]["rows"] == kept

@@ -33,8 +33,11 @@ def make_tokenizer(root: Path) -> Path:
 
 
 def write_split(folder: Path, n: int, seed: int, parts: int) -> None:
-    """Rows of a reversal task: src = pieces + EOS, tgt = reversed pieces + EOS."""
+    """Rows of a reversal task: src = pieces + EOS, tgt = reversed pieces + EOS, as the shard
+    stage writes them: Parquet parts and their Arrow IPC twins in ``../arrow/<split>/`` (what the
+    workers memory-map)."""
     import pyarrow as pa
+    import pyarrow.ipc
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(seed)
@@ -56,6 +59,10 @@ def write_split(folder: Path, n: int, seed: int, parts: int) -> None:
             }
         )
         pq.write_table(table, folder / f"part-{i:05d}.parquet")
+        twins = folder.parent / "arrow" / folder.name
+        twins.mkdir(parents=True, exist_ok=True)
+        with pyarrow.ipc.new_file(twins / f"part-{i:05d}.arrow", table.schema) as ipc:
+            ipc.write_table(table)
 
 
 def make_shards(root: Path, n_train: int = 384, n_dev: int = 48, stats: dict | None = None) -> Path:

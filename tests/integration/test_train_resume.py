@@ -129,3 +129,38 @@ def test_crash_then_rerun_of_the_same_config_resumes(baseline, tracking, tmp_pat
     assert read_manifest(out)["stats"]["resumed_from_step"] == 6
     assert_same_weights(final_weights(out), baseline[1])
     assert traces(config, out) == baseline[0]
+
+
+class SlowRank0:
+    """A Trainer callback: rank 0 sleeps ``seconds`` after every step, so only its clock runs
+    late enough for the time trigger; the other ranks must follow its decision."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, trainer) -> None:
+        import time
+
+        if trainer.rank == 0:
+            time.sleep(self.seconds)
+
+
+def test_time_trigger_checkpoints_every_rank_on_rank_0s_clock(tracking, tmp_path):
+    import ray.cloudpickle
+
+    from tasks import train
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # No step trigger; 0.6 s between checkpoints, rank 0 taking 0.25 s more a step than rank 1.
+    config = tiny_config(
+        tmp_path, tracking, steps=12, eval_every=12, checkpoint_every=0, checkpoint_minutes=0.01
+    )
+    out = train.run_with_callbacks(config, make_inputs(tmp_path), [SlowRank0(0.25)]).path
+    listing = json.loads((out / "checkpoints.json").read_text())["checkpoints"]
+    steps = [c["step"] for c in listing]
+    assert steps[-1] == 12 and len(steps) >= 3, steps  # saved on time, not only at the end
+    times = [c["time"] for c in listing]
+    assert all(b - a >= 0.6 for a, b in zip(times[:-2], times[1:-1], strict=True)), times
+    for entry in listing:  # every rank reported each checkpoint (else report() never returns)
+        names = {p.name for p in Path(entry["source"]).iterdir()}
+        assert {"model.pt", "rng-rank-00000.pt", "rng-rank-00001.pt"} <= names, names

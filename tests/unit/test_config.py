@@ -119,3 +119,12 @@ def test_name_is_required():
     with pytest.raises(ConfigError) as err:
         config_from_dict({})
     assert err.value.key == "name"
+
+
+def test_placement_strategy_is_one_of_rays():
+    config = config_from_dict({"name": "r", "train": {"placement_strategy": "SPREAD"}})
+    assert config.train.placement_strategy == "SPREAD"
+    assert config_from_dict({"name": "r"}).train.placement_strategy == "PACK"
+    with pytest.raises(ConfigError, match="'spread' is not one of PACK, SPREAD") as err:
+        config_from_dict({"name": "r", "train": {"placement_strategy": "spread"}})
+    assert err.value.key.endswith("placement_strategy")

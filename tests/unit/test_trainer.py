@@ -169,7 +169,8 @@ def test_prefetched_batches_train_exactly_as_batches_collated_in_the_step():
 
 def test_a_collate_error_in_the_prefetch_thread_is_raised_by_the_step():
     trainer = make_trainer(settings())
-    trainer.train_data.tgt_offsets[5:] += 1_000_000  # rows past 4 now read past the values
+    tgt_offsets = trainer.train_data.chunks[0][3]
+    tgt_offsets[5:] += 1_000_000  # rows past 4 now read past the values
     with pytest.raises((IndexError, ValueError)):
         run(trainer, 8)
     trainer.close()
