@@ -3,14 +3,21 @@
 What EVALB with ``-p COLLINS.prm`` does, and so does this:
 - words whose POS tag is a DELETE_LABEL (``,`` ``:`` ````` ``''`` ``.``, and ``-NONE-``) are
   removed before spans are computed; brackets are ``(label, start, end)`` over the words left;
-- brackets labelled TOP (here also the empty root bracket and ROOT) are not counted, nor are
-  brackets that cover no word once punctuation is gone, nor preterminals;
+- brackets labelled TOP are not counted, nor are brackets that cover no word once punctuation
+  is gone, nor preterminals; an empty root bracket ``( (S ...) )`` or a ROOT one *is* counted,
+  as EVALB counts it (trees read with ``keep_root``, as ``score_files`` does; the pipeline's own
+  trees never have one);
 - labels are cut at the first ``-`` or ``=`` (function tags, indices); ADVP equals PRT;
 - matching is a multiset intersection per sentence; precision, recall and F1 are corpus totals
   (sum matched / sum test, sum matched / sum gold);
 - a sentence whose gold and test words differ once punctuation is deleted (a length or word
   mismatch, e.g. a period tagged NN) is an error: counted, and left out of the totals; a test
-  tree without words is skipped.
+  tree without words is skipped;
+- MAX_ERROR 10: EVALB exits without any totals at its 12th error (``Error_count++ >
+  Max_error``); ``score_corpus`` raises ``TooManyErrors`` there too. ``max_error=None`` (EVALB's
+  ``-e`` with a large number) scores every sentence instead.
+
+    python -m evaluation.evalb GOLD TEST      # EVALB's summary lines for two bracketed files
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from parsing.trees import CLOSE, LEAF, OPEN, Tree, walk
@@ -26,6 +34,8 @@ from parsing.trees import CLOSE, LEAF, OPEN, Tree, walk
 __all__ = [
     "EvalbParams",
     "COLLINS",
+    "TooManyErrors",
+    "score_files",
     "SentenceScore",
     "CorpusScore",
     "score_sentence",
@@ -49,6 +59,8 @@ class EvalbParams:
     """EQ_LABEL pairs, considered the same label."""
     cutoff_len: int = 40
     """CUTOFF_LEN: the length bound of EVALB's second summary."""
+    max_error: int | None = 10
+    """MAX_ERROR: EVALB gives up (no totals) at error number max_error + 2; None: never."""
 
     def canonical(self, label: str) -> str:
         """One representative per EQ_LABEL pair (PRT -> ADVP)."""
@@ -59,11 +71,22 @@ class EvalbParams:
 
 
 COLLINS = EvalbParams(
-    # TOP as in COLLINS.prm; "" (PTB's empty root bracket) and ROOT mean the same here.
-    delete_labels=frozenset({"TOP", "", "ROOT", "-NONE-", ",", ":", "``", "''", "."}),
+    # Exactly COLLINS.prm's: TOP only, so an empty or ROOT root bracket counts (as in EVALB).
+    delete_labels=frozenset({"TOP", "-NONE-", ",", ":", "``", "''", "."}),
     delete_labels_for_length=frozenset({"-NONE-"}),
     equivalent_labels=(("ADVP", "PRT"),),
 )
+
+
+class TooManyErrors(ValueError):
+    """More sentence errors than EVALB's MAX_ERROR lets through: EVALB itself prints no totals."""
+
+    def __init__(self, errors: int, sentence: int, max_error: int) -> None:
+        super().__init__(
+            f"sentence {sentence} is error number {errors}: EVALB with MAX_ERROR {max_error} "
+            "stops there and prints no totals (max_error=None scores every sentence)"
+        )
+        self.errors, self.sentence, self.max_error = errors, sentence, max_error
 
 
 class _Rates:
@@ -239,11 +262,61 @@ def summarize(scores: Iterable[SentenceScore], max_len: int | None = None) -> Co
 def score_corpus(
     golds: Iterable[Tree], tests: Iterable[Tree], params: EvalbParams = COLLINS
 ) -> tuple[CorpusScore, list[SentenceScore]]:
-    """Corpus totals and per-sentence results; the two sides must have as many trees."""
+    """Corpus totals and per-sentence results; the two sides must have as many trees. Raises
+    ``TooManyErrors`` where EVALB would give up (``params.max_error``)."""
     golds, tests = list(golds), list(tests)
     if len(golds) != len(tests):
         raise ValueError(f"{len(golds)} gold trees but {len(tests)} test trees")
-    per_sentence: Sequence[SentenceScore] = [
-        score_sentence(g, t, params) for g, t in zip(golds, tests, strict=True)
-    ]
-    return summarize(per_sentence), list(per_sentence)
+    per_sentence: list[SentenceScore] = []
+    errors = 0
+    for i, (g, t) in enumerate(zip(golds, tests, strict=True), start=1):
+        result = score_sentence(g, t, params)
+        if result.status in (LENGTH_MISMATCH, WORD_MISMATCH):
+            errors += 1
+            if params.max_error is not None and errors > params.max_error + 1:
+                raise TooManyErrors(errors, i, params.max_error)
+        per_sentence.append(result)
+    return summarize(per_sentence), per_sentence
+
+
+def score_files(
+    gold: str | Path, test: str | Path, params: EvalbParams = COLLINS
+) -> tuple[CorpusScore, list[SentenceScore]]:
+    """``evalb -p COLLINS.prm gold test`` on two bracketed files, root brackets kept."""
+    from parsing.trees import read_trees
+
+    return score_corpus(read_trees(gold, keep_root=True), read_trees(test, keep_root=True), params)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m evaluation.evalb GOLD TEST``: EVALB's summary for two bracketed files."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("gold")
+    parser.add_argument("test")
+    parser.add_argument(
+        "-e", type=int, default=COLLINS.max_error, help="MAX_ERROR (default 10); -1: no limit"
+    )
+    args = parser.parse_args(argv)
+    params = replace(COLLINS, max_error=None if args.e < 0 else args.e)
+    try:
+        total, scores = score_files(args.gold, args.test, params)
+    except TooManyErrors as exc:
+        print(exc)
+        return 1
+    for name, t in (("All", total), ("len<=40", summarize(scores, params.cutoff_len))):
+        print(f"=== {name} ===")
+        print(f"Number of sentence        = {t.sentences:6d}")
+        print(f"Number of Error sentence  = {t.errors:6d}")
+        print(f"Number of Skip  sentence  = {t.skipped:6d}")
+        print(f"Bracketing Recall         = {t.recall:6.2f}")
+        print(f"Bracketing Precision      = {t.precision:6.2f}")
+        print(f"Bracketing FMeasure       = {t.f1:6.2f}")
+        print(f"Complete match            = {t.exact_match:6.2f}")
+        print(f"Tagging accuracy          = {t.tagging_accuracy:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -94,8 +94,10 @@ def default_tag(word: str) -> str:
 
 # The punctuation tags EVALB's COLLINS.prm deletes, and the words the treebank tags with them
 # (the NLTK WSJ sample: every such word carries one, except "'", which is also POS).
-_DELETED_PUNCT = frozenset({",", ":", "``", "''", "."})
-_PUNCT_WORDS = {w: t for w, t in _PUNCT_TAGS.items() if t in _DELETED_PUNCT}
+DELETED_PUNCT = frozenset({",", ":", "``", "''", "."})
+"""The punctuation tags EVALB (COLLINS.prm) deletes."""
+PUNCT_WORDS = {w: t for w, t in _PUNCT_TAGS.items() if t in DELETED_PUNCT}
+"""Punctuation words and the deleted tag each must carry."""
 
 
 def punctuation_tag(word: str, tag: str) -> str:
@@ -103,9 +105,9 @@ def punctuation_tag(word: str, tag: str) -> str:
     punctuation tag and any other word must not. EVALB deletes words by their own tree's tags,
     so one such leaf (``.`` tagged ``NN``, ``Bush`` tagged ``:``) would make the whole sentence a
     length error; the word decides instead (``_PUNCT_TAGS``, or ``default_tag``)."""
-    if word in _PUNCT_WORDS:
-        return tag if tag in _DELETED_PUNCT else _PUNCT_WORDS[word]
-    if tag in _DELETED_PUNCT and word != "'":
+    if word in PUNCT_WORDS:
+        return tag if tag in DELETED_PUNCT else PUNCT_WORDS[word]
+    if tag in DELETED_PUNCT and word != "'":
         return default_tag(word)
     return tag
 

@@ -132,8 +132,12 @@ class _Frame:
         self.line = line
 
 
-def iter_trees(lines: Iterable[str], source: str = "<string>") -> Iterator[Tree]:
-    """Trees from bracketed text, streamed; a malformed tree raises ``TreebankError`` (source:line)."""
+def iter_trees(
+    lines: Iterable[str], source: str = "<string>", *, keep_root: bool = False
+) -> Iterator[Tree]:
+    """Trees from bracketed text, streamed; a malformed tree raises ``TreebankError`` (source:line).
+    A root bracket (empty, TOP or ROOT) is dropped unless ``keep_root`` (EVALB counts an empty
+    or ROOT one as a bracket: ``evaluation.evalb.score_files``)."""
     stack: list[_Frame] = []
     line_no = 0
     for line_no, line in enumerate(lines, start=1):
@@ -163,7 +167,7 @@ def iter_trees(lines: Iterable[str], source: str = "<string>") -> Iterator[Tree]
                 if stack:
                     stack[-1].children.append(tree)
                 else:
-                    yield _unwrap(tree)
+                    yield tree if keep_root else _unwrap(tree)
             else:
                 if not stack:
                     raise TreebankError(source, line_no, f"stray text {token!r} outside a tree")
@@ -210,20 +214,20 @@ def _unwrap(tree: Tree) -> Tree:
     return Tree("TOP", tree.children)
 
 
-def parse_tree(text: str) -> Tree:
+def parse_tree(text: str, *, keep_root: bool = False) -> Tree:
     """Exactly one tree from a string (for example one line of a ``.trees`` file)."""
-    trees = list(iter_trees(text.splitlines()))
+    trees = list(iter_trees(text.splitlines(), keep_root=keep_root))
     if len(trees) != 1:
         raise TreebankError("<string>", 1, f"expected one tree, found {len(trees)}")
     return trees[0]
 
 
-def read_trees(path: str | Path, *, clean: bool = False) -> Iterator[Tree]:
+def read_trees(path: str | Path, *, clean: bool = False, keep_root: bool = False) -> Iterator[Tree]:
     """Trees of a ``.mrg`` or one-tree-per-line file, streamed; ``clean`` applies ``clean_tree``
-    and skips trees that clean away entirely."""
+    and skips trees that clean away entirely; ``keep_root`` as ``iter_trees``."""
     path = Path(path)
     with open(path, encoding="utf-8") as f:
-        for tree in iter_trees(f, source=str(path)):
+        for tree in iter_trees(f, source=str(path), keep_root=keep_root):
             if clean:
                 cleaned = clean_tree(tree)
                 if cleaned is not None:

@@ -59,6 +59,9 @@ class DecodeConfig:
     int8_float16, int8_bfloat16, int16, float16, bfloat16, float32)."""
     threads: int = 0
     """Intra-op CPU threads of the engine; 0 leaves the library's default."""
+    tree_constraint: str | None = None
+    """Parsing (engine torch): t2t or vinyals keeps every hypothesis a well-formed tree of that
+    linearized form with one leaf per source word (``parsing.constrain``); null: unconstrained."""
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -73,6 +76,12 @@ class DecodeConfig:
             )
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
             raise ConfigError("threads", f"{self.threads!r} must be an integer >= 0")
+        if self.tree_constraint not in (None, "t2t", "vinyals"):
+            raise ConfigError(
+                "tree_constraint", f"{self.tree_constraint!r} is not one of null, t2t, vinyals"
+            )
+        if self.tree_constraint and self.engine != "torch":
+            raise ConfigError("tree_constraint", "needs engine torch (our beam search)")
         # Each engine has its own precision setting; the other one's would be silently ignored.
         if self.engine == "torch" and self.compute_type != "default":
             raise ConfigError("compute_type", "applies to engine ctranslate2; torch uses dtype")
@@ -157,10 +166,11 @@ class TorchEngine:
 
     name = "torch"
 
-    def __init__(self, model: Any, device: str = "cpu"):
+    def __init__(self, model: Any, device: str = "cpu", constraint: Any = None):
         self.model = model
         self.device = device
         self.config = model.config
+        self.constraint = constraint  # a transformer_core.constraints.BracketVocab, or None
 
     def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
         """The best output ids (no BOS/EOS) per source, decoded as one padded batch."""
@@ -186,6 +196,7 @@ class TorchEngine:
                 alpha=decode.alpha,
                 max_len_offset=decode.max_len_offset,
                 n_best=n_best,
+                constraint=self.constraint,
             )
 
 
@@ -199,7 +210,16 @@ class Translator:
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
-        self.engine = model if hasattr(model, "search") else TorchEngine(model, device)
+        if hasattr(model, "search"):
+            self.engine = model
+        else:
+            constraint = None
+            if decode.tree_constraint:
+                from parsing.constrain import bracket_vocab
+
+                tgt_vocab = getattr(model, "tgt_vocab_size", None)
+                constraint = bracket_vocab(tokenizer, decode.tree_constraint, tgt_vocab)
+            self.engine = TorchEngine(model, device, constraint)
         config = self.engine.config
         self.max_src_len = config.max_len  # the search itself caps the output at max_len
         self.pad_id = config.pad_id

@@ -189,6 +189,10 @@ class ParsingConfig:
     """Length penalty exponent for parsing (the paper: 0.3)."""
     max_len_offset: int = 300
     """Maximum output length = input length + this (the paper: 300)."""
+    constrained: bool = False
+    """Beam search keeps every hypothesis a well-formed tree with one POS slot per word (needs tokenizer.target_symbols)."""
+    evalb_max_error: int | None = 10
+    """EVALB's MAX_ERROR: parse_score fails, as EVALB gives up, at error sentence number this + 2; null scores them all."""
     silver_corpus: str | None = None
     """Semi-supervised setting: a file of extra (silver) trees added to the training split."""
 
@@ -199,6 +203,8 @@ class ParsingConfig:
             raise ConfigError("alpha", f"{self.alpha} must be >= 0")
         if self.max_len_offset < 0:
             raise ConfigError("max_len_offset", f"{self.max_len_offset} must be >= 0")
+        if self.evalb_max_error is not None and self.evalb_max_error < 0:
+            raise ConfigError("evalb_max_error", f"{self.evalb_max_error} must be >= 0 or null")
         for name in ("train_files", "dev_files", "test_files"):
             for pattern in getattr(self, name):
                 if not pattern or pattern.startswith("/") or ".." in pattern.split("/"):
@@ -259,13 +265,18 @@ class RunConfig:
 
     @property
     def decoding(self) -> DecodeConfig:
-        """How this run decodes: the decode section, with the parsing section's beam, alpha and
-        output offset for the parsing pipeline (the paper: 21, 0.3, input + 300)."""
+        """How this run decodes: the decode section, with the parsing section's beam, alpha,
+        output offset (the paper: 21, 0.3, input + 300) and tree constraint for the parsing
+        pipeline."""
         if self.data.source != "treebank":
             return self.decode
         p = self.parsing
         return dataclasses.replace(
-            self.decode, beam_size=p.beam_size, alpha=p.alpha, max_len_offset=p.max_len_offset
+            self.decode,
+            beam_size=p.beam_size,
+            alpha=p.alpha,
+            max_len_offset=p.max_len_offset,
+            tree_constraint=p.form if p.constrained else None,
         )
 
     def replace(self, **changes: Any) -> RunConfig:

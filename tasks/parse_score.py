@@ -4,11 +4,13 @@ COLLINS.prm conventions (``evaluation.evalb``).
 
 In: ``translate`` (``hyp.tree``), ``linearize`` (``gold.trees``, ``test.words``). Out:
 ``scores.json``, ``sentences.tsv`` (EVALB's per-sentence table, with the repairs made) and
-``repaired.trees``.
+``repaired.trees``. Like EVALB with COLLINS.prm (MAX_ERROR 10), the stage gives up at the 12th
+length or word mismatch (``parsing.evalb_max_error``; null scores every sentence).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -24,7 +26,11 @@ HYPOTHESES = "hyp.tree"
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
     """The target form and the scorer's parameters."""
-    return {"form": config.parsing.form, "evalb": "COLLINS.prm"}
+    return {
+        "form": config.parsing.form,
+        "evalb": "COLLINS.prm",
+        "max_error": config.parsing.evalb_max_error,
+    }
 
 
 def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
@@ -40,7 +46,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
 
     def build(tmp: Path) -> dict[str, Any]:
         from corpora.text import read_lines
-        from evaluation.evalb import COLLINS, score_corpus, summarize
+        from evaluation.evalb import COLLINS, TooManyErrors, score_corpus, summarize
         from parsing.linearize import repair
         from parsing.trees import read_trees, write_tree
 
@@ -64,7 +70,13 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
             repair(hyp, src, form, tags=gold.tags() if form == "vinyals" else None)
             for gold, hyp, src in zip(golds, hyps, sources, strict=True)
         ]
-        total, scores = score_corpus(golds, [r.tree for r in repaired], COLLINS)
+        params = dataclasses.replace(COLLINS, max_error=config.parsing.evalb_max_error)
+        try:
+            total, scores = score_corpus(golds, [r.tree for r in repaired], params)
+        except TooManyErrors as exc:
+            raise StageError(
+                f"{exc}; set parsing.evalb_max_error: null to score every sentence"
+            ) from None
         (tmp / "repaired.trees").write_text(
             "".join(write_tree(r.tree) + "\n" for r in repaired), encoding="utf-8"
         )

@@ -1,8 +1,9 @@
 """Stage tokenizer: a joint sentencepiece model trained on a seeded sample of the clean corpus.
 
 In: ``clean`` (``train/part-*.parquet``). Out: ``spm.model`` and ``spm.vocab`` (pieces and
-scores, for people to read). The choices (identity normalisation, determinism, an exact
-vocabulary size) are explained in ``corpora.subwords``.
+scores, for people to read). With ``tokenizer.target_symbols`` (the parsing configs) every
+distinct training-target token is one piece. The choices (identity normalisation, determinism,
+an exact vocabulary size) are explained in ``corpora.subwords``.
 """
 
 from __future__ import annotations
@@ -35,8 +36,14 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
     tok = config.tokenizer
 
     def build(tmp: Path) -> dict[str, Any]:
-        sentences = subwords.sample_sentences(part_files(clean / "train"), tok.sample_size, config.seed)
-        model = subwords.train(sentences, tok)
+        files = part_files(clean / "train")
+        sentences = subwords.sample_sentences(files, tok.sample_size, config.seed)
+        symbols = []
+        if tok.target_symbols:
+            tgt = config.languages[1]
+            texts = [clean / f"{split}.{tgt}" for split in ("dev", "test")]
+            symbols = subwords.target_tokens(files, [t for t in texts if t.is_file()])
+        model = subwords.train(sentences, tok, symbols)
         (tmp / MODEL_FILE).write_bytes(model.proto)
         (tmp / VOCAB_FILE).write_text(model.vocab_listing(), encoding="utf-8")
         vocab_size = Tokenizer(tmp / MODEL_FILE).vocab_size  # and the ids the pipeline expects
@@ -47,6 +54,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
             "vocab_size": vocab_size,
             "sentences": model.sentences,
             "normalization": subwords.NORMALIZATION,
+            "target_symbols": len(symbols),
         }
 
     return run_stage(STAGE, config.root / STAGE, stage_config(config), {"clean": clean}, build, force=force)

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
 from transformer_core import decoding
+from transformer_core.constraints import BracketState, BracketVocab
 from transformer_core.model import NO_CUDNN, Memory, Transformer
 
 
@@ -159,8 +160,12 @@ def beam_search_nbest(
     *,
     use_cache: bool = True,
     max_len: int | None = None,
+    constraint: BracketVocab | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``n_best`` (<= beam size) best hypotheses per source row, best first.
+
+    With ``constraint`` every hypothesis is a well-formed bracketing with one leaf per source
+    word (``transformer_core.constraints``): disallowed tokens get probability 0.
 
     At each step the 2k best continuations of the k open beams are ranked; EOS among the first k
     finishes a hypothesis, and the first k that are not EOS stay open. A sentence is done when
@@ -200,12 +205,25 @@ def beam_search_nbest(
         # Only the first beam is live at the start, so the first step does not pick k copies.
         scores = torch.full((B, k), float("-inf"), device=device)  # (n, k) summed log-probs
         scores[:, 0] = 0.0
+        brackets = None
+        if constraint is not None:
+            constraint = constraint.to(device)
+            per_beam = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,)
+            classes = constraint.word_classes(src)
+            brackets = BracketState(
+                constraint,
+                constraint.words(src)[per_beam],
+                limits.to(device)[per_beam],
+                None if classes is None else classes[per_beam],
+            )
 
         for step in range(n_steps):
             n = active.numel()
             if use_cache and step == 0:
                 logits = decoding.decode_step(model, tokens[::k, -1:], state)[:, -1]  # (n, V)
                 log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
+                if brackets is not None:  # (n*k, V) -> each sentence's first beam
+                    log_probs.masked_fill_(~brackets.allowed()[::k], float("-inf"))
                 V = log_probs.size(-1)
                 candidates = (scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
             else:
@@ -218,6 +236,8 @@ def beam_search_nbest(
                     log_prob_buffer = torch.empty(n * k, V, device=device)
                 # In the buffer's leading rows (contiguous), then + scores in place.
                 log_probs = _next_log_probs(logits, model, out=log_prob_buffer[: n * k])
+                if brackets is not None:
+                    brackets.mask(log_probs)
                 candidates = log_probs.add_(scores.view(n * k, 1)).view(n, k * V)  # (n, k*V)
             top_scores, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
             top_beam = top_index // V  # (n, 2k) which beam each continuation extends
@@ -274,6 +294,9 @@ def beam_search_nbest(
             tokens = torch.cat([tokens[rows], open_token[keep_dev].reshape(-1, 1)], dim=1)
             scores = open_scores[keep_dev]  # (n', k)
             active = active[keep]
+            if brackets is not None:
+                brackets.reorder(rows)
+                brackets.advance(tokens[:, -1])
             if use_cache:
                 # Rows index the n*k beams; at step 0 the state holds one row per sentence.
                 state_rows = rows if step > 0 else torch.div(rows, k, rounding_mode="floor")

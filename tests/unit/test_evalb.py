@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from evaluation.evalb import score_corpus, score_sentence, summarize
+from evaluation.evalb import (
+    COLLINS,
+    TooManyErrors,
+    score_corpus,
+    score_files,
+    score_sentence,
+    summarize,
+)
 from parsing.linearize import linearize
 from parsing.trees import Tree, parse_tree, write_tree
 from tasks.config import config_from_dict
@@ -95,12 +103,45 @@ def test_advp_equals_prt():
     assert score_sentence(gold, as_adjp).f1 == 75.0
 
 
-def test_function_tags_are_cut_and_the_root_is_ignored():
-    # EVALB cuts labels at - and =; TOP (or the empty root bracket) is not a bracket.
+def test_function_tags_are_cut_and_a_top_root_is_ignored():
+    # EVALB cuts labels at - and =; TOP (COLLINS.prm's DELETE_LABEL) is not a bracket.
     test = Tree("TOP", (parse_tree("(S (NP-SBJ (DT The) (NN cat)) (VP=2 (VBD sat) (PP-LOC (IN on) "
                                    "(NP (DT the) (NN mat)))) (. .))"),))  # fmt: skip
-    s = score_sentence(Tree("", (GOLD,)), test)
+    s = score_sentence(GOLD, test)
     assert (s.matched, s.gold, s.test) == (5, 5, 5)
+
+
+def test_an_empty_or_root_bracket_counts_as_evalb_counts_it(tmp_path):
+    # Real EVALB (COLLINS.prm) on these files: sentence 1 matched 3, gold 4 (the empty root
+    # bracket is one), test 3; sentence 2 4/4/4 (ROOT on both sides); recall 87.50, precision 100.
+    body = "(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))"
+    gold = tmp_path / "gold"
+    test = tmp_path / "test"
+    gold.write_text(f"( {body})\n(ROOT {body})\n")
+    test.write_text(f"{body}\n(ROOT {body})\n")
+    total, per = score_files(gold, test)
+    assert [(s.matched, s.gold, s.test) for s in per] == [(3, 4, 3), (4, 4, 4)]
+    assert (round(total.recall, 2), round(total.precision, 2)) == (87.5, 100.0)
+    # The pipeline's reader drops root brackets (its cleaned trees never have one).
+    assert parse_tree(f"( {body})") == parse_tree(body)
+    assert parse_tree(f"( {body})", keep_root=True).label == ""
+
+
+@pytest.mark.parametrize(("errors", "gives_up"), [(11, False), (12, True)])
+def test_evalb_gives_up_at_its_twelfth_error(errors, gives_up):
+    # EVALB -p COLLINS.prm (MAX_ERROR 10) printed totals with 11 length errors among 13
+    # sentences and exited with status 1, printing none, with 12 among 14.
+    mistagged = parse_tree("(S (NP (DT The) (NN cat)) (VP (VBD sat)) (NN .))")
+    ok = parse_tree("(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))")
+    golds = [ok] * (errors + 2)
+    tests = [mistagged] * errors + [ok, ok]
+    if gives_up:
+        with pytest.raises(TooManyErrors, match="sentence 12 is error number 12"):
+            score_corpus(golds, tests)
+    else:
+        assert score_corpus(golds, tests)[0].errors == errors
+    unlimited = dataclasses.replace(COLLINS, max_error=None)
+    assert score_corpus(golds, tests, unlimited)[0].errors == errors
 
 
 def test_brackets_are_a_multiset():
@@ -194,6 +235,27 @@ def test_parse_score_stage(scored, tmp_path):
     assert repaired[1] == "(S (NP (PRP He)) (VP (VBD gave) (ADVP (RP up) (. .))))"
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stats"]["f1"] == scores["f1"]
+
+
+def test_parse_score_gives_up_where_evalb_does(tmp_path):
+    gold = parse_tree("(S (NP (PRP He)) (VP (VBD left)) (. .))")
+    n = 12
+    linearized = _artifact(
+        tmp_path / "run" / "linearize",
+        "linearize",
+        {"gold.trees": f"{write_tree(gold)}\n" * n, "test.words": "He left Wa\n" * n},
+    )
+    # "Wa" is not punctuation, so repair cannot tag it ".": every sentence is a length error.
+    hyps = "S NP PRP /NP VP VBD /VP . /S\n" * n
+    translated = _artifact(tmp_path / "run" / "translate", "translate", {"hyp.tree": hyps})
+    inputs = {"translate": translated, "linearize": linearized}
+    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run")})
+    with pytest.raises(StageError, match="error number 12.*evalb_max_error: null"):
+        run(config, inputs)
+    config = config_from_dict(
+        {"name": "p", "workdir": str(tmp_path / "run"), "parsing": {"evalb_max_error": None}}
+    )
+    assert run(config, inputs).stats["length_errors"] == n
 
 
 def test_parse_score_needs_one_hypothesis_per_gold_tree(scored, tmp_path):

@@ -1,0 +1,74 @@
+"""configs/ptb_sample.yaml trained briefly on the NLTK WSJ sample parses: every stage from the
+treebank to the scores, constrained decoding, and an F1 above a measured floor (skipped without
+../shared/data/ptb_sample)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from parsing.linearize import POS_TAGS
+from tasks import graph
+from tasks.config import load_config
+from tasks.contract import read_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO.parent / "shared" / "data" / "ptb_sample" / "combined"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(not SAMPLE.is_dir(), reason=f"{SAMPLE} is absent"),
+    pytest.mark.usefixtures("ray_local"),
+    # 4.6 minutes on the shared 2-core machine; 11 once when Ray restarted the worker.
+    pytest.mark.timeout(1800),
+]
+
+STAGES = (
+    "treebank", "linearize", "tokenizer", "shard", "train", "average", "translate", "parse_score",
+)  # fmt: skip
+STEPS = 400
+# Measured with these settings (seed 1234, 2026-11-23, 4.6 minutes on the shared 2-core
+# machine): test F1 7.04 (P 4.9, R 12.5: so early the model opens far too many constituents),
+# tagging accuracy 16.7. After 20 steps the pipeline gave F1 3.5 and tagging 6.2, so the floors
+# sit between the two.
+F1_FLOOR = 5.0
+TAGGING_FLOOR = 12.0
+
+
+def test_the_sample_config_learns_to_parse(tmp_path):
+    config = load_config(
+        REPO / "configs" / "ptb_sample.yaml",
+        {
+            "workdir": str(tmp_path),
+            "parsing.treebank_dir": str(SAMPLE),
+            "parsing.beam_size": 4,
+            "parsing.constrained": True,
+            "train.steps": STEPS,
+            "train.eval_every": STEPS,
+            "train.checkpoint_every": STEPS // 4,
+        },
+    )
+    for name in STAGES:
+        graph.run_one(config, name)
+    root = config.root
+
+    # Every tree token is one piece, and the decoder's vocabulary is exactly those.
+    symbols = read_manifest(root / "tokenizer")["stats"]["target_symbols"]
+    assert 90 <= symbols <= 110, symbols
+    train = read_manifest(root / "train")["stats"]
+    assert train["step"] == STEPS
+
+    scores = json.loads((root / "parse_score" / "scores.json").read_text())
+    print(f"ptb_sample, {STEPS} steps, beam 4, constrained: {scores}")
+    # Constrained decoding leaves repair nothing structural to do: at most punctuation tags.
+    assert set(scores["fixes"]) <= {"punct_tag"}, scores["fixes"]
+    assert scores["length_errors"] <= 1  # the sample's own quirk ("Wa" tagged ",")
+    hyps = (root / "translate" / "hyp.tree").read_text().splitlines()
+    words = (root / "linearize" / "test.words").read_text().splitlines()
+    slots = [sum(tok in POS_TAGS for tok in h.split()) for h in hyps]
+    assert slots == [len(w.split()) for w in words]
+    assert scores["f1"] >= F1_FLOOR, scores
+    assert scores["tagging_accuracy"] >= TAGGING_FLOOR, scores

@@ -1,0 +1,191 @@
+"""Constrained decoding for bracketed targets: every hypothesis of a beam search stays a
+well-formed tree over exactly as many leaves as its source has words (linearized parsing).
+
+The target vocabulary is described by token classes (``BracketVocab``): tokens that open a
+constituent with a label, tokens that close one with a label, and leaf tokens (POS tags, or
+Vinyals' ``XX``). At each step ``BracketState.allowed`` says which tokens may come next:
+
+- a leaf, while fewer leaves than words were emitted, inside an open constituent; with leaf
+  classes (``leaf_class``, ``word_class``), only a leaf of the next word's class (parsing: a
+  punctuation word takes its punctuation tag, and no other word takes one);
+- an opening token as the very first token (the root) or inside an open constituent, while a
+  word is left for it;
+- the closing token of the innermost open constituent only (its label), once that constituent
+  holds a leaf, and for the root only once every word has its leaf;
+- EOS only after the root has closed (then nothing else);
+- and nothing that could not still finish within the output length limit.
+
+So a hypothesis can always go on, and every finished one is a tree with one leaf per word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["BracketVocab", "BracketState"]
+
+
+@dataclass(frozen=True)
+class BracketVocab:
+    """Token classes of a bracketed target vocabulary (all tensors (V,), on one device)."""
+
+    opens: Tensor
+    """long: the label class of a token that opens a constituent, -1 for other tokens."""
+    closes: Tensor
+    """long: the label class of a token that closes a constituent, -1 for other tokens."""
+    leaves: Tensor
+    """bool: tokens that are one leaf (one word's slot)."""
+    word_starts: Tensor
+    """bool: source tokens that begin a word (counted to know how many leaves a sentence has)."""
+    eos_id: int
+    """End of sentence: allowed once the tree is complete."""
+    max_depth: int = 128
+    """Most constituents open at once."""
+    leaf_class: Tensor | None = None
+    """long (V,): the class of each leaf token (0: an ordinary one); None: no classes."""
+    word_class: Tensor | None = None
+    """long (V_src,): the leaf class a one-piece source word demands (0: an ordinary leaf; -1:
+    any leaf). A word of several pieces takes any leaf if its first piece demands a punctuation
+    class (``...`` as ``.`` ``..``), else an ordinary one (``'s`` as ``'`` ``s``)."""
+
+    def __post_init__(self) -> None:
+        V = self.opens.numel()
+        for name in ("closes", "leaves"):
+            if getattr(self, name).shape != (V,):
+                raise ValueError(
+                    f"{name} has shape {tuple(getattr(self, name).shape)}, expected ({V},)"
+                )
+        if not bool((self.closes >= 0).any()):
+            raise ValueError("no closing token in the vocabulary: nothing can be constrained")
+
+    def to(self, device: torch.device | str) -> BracketVocab:
+        """The same classes on ``device``."""
+        return BracketVocab(
+            self.opens.to(device),
+            self.closes.to(device),
+            self.leaves.to(device),
+            self.word_starts.to(device),
+            self.eos_id,
+            self.max_depth,
+            None if self.leaf_class is None else self.leaf_class.to(device),
+            None if self.word_class is None else self.word_class.to(device),
+        )
+
+    def words(self, src: Tensor) -> Tensor:
+        """(B,) words per source row (B, S): its word-starting tokens, at least 1."""
+        starts = self.word_starts.to(src.device)
+        inside = src.clamp(0, starts.numel() - 1)
+        return (starts[inside] & src.lt(starts.numel())).sum(dim=1).clamp(min=1)
+
+    def word_classes(self, src: Tensor) -> Tensor | None:
+        """(B, W) the leaf class each word of the source rows (B, S) demands (-1: any), or None
+        without classes. W is the most words in a row (at least 1)."""
+        if self.word_class is None:
+            return None
+        V = self.word_starts.numel()
+        inside = src.clamp(0, V - 1)
+        in_vocab = src.lt(V)
+        starts = self.word_starts.to(src.device)[inside] & in_vocab  # (B, S)
+        piece_class = self.word_class.to(src.device)[inside].masked_fill(~in_vocab, 0)  # (B, S)
+        # A word start followed by a piece that continues the word: not a one-piece word.
+        word_piece = in_vocab & src.ne(self.eos_id) & src.gt(0)
+        nxt = torch.zeros_like(starts)
+        nxt[:, :-1] = word_piece[:, 1:] & ~starts[:, 1:]
+        several = torch.where(piece_class.gt(0), -1, 0)  # "..." as "." + "..": any leaf
+        piece_class = torch.where(nxt, several, piece_class)
+        index = starts.long().cumsum(dim=1) - 1  # (B, S) word index of each start
+        W = max(int(starts.sum(dim=1).max()), 1)
+        out = torch.zeros(src.size(0), W + 1, dtype=torch.long, device=src.device)
+        index = torch.where(starts, index, W)  # non-starts write to a spare column
+        out.scatter_(1, index, torch.where(starts, piece_class, 0))
+        return out[:, :W]
+
+
+class BracketState:
+    """Per hypothesis (N rows): the open constituents' labels, the leaves emitted, the words to
+    cover and the output length limit; ``allowed`` masks the next token, ``advance`` takes it."""
+
+    def __init__(
+        self,
+        vocab: BracketVocab,
+        words: Tensor,
+        limits: Tensor,
+        word_classes: Tensor | None = None,
+    ) -> None:
+        """``words`` (N,): leaves each row must emit; ``limits`` (N,): its most output tokens
+        (EOS included); ``word_classes`` (N, W): the leaf class of each word (``word_classes``)."""
+        self.vocab = vocab
+        self.word_classes = word_classes
+        N, device = words.numel(), words.device
+        self.words = words.long()
+        self.limits = limits.to(device).long()
+        self.stack = torch.full((N, vocab.max_depth), -1, dtype=torch.long, device=device)
+        self.depth = torch.zeros(N, dtype=torch.long, device=device)
+        self.leaves = torch.zeros(N, dtype=torch.long, device=device)
+        self.filled = torch.zeros(N, dtype=torch.bool, device=device)  # innermost has a leaf
+        self.steps = 0  # tokens emitted so far (the same for every row)
+
+    def _top(self) -> Tensor:
+        """(N,) label class of the innermost open constituent, -1 when none."""
+        index = (self.depth - 1).clamp(min=0)[:, None]
+        return torch.where(self.depth > 0, self.stack.gather(1, index)[:, 0], -1)
+
+    def allowed(self) -> Tensor:
+        """(N, V) bool: the tokens each row may emit next."""
+        v = self.vocab
+        left = self.words - self.leaves  # words still without a leaf
+        # Tokens left after the next one must fit: one per missing leaf, one per open
+        # constituent's close, and EOS.
+        room = self.limits - (self.steps + 1)
+        inside = self.depth > 0
+        leaf_ok = inside & (left > 0) & (room >= (left - 1) + self.depth + 1)
+        open_ok = (
+            (inside | (self.steps == 0))
+            & (left > 0)
+            & (self.depth < v.max_depth)
+            & (room >= left + self.depth + 2)
+        )
+        close_ok = inside & self.filled & ((self.depth > 1) | (left == 0))
+        eos_ok = ~inside & (self.steps > 0) & (left == 0)
+        top = self._top()
+        leaves = v.leaves[None, :]  # (1, V)
+        if self.word_classes is not None and v.leaf_class is not None:
+            at = self.leaves.clamp(max=self.word_classes.size(1) - 1)[:, None]
+            demanded = self.word_classes.gather(1, at)  # (N, 1)
+            leaves = leaves & (demanded.lt(0) | v.leaf_class[None, :].eq(demanded))  # (N, V)
+        allowed = (
+            (leaf_ok[:, None] & leaves)
+            | (open_ok[:, None] & v.opens.ge(0)[None, :])
+            | (close_ok[:, None] & v.closes.ge(0)[None, :] & v.closes[None, :].eq(top[:, None]))
+        )
+        allowed[:, v.eos_id] = eos_ok
+        return allowed
+
+    def mask(self, log_probs: Tensor) -> Tensor:
+        """``log_probs`` (N, V) with the disallowed tokens set to -inf, in place."""
+        return log_probs.masked_fill_(~self.allowed(), float("-inf"))
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep rows ``rows`` (N',) in that order (beams reordered, finished ones dropped)."""
+        for name in ("words", "limits", "stack", "depth", "leaves", "filled", "word_classes"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).index_select(0, rows))
+
+    def advance(self, tokens: Tensor) -> None:
+        """Take one token (N,) per row."""
+        v = self.vocab
+        label_open = v.opens[tokens]  # (N,)
+        is_open = label_open.ge(0)
+        is_close = v.closes[tokens].ge(0) & ~is_open
+        is_leaf = v.leaves[tokens]
+        rows = torch.arange(tokens.numel(), device=tokens.device)
+        at = self.depth.clamp(max=v.max_depth - 1)
+        self.stack[rows[is_open], at[is_open]] = label_open[is_open]
+        self.depth = self.depth + is_open.long() - is_close.long()
+        self.leaves = self.leaves + is_leaf.long()
+        # A leaf fills every open constituent; a closed child (which held one) fills its parent.
+        self.filled = torch.where(is_open, False, self.filled | is_leaf | is_close)
+        self.steps += 1
