@@ -19,6 +19,16 @@ import torch
 from torch import Tensor
 
 
+def _check(x: Tensor, name: str, last: str, target: Tensor, epsilon: float) -> None:
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"epsilon {epsilon!r} must be in [0, 1)")
+    if x.shape[:-1] != target.shape:
+        raise ValueError(
+            f"{name} {tuple(x.shape)} and target {tuple(target.shape)} disagree: "
+            f"expected {name} (..., {last}) with target (...)"
+        )
+
+
 def label_smoothed_nll(
     logits: Tensor, target: Tensor, epsilon: float, pad_id: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -29,13 +39,7 @@ def label_smoothed_nll(
     dtype (bf16 logits lose too much precision in the normaliser). Returns float32 scalars and a
     0-d int64 count, all tensors so that they can be all-reduced without a host sync.
     """
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon {epsilon!r} must be in [0, 1)")
-    if logits.shape[:-1] != target.shape:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree: "
-            "expected logits (..., V) with target (...)"
-        )
+    _check(logits, "logits", "V", target, epsilon)
     vocab = logits.size(-1)
     lprobs = torch.log_softmax(logits.float().reshape(-1, vocab), dim=-1)  # (N, V)
     target = target.reshape(-1)  # (N,)
@@ -144,13 +148,7 @@ def linear_label_smoothed_nll(
     through the summed loss (the NLL is a metric). ``chunk_fn`` may be a compiled
     ``chunk_loss_and_grad``, which fuses each chunk's softmax and gradient into one kernel.
     """
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon {epsilon!r} must be in [0, 1)")
-    if hidden.shape[:-1] != target.shape:
-        raise ValueError(
-            f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} disagree: "
-            "expected hidden (..., D) with target (...)"
-        )
+    _check(hidden, "hidden", "D", target, epsilon)
     device = hidden.device.type
     autocast = torch.is_autocast_enabled(device)
     if dtype is not None:
