@@ -46,6 +46,9 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    # The session's local Ray (conftest.ray_local) goes: a driver joins one cluster at a time,
+    # and stages started later find none and start it again (tasks.runtime.ensure_ray).
+    ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -53,12 +56,14 @@ def cluster():
             "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
         },
     )
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=True)
-    yield cluster, nodes
-    ray.shutdown()
-    cluster.shutdown()
+    try:
+        nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=True)
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def cluster_config(root: Path, tracking: Path, address: str, **train: object):

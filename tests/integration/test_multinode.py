@@ -33,6 +33,9 @@ def cluster(tmp_path_factory):
     import ray
     from ray.cluster_utils import Cluster
 
+    # The session's local Ray (conftest.ray_local) goes: a driver joins one cluster at a time,
+    # and stages started later find none and start it again (tasks.runtime.ensure_ray).
+    ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -41,12 +44,14 @@ def cluster(tmp_path_factory):
             "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
         },
     )
-    workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=True)
-    yield cluster, workers
-    ray.shutdown()
-    cluster.shutdown()
+    try:
+        workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=True)
+        yield cluster, workers
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def cluster_config(root: Path, tracking: Path, address: str, **train: object):
