@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_cluster import local_cluster
 from test_train import make_inputs, tiny_config
 from test_train_resume import TRACES, traces
 
@@ -43,27 +44,8 @@ LOSS_TOLERANCE = dict(rel=1e-4, abs=1e-6)  # float32 sums in another order, thro
 @pytest.fixture(scope="module")
 def cluster():
     """A head node without CPUs (the driver, Ray Train's controller) and two 1-CPU nodes."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    # The session's local Ray (conftest.ray_local) goes: a driver joins one cluster at a time,
-    # and stages started later find none and start it again (tasks.runtime.ensure_ray).
-    ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
-        },
-    )
-    try:
-        nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=True)
+    with local_cluster(2) as (cluster, nodes):
         yield cluster, nodes
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def cluster_config(root: Path, tracking: Path, address: str, **train: object):

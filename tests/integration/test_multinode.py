@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_cluster import local_cluster
 from test_train import make_inputs, tiny_config
 from test_train_resume import assert_same_weights, final_weights, traces
 
@@ -30,28 +31,8 @@ KILL_AT = 8  # the worker on the second node stops after step 8; step 6 is the l
 def cluster(tmp_path_factory):
     """A head node without CPUs (the driver and Ray Train's controller) and three 1-CPU nodes:
     two for the workers and a spare for after one is lost (nodes cannot be added from a thread)."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    # The session's local Ray (conftest.ray_local) goes: a driver joins one cluster at a time,
-    # and stages started later find none and start it again (tasks.runtime.ensure_ray).
-    ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            # A dead raylet is noticed in about 2 s instead of 15 (the default checks).
-            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
-        },
-    )
-    try:
-        workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=True)
-        yield cluster, workers
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with local_cluster(3) as (cluster, nodes):
+        yield cluster, nodes
 
 
 def cluster_config(root: Path, tracking: Path, address: str, **train: object):
