@@ -59,6 +59,11 @@ class DownloadError(CorpusError):
     """A download failed for good: a permanent HTTP error, or every retry used up."""
 
 
+class NetworkError(DownloadError):
+    """The network failed through every retry: unlike the other download errors, a later attempt
+    may succeed, so this is the one a flow retries."""
+
+
 class ChecksumError(DownloadError):
     """A downloaded file's size or checksum differs from what the registry or lock file expects."""
 
@@ -268,7 +273,7 @@ def _fetch(url: str, part: Path, *, max_retries: int, backoff: float, timeout: f
                 continue
             failures += 1
             if failures >= max_retries:
-                raise DownloadError(
+                raise NetworkError(
                     f"{url}: giving up after {failures} attempts without progress: {exc.reason}"
                 ) from None
             delay = min(MAX_BACKOFF, backoff * 2 ** (failures - 1))

@@ -71,7 +71,10 @@ def run_pipeline(
             if only is not None and spec.name not in only:
                 continue
             task_fn = stage_task.with_options(
-                name=spec.name, retries=2 if spec.io_bound else 0, retry_delay_seconds=10
+                name=spec.name,
+                retries=2 if spec.io_bound else 0,
+                retry_delay_seconds=10,
+                retry_condition_fn=worth_retrying,
             )
             result = task_fn(config, spec.name, spec.name in forced, parent.info.run_id)
             results.append(result)
@@ -87,6 +90,15 @@ def run_pipeline(
         description=f"{config.name}: stages and scores",
     )
     return results
+
+
+def worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a stage only when the network stayed down through the fetcher's own retries: a bad
+    checksum, an unsafe or truncated archive, a missing file or a config error fails the same
+    way every time, and a retry would only download the archive again and repeat the error."""
+    from corpora.fetch import NetworkError
+
+    return isinstance(state.result(raise_on_failure=False), NetworkError)
 
 
 def artifact_key(name: str) -> str:

@@ -25,7 +25,7 @@ from sacrebleu.dataset import DATASETS
 
 from corpora import CorpusError, sources
 from corpora.archives import CorruptArchiveError, MissingMemberError, UnsafeArchiveError
-from corpora.fetch import ChecksumError, LockFile, download
+from corpora.fetch import ChecksumError, LockFile, NetworkError, download
 from tasks import download as download_stage
 from tasks.config import RunConfig, config_from_dict
 from tasks.contract import MANIFEST, StageError, read_manifest
@@ -323,7 +323,8 @@ def test_unavailable_server_is_retried_then_given_up(tmp_path: Path, server: Mir
     assert [p for p, _ in server.requests].count(path) == 3
 
     server.unavailable[path] = 5
-    with pytest.raises(CorpusError, match="giving up after 2 attempts without progress: HTTP 503"):
+    # NetworkError: the one download error a flow retries (pipelines.flows.worth_retrying).
+    with pytest.raises(NetworkError, match="giving up after 2 attempts without progress: HTTP 503"):
         download(f"{server.url}/{path}", tmp_path / "b" / "dev.tgz", max_retries=2, backoff=0.01)
     assert not (tmp_path / "b" / "dev.tgz").exists()
 

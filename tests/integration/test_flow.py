@@ -216,3 +216,29 @@ def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path
     stage_dep = asyncio.run(read(stage_id))
     assert stage_dep.entrypoint == "pipelines/flows.py:stage_flow"
     assert stage_dep.parameters["stage"] == "translate" and stage_dep.parameters["force"] is True
+
+
+def test_a_download_that_fails_for_good_is_not_retried(tmp_path, harness):
+    """A file missing from the mirror fails the same way every time: the flow gives up after one
+    try of the download stage instead of three (the retries are for a network that stayed down)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    from pipelines.flows import pipeline_flow
+
+    empty = tmp_path / "mirror"
+    empty.mkdir()
+    config = {"name": "noretry", "workdir": str(tmp_path / "run"),
+              "data": {"source": "multi30k", "pair": "en-de", "mirror": empty.as_uri()}}
+    state = pipeline_flow(config_path=write_config(tmp_path / "m.yaml", config), return_state=True)
+    assert state.is_failed()
+    assert "no such file" in str(state.result(raise_on_failure=False))
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])),
+            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+            limit=50,
+        )
+    download = [r for r in runs if r.task_key.startswith("stage") and r.name.startswith("download")]
+    assert [r.run_count for r in download] == [1]
