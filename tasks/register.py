@@ -161,13 +161,14 @@ def _stage_model_files(
 
 
 def _stage_code(staging: Path) -> list[str]:
-    """Clean copies of the packages a registered model runs (``serving``, ``transformer_core``)
-    for ``code_paths``, without caches."""
+    """Clean copies of the packages a registered model runs (``serving``, ``transformer_core``,
+    and ``parsing`` for tree-constrained decoding) for ``code_paths``, without caches."""
+    import parsing
     import serving
     import transformer_core
 
     paths = []
-    for package in (serving, transformer_core):
+    for package in (parsing, serving, transformer_core):
         src = Path(package.__file__).parent
         dst = staging / "code" / src.name
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
