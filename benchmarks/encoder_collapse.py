@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         d_ff=args.d_ff,
         n_heads=args.heads,
         dropout=args.dropout,
-        max_len=256,
+        max_len=max(256, int(max(train.src_lens.max(), train.tgt_lens.max())) + 2),
     )
     tc = TrainConfig(
         steps=args.steps,

@@ -336,6 +336,8 @@ def _train(
         "n_parameters": summary.get("n_parameters"),
         "tokens_per_s": summary.get("tokens_per_s"),
         "loop_seconds": summary.get("loop_seconds"),
+        "torch_threads": summary.get("torch_threads"),
+        "torch_interop_threads": summary.get("torch_interop_threads"),
         "mlflow_run_id": run_id,
         "tracking_uri": tracking_uri,
         "ray_run_dir": run_dir,

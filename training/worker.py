@@ -42,7 +42,12 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     mc, tc, seed, vocab_size = cfg["model"], cfg["train"], cfg["seed"], cfg["vocab_size"]
-    torch.set_num_threads(tc.torch_threads or worker_threads(ctx.get_local_world_size()))
+    threads = tc.torch_threads or worker_threads(ctx.get_local_world_size())
+    torch.set_num_threads(threads)
+    try:  # inter-op threads (independent ops run side by side) get the same share of cores
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # settable once per process, before any inter-op work: a reused worker
+        pass
     train = TokenData.read(f"{cfg['shard_dir']}/train", vocab_size)
     dev = TokenData.read(f"{cfg['shard_dir']}/dev", vocab_size)
     torch.manual_seed(seed)  # the same initial weights on every rank
@@ -139,6 +144,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         "timed_seconds": timed,
         "loop_seconds": time.time() - started,
         "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
         "best": trainer.best,
         "stopped_early": trainer.step < trainer.last_step,
         **{k: v for k, v in trainer.latest.items() if k in SUMMARY_METRICS},

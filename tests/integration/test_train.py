@@ -8,6 +8,7 @@ test_train_resume.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,9 @@ def test_two_workers_learn_and_log_to_mlflow(trained):
     manifest = read_manifest(out)
     stats = manifest["stats"]
     assert stats["world_size"] == 2 and stats["complete"] and stats["step"] == 24
+    # The node's cores shared between its two workers, for intra- and inter-op threads alike.
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert (stats["torch_threads"], stats["torch_interop_threads"]) == (share, share)
 
     losses = metric_history(config, stats["mlflow_run_id"], "loss")
     assert sorted(losses) == list(range(1, 25))
