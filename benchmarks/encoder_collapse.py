@@ -68,7 +68,7 @@ class ReferenceTransformer(nn.Module):
         src_pad = src.eq(self.config.pad_id)
         return Memory(self.encoder(self._embed(src), src_key_padding_mask=src_pad), src_pad)
 
-    def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:
+    def decode(self, tgt_in: Tensor, memory: Memory, project: bool = True) -> Tensor:
         T = tgt_in.size(1)
         causal = nn.Transformer.generate_square_subsequent_mask(T, device=tgt_in.device)
         x = self.decoder(
@@ -78,10 +78,17 @@ class ReferenceTransformer(nn.Module):
             tgt_is_causal=True,
             memory_key_padding_mask=memory.src_pad,
         )
+        if not project:  # (B, T, D): for a loss fused with the projection (train.fused_loss)
+            return x
         return x @ self.embed.weight.t()  # (B, T, V): the shared matrix as pre-softmax projection
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        return self.decode(tgt_in, self.encode(src))
+    @property
+    def generator(self) -> nn.Module:
+        """The pre-softmax projection (the shared matrix), as ``Transformer.generator``."""
+        return self.embed
+
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        return self.decode(tgt_in, self.encode(src), project)
 
 
 def reference_residual_dropout(config: ModelConfig, vocab_size: int) -> ReferenceTransformer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -332,6 +333,22 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
             headers={"Content-Type": "application/json"},
         )
         assert json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"] == short
+        # ... the beam size too: three hypotheses each from a beam of three.
+        wide = Translator.load(
+            inputs["average"], inputs["tokenizer"], dataclasses.replace(config.decode, beam_size=3)
+        ).translate_nbest(TEXTS, 3)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps({"inputs": TEXTS, "params": {"beam_size": 3, "n_best": 3}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        served = json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"]
+        assert [[h["translation"] for h in hyps] for hyps in served] == [
+            [t for t, _ in hyps] for hyps in wide
+        ]
+        assert [h["score"] for hyps in served for h in hyps] == pytest.approx(
+            [score for hyps in wide for _, score in hyps], abs=1e-5
+        )
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
