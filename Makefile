@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=25
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu"

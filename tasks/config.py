@@ -295,7 +295,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     except FileNotFoundError:
         raise ConfigError("", f"config file {path} does not exist") from None
     except yaml.YAMLError as exc:
-        raise ConfigError("", f"{path}: invalid YAML: {exc}") from None
+        raise ConfigError("", yaml_error(path, exc)) from None
     if not isinstance(data, dict):
         raise ConfigError("", f"{path}: top level must be a mapping, got {type(data).__name__}")
     data.setdefault("name", path.stem)
@@ -304,7 +304,21 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     try:
         return config_from_dict(data)
     except ConfigError as exc:
-        raise ConfigError(exc.key, f"{exc.message} (in {path})") from None
+        given = [k for k in overrides or {} if exc.key == k or exc.key.startswith(f"{k}.")]
+        where = f"from --set {given[0]}={overrides[given[0]]!r}" if given else f"in {path}"
+        raise ConfigError(exc.key, f"{exc.message} ({where})") from None
+
+
+def yaml_error(path: Path, exc: yaml.YAMLError) -> str:
+    """One line: the file, the line and column (1-based) and what PyYAML found there."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    opened = getattr(exc, "context_mark", None)
+    if context and opened is not None:
+        problem += f" ({context} at line {opened.line + 1})"
+    return f"{where}: invalid YAML: {problem}"
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

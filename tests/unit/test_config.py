@@ -84,8 +84,15 @@ def test_missing_file_and_bad_yaml(tmp_path: Path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: [unclosed\n")
-    with pytest.raises(ConfigError, match="invalid YAML"):
+    bad.write_text("train:\n  steps: [1500\n  warmup_steps: 400\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    # One line naming the file, line and column, not PyYAML's five about "<unicode string>".
+    assert str(err.value).splitlines() == [str(err.value)]
+    assert f"{bad}:3:15: invalid YAML: expected ',' or ']', but got ':'" in str(err.value)
+    assert "flow sequence at line 2" in str(err.value)
+    bad.write_text("name: x\ndata:\n\tsource: synthetic\n")
+    with pytest.raises(ConfigError, match=rf"{bad}:3:1: invalid YAML: found character '\\t'"):
         load_config(bad)
     top = tmp_path / "list.yaml"
     top.write_text("- 1\n- 2\n")
@@ -128,3 +135,11 @@ def test_placement_strategy_is_one_of_rays():
     with pytest.raises(ConfigError, match="'spread' is not one of PACK, SPREAD") as err:
         config_from_dict({"name": "r", "train": {"placement_strategy": "spread"}})
     assert err.value.key.endswith("placement_strategy")
+
+
+def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
+    path = _write(tmp_path, {"name": "x", "model": {"preset": "debug"}})
+    with pytest.raises(ConfigError, match=r"train.steps: .*\(from --set train.steps='many'\)"):
+        load_config(path, {"train.steps": "many"})
+    with pytest.raises(ConfigError, match=rf"\(in {path}\)"):
+        load_config(_write(tmp_path, {"name": "x", "train": {"steps": "many"}}), {"seed": 3})
