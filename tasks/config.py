@@ -304,8 +304,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     try:
         return config_from_dict(data)
     except ConfigError as exc:
-        given = [k for k in overrides or {} if exc.key == k or exc.key.startswith(f"{k}.")]
-        where = f"from --set {given[0]}={overrides[given[0]]!r}" if given else f"in {path}"
+        overrides = overrides or {}
+        given = next((k for k in overrides if exc.key == k or exc.key.startswith(f"{k}.")), None)
+        where = f"from --set {given}={overrides[given]!r}" if given else f"in {path}"
         raise ConfigError(exc.key, f"{exc.message} ({where})") from None
 
 

@@ -151,7 +151,8 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     for hyps in nbest:
         assert len(hyps) == 3
         assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
-    # The model carries the serving code and the model library, nothing else of this project.
+    # The model carries the serving code, the model library and parsing (for tree-constrained
+    # decoding), nothing else of this project.
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl")))
     assert sorted(p.name for p in (local / "code").iterdir()) == ["parsing", "serving", "transformer_core"]
     # Nothing is unpickled on load: the version is code (models from code) and artifacts.
