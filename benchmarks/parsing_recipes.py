@@ -64,7 +64,7 @@ def evaluate(model, tok, config, split, beam, constrained, limit=None):
 
     from evaluation.evalb import score_corpus
     from parsing.constrain import bracket_vocab
-    from parsing.linearize import POS_TAGS, repair
+    from parsing.linearize import POS_TAGS, repair, structure_tokens
     from parsing.trees import read_trees
     from transformer_core.search import beam_search_nbest
 
@@ -97,7 +97,7 @@ def evaluate(model, tok, config, split, beam, constrained, limit=None):
         for h, w, g in zip(hyps, words, golds, strict=True)
     ]
     total, _ = score_corpus(golds, [r.tree for r in fixed])
-    slots = sum(sum(t in POS_TAGS or t == "XX" for t in h.split()) for h in hyps)
+    slots = sum(sum(t in POS_TAGS or t == "XX" for t in structure_tokens(h, form)) for h in hyps)
     n_words = sum(len(w.split()) for w in words)
     return {
         "f1": round(total.f1, 2),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -130,15 +130,20 @@ class SubwordModel:
         return spm.SentencePieceProcessor(model_proto=self.proto)
 
 
-def target_tokens(files: Sequence[Path], texts: Sequence[Path] = ()) -> list[str]:
-    """The distinct whitespace tokens of the ``tgt`` column of the Parquet ``files`` and of the
+def target_tokens(
+    files: Sequence[Path],
+    texts: Sequence[Path] = (),
+    tokens_of: Callable[[str], Iterable[str]] = str.split,
+) -> list[str]:
+    """The distinct target tokens of the ``tgt`` column of the Parquet ``files`` and of the
     plain-text ``texts`` (dev and test targets: a label only they hold must still be one piece
     and inside the decoder's vocabulary), most frequent first, ties in code-point order: the
-    symbols of ``target_symbols``."""
+    symbols of ``target_symbols``. ``tokens_of`` picks a target's tokens (parsing's ``words``
+    form leaves its words out); by default every whitespace token."""
     counts: dict[str, int] = {}
 
     def add(text: str) -> None:
-        for token in text.split():
+        for token in tokens_of(text):
             counts[token] = counts.get(token, 0) + 1
 
     for path in files:

@@ -5,7 +5,9 @@ Only whole target tokens take part, so the tokenizer must hold each as one piece
 (``tokenizer.target_symbols``: ``▁NP``, ``▁/NP``, ``▁NNP``); every other piece
 (word pieces of the source side, fragments) is never allowed in a constrained output.
 
-In the t2t form the leaves also follow the words on punctuation, as repair's ``punct_tag`` does
+In the words form a leaf is the word's own pieces, copied from the source, and then its tag.
+
+In the t2t and words forms the leaves also follow the words on punctuation, as repair's ``punct_tag`` does
 afterwards: a punctuation word (``,`` ``.`` ``--`` ````` ...) gets its punctuation tag, and no
 other word gets one of the tags EVALB deletes (``'``, a possessive or a quote, gets either).
 """
@@ -33,19 +35,20 @@ WORD_MARK = "\u2581"
 def token_classes(pieces: Sequence[str], form: str) -> dict[int, tuple[str, str]]:
     """Piece id -> (``open`` | ``close`` | ``leaf``, label) for the pieces that are one whole
     target token of ``form`` (t2t: a phrase label, or a token whose ``/`` close is also a
-    piece, opens; ``/X`` closes; a POS tag is a leaf. vinyals: ``(X``, ``)X``, ``XX``)."""
+    piece, opens; ``/X`` closes; a POS tag is a leaf. vinyals: ``(X``, ``)X``, ``XX``. words:
+    ``(X``, ``)X``, a POS tag)."""
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
     words = {i: p[1:] for i, p in enumerate(pieces) if p.startswith(WORD_MARK) and len(p) > 1}
     present = set(words.values())
     classes: dict[int, tuple[str, str]] = {}
     for i, tok in words.items():
-        if form == "vinyals":
+        if form != "t2t":
             if tok[0] == "(" and len(tok) > 1:
                 classes[i] = ("open", tok[1:])
             elif tok[0] == ")" and len(tok) > 1:
                 classes[i] = ("close", tok[1:])
-            elif tok == VINYALS_LEAF:
+            elif (tok == VINYALS_LEAF) if form == "vinyals" else (tok in POS_TAGS):
                 classes[i] = ("leaf", tok)
         elif tok.startswith("/") and len(tok) > 1:
             classes[i] = ("close", tok[1:])
@@ -86,8 +89,13 @@ def bracket_vocab(tokenizer: Any, form: str, tgt_vocab_size: int | None = None) 
         [p.startswith(WORD_MARK) and not sp.is_control(i) for i, p in enumerate(pieces)]
     )
     T = tgt_vocab_size or V
+    if form == "words" and T != V:
+        raise ValueError(
+            f"the words form copies source pieces into the target: the decoder needs the joint "
+            f"vocabulary ({V} ids), not {T}"
+        )
     leaf_class = word_class = None
-    if form == "t2t":
+    if form != "vinyals":
         tag_class = {tag: c for c, tag in enumerate(sorted(DELETED_PUNCT), start=1)}
         leaf_class = torch.zeros(V, dtype=torch.long)
         word_class = torch.zeros(V, dtype=torch.long)
@@ -109,4 +117,6 @@ def bracket_vocab(tokenizer: Any, form: str, tgt_vocab_size: int | None = None) 
         sp.eos_id(),
         leaf_class=leaf_class,
         word_class=word_class,
+        copy_words=form == "words",
+        pad_id=sp.pad_id(),
     )

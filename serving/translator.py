@@ -60,8 +60,9 @@ class DecodeConfig:
     threads: int = 0
     """Intra-op CPU threads of the engine; 0 leaves the library's default."""
     tree_constraint: str | None = None
-    """Parsing (engine torch): t2t or vinyals keeps every hypothesis a well-formed tree of that
-    linearized form with one leaf per source word (``parsing.constrain``); null: unconstrained."""
+    """Parsing (engine torch): t2t, vinyals or words keeps every hypothesis a well-formed tree of
+    that linearized form with one leaf per source word (``parsing.constrain``); null:
+    unconstrained."""
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -76,9 +77,10 @@ class DecodeConfig:
             )
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
             raise ConfigError("threads", f"{self.threads!r} must be an integer >= 0")
-        if self.tree_constraint not in (None, "t2t", "vinyals"):
+        if self.tree_constraint not in (None, "t2t", "vinyals", "words"):
             raise ConfigError(
-                "tree_constraint", f"{self.tree_constraint!r} is not one of null, t2t, vinyals"
+                "tree_constraint",
+                f"{self.tree_constraint!r} is not one of null, t2t, vinyals, words",
             )
         if self.tree_constraint and self.engine != "torch":
             raise ConfigError("tree_constraint", "needs engine torch (our beam search)")

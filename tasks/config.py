@@ -181,8 +181,8 @@ class ParsingConfig:
     """Glob patterns for development trees (default: WSJ section 22); empty for none."""
     test_files: tuple[str, ...] = ("23/*.mrg",)
     """Glob patterns for test trees (default: WSJ section 23)."""
-    form: Literal["t2t", "vinyals"] = "t2t"
-    """Target form: t2t (tags kept, closing brackets labelled, as the paper) or vinyals (tags as XX)."""
+    form: Literal["t2t", "vinyals", "words"] = "t2t"
+    """Target form: t2t (tags kept, closing brackets labelled, as the paper), vinyals (tags as XX) or words (each word written before its tag)."""
     beam_size: int = 21
     """Beam width for parsing (the paper: 21)."""
     alpha: float = 0.3

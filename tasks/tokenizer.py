@@ -9,7 +9,7 @@ an exact vocabulary size) are explained in ``corpora.subwords``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
         if tok.target_symbols:
             tgt = config.languages[1]
             texts = [clean / f"{split}.{tgt}" for split in ("dev", "test")]
-            symbols = subwords.target_tokens(files, [t for t in texts if t.is_file()])
+            symbols = subwords.target_tokens(
+                files, [t for t in texts if t.is_file()], _tokens_of(config)
+            )
         model = subwords.train(sentences, tok, symbols)
         (tmp / MODEL_FILE).write_bytes(model.proto)
         (tmp / VOCAB_FILE).write_text(model.vocab_listing(), encoding="utf-8")
@@ -58,3 +60,13 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
         }
 
     return run_stage(STAGE, config.root / STAGE, stage_config(config), {"clean": clean}, build, force=force)
+
+
+def _tokens_of(config: RunConfig) -> Callable[[str], list[str]]:
+    """A target's tokens that become symbols: parsing's ``words`` form leaves its words out
+    (they keep their source pieces); otherwise every token."""
+    if config.parsing.form != "words":
+        return str.split
+    from parsing.linearize import structure_tokens
+
+    return lambda target: structure_tokens(target, "words")

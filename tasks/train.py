@@ -200,10 +200,11 @@ def vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int:
 def target_vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int | None:
     """With ``tokenizer.target_symbols`` the decoder's vocabulary is the special ids and the
     target symbols, which sentencepiece numbers right after them (a word-level target
-    vocabulary: a softmax over ~100 tree tokens instead of every piece); else None (joint)."""
+    vocabulary: a softmax over ~100 tree tokens instead of every piece); else None (joint). In
+    parsing's ``words`` form the targets hold the words' pieces too: joint."""
     from corpora.subwords import FIRST_SYMBOL_ID
 
-    if not config.tokenizer.target_symbols:
+    if not config.tokenizer.target_symbols or config.parsing.form == "words":
         return None
     stats = (read_manifest(Path(inputs["tokenizer"])) or {}).get("stats", {})
     if "target_symbols" not in stats:

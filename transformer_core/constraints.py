@@ -16,6 +16,11 @@ Vinyals' ``XX``). At each step ``BracketState.allowed`` says which tokens may co
 - and nothing that could not still finish within the output length limit.
 
 So a hypothesis can always go on, and every finished one is a tree with one leaf per word.
+
+With ``copy_words`` (parsing's ``words`` form) each leaf is written as the word's own source
+pieces followed by its tag: where a leaf may come, the next word's first piece is allowed, and
+once it is chosen the rest of its pieces are forced, then one tag. The decoder picks the
+structure and the tags; the words are never its to choose.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class BracketVocab:
     """long (V_src,): the leaf class a one-piece source word demands (0: an ordinary leaf; -1:
     any leaf). A word of several pieces takes any leaf if its first piece demands a punctuation
     class (``...`` as ``.`` ``..``), else an ordinary one (``'s`` as ``'`` ``s``)."""
+    copy_words: bool = False
+    """Each leaf is the next source word's pieces, copied, then a leaf token (its tag)."""
+    pad_id: int = 0
+    """Padding of the source rows (with ``copy_words``: where a row's words end)."""
 
     def __post_init__(self) -> None:
         V = self.opens.numel()
@@ -72,6 +81,8 @@ class BracketVocab:
             self.max_depth,
             None if self.leaf_class is None else self.leaf_class.to(device),
             None if self.word_class is None else self.word_class.to(device),
+            self.copy_words,
+            self.pad_id,
         )
 
     def words(self, src: Tensor) -> Tensor:
@@ -114,9 +125,11 @@ class BracketState:
         words: Tensor,
         limits: Tensor,
         word_classes: Tensor | None = None,
+        src: Tensor | None = None,
     ) -> None:
         """``words`` (N,): leaves each row must emit; ``limits`` (N,): its most output tokens
-        (EOS included); ``word_classes`` (N, W): the leaf class of each word (``word_classes``)."""
+        (EOS included); ``word_classes`` (N, W): the leaf class of each word (``word_classes``);
+        ``src`` (N, S): each row's source ids (needed with ``vocab.copy_words``)."""
         self.vocab = vocab
         self.word_classes = word_classes
         N, device = words.numel(), words.device
@@ -127,6 +140,27 @@ class BracketState:
         self.leaves = torch.zeros(N, dtype=torch.long, device=device)
         self.filled = torch.zeros(N, dtype=torch.bool, device=device)  # innermost has a leaf
         self.steps = 0  # tokens emitted so far (the same for every row)
+        self.src = self.continues = self.pieces = self.pos = self.phase = None
+        if vocab.copy_words:
+            if src is None:
+                raise ValueError("copy_words needs each row's source ids (src)")
+            starts = vocab.word_starts.to(device)
+            inside = src.clamp(0, starts.numel() - 1)
+            real = src.ne(vocab.pad_id) & src.ne(vocab.eos_id) & src.lt(starts.numel())
+            # (N, S + 1): the next word's pieces are src[pos:]; a piece continues its word
+            # when it is real and starts none. A spare column ends every row.
+            self.src = torch.cat([src.long(), src.new_full((N, 1), vocab.pad_id)], dim=1)
+            self.continues = torch.cat(
+                [real & ~starts[inside], torch.zeros(N, 1, dtype=torch.bool, device=device)],
+                dim=1,
+            )
+            self.pieces = real.sum(dim=1)  # (N,) word pieces to copy in all
+            self.pos = torch.zeros(N, dtype=torch.long, device=device)
+            self.phase = torch.zeros(N, dtype=torch.long, device=device)  # FREE, COPY or TAG
+
+    FREE, COPY, TAG = 0, 1, 2
+    """``copy_words`` phases: structure or a new word may come; a word's pieces are being
+    copied; its tag must come."""
 
     def _top(self) -> Tensor:
         """(N,) label class of the innermost open constituent, -1 when none."""
@@ -137,40 +171,68 @@ class BracketState:
         """(N, V) bool: the tokens each row may emit next."""
         v = self.vocab
         left = self.words - self.leaves  # words still without a leaf
-        # Tokens left after the next one must fit: one per missing leaf, one per open
-        # constituent's close, and EOS.
+        # Tokens left after the next one must fit: one per missing leaf (with copy_words, its
+        # pieces too), one per open constituent's close, and EOS.
         room = self.limits - (self.steps + 1)
+        pieces = 0 if self.pos is None else self.pieces - self.pos  # word pieces left to copy
+        free = True if self.phase is None else self.phase.eq(self.FREE)
         inside = self.depth > 0
-        leaf_ok = inside & (left > 0) & (room >= (left - 1) + self.depth + 1)
+        leaf_ok = inside & (left > 0) & (room >= (left - 1) + pieces + self.depth + 1)
         open_ok = (
-            (inside | (self.steps == 0))
+            free
+            & (inside | (self.steps == 0))
             & (left > 0)
             & (self.depth < v.max_depth)
-            & (room >= left + self.depth + 2)
+            & (room >= left + pieces + self.depth + 2)
         )
-        close_ok = inside & self.filled & ((self.depth > 1) | (left == 0))
-        eos_ok = ~inside & (self.steps > 0) & (left == 0)
+        close_ok = free & inside & self.filled & ((self.depth > 1) | (left == 0))
+        eos_ok = free & ~inside & (self.steps > 0) & (left == 0)
         top = self._top()
         leaves = v.leaves[None, :]  # (1, V)
         if self.word_classes is not None and v.leaf_class is not None:
             at = self.leaves.clamp(max=self.word_classes.size(1) - 1)[:, None]
             demanded = self.word_classes.gather(1, at)  # (N, 1)
             leaves = leaves & (demanded.lt(0) | v.leaf_class[None, :].eq(demanded))  # (N, V)
+        if self.phase is not None:  # a leaf token (tag) only right after its word
+            tag_ok = self.phase.eq(self.TAG)
+            leaf_ok = leaf_ok & free  # where a leaf may start: the next word's first piece
         allowed = (
-            (leaf_ok[:, None] & leaves)
+            ((tag_ok if self.phase is not None else leaf_ok)[:, None] & leaves)
             | (open_ok[:, None] & v.opens.ge(0)[None, :])
             | (close_ok[:, None] & v.closes.ge(0)[None, :] & v.closes[None, :].eq(top[:, None]))
         )
+        if self.phase is not None:
+            copy = (leaf_ok | self.phase.eq(self.COPY)).nonzero().view(-1)
+            piece = self.src.gather(1, self.pos[:, None])[:, 0]  # (N,) the next piece
+            allowed[copy, piece[copy]] = True
         allowed[:, v.eos_id] = eos_ok
         return allowed
 
     def mask(self, log_probs: Tensor) -> Tensor:
-        """``log_probs`` (N, V) with the disallowed tokens set to -inf, in place."""
-        return log_probs.masked_fill_(~self.allowed(), float("-inf"))
+        """``log_probs`` (N, V) with the disallowed tokens set to -inf, in place. With
+        ``copy_words`` a copied piece is scored as the event it stands for: the first piece of a
+        word by the model's probability that some word comes next (all tokens but labels and
+        EOS), the word's other pieces by 1 (log 0). The words are given, not predicted: scoring
+        the one piece would make a barely trained model, which cannot copy yet, open labels
+        until the length limit forces the words out."""
+        allowed = self.allowed()
+        if self.phase is not None:
+            rows = torch.arange(log_probs.size(0), device=log_probs.device)
+            piece = self.src.gather(1, self.pos[:, None])[:, 0]  # (N,)
+            v = self.vocab
+            labels = (v.opens.ge(0) | v.closes.ge(0)).clone()
+            labels[v.eos_id] = True
+            some_word = log_probs.masked_fill(labels[None, :], float("-inf")).logsumexp(dim=1)
+            free = self.phase.eq(self.FREE) & allowed[rows, piece]
+            copied = free | self.phase.eq(self.COPY)
+            score = torch.where(free, some_word, torch.zeros_like(some_word))
+            log_probs[rows[copied], piece[copied]] = score[copied]
+        return log_probs.masked_fill_(~allowed, float("-inf"))
 
     def reorder(self, rows: Tensor) -> None:
         """Keep rows ``rows`` (N',) in that order (beams reordered, finished ones dropped)."""
-        for name in ("words", "limits", "stack", "depth", "leaves", "filled", "word_classes"):
+        names = ("words", "limits", "stack", "depth", "leaves", "filled", "word_classes")
+        for name in names + ("src", "continues", "pieces", "pos", "phase"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).index_select(0, rows))
 
@@ -181,6 +243,20 @@ class BracketState:
         is_open = label_open.ge(0)
         is_close = v.closes[tokens].ge(0) & ~is_open
         is_leaf = v.leaves[tokens]
+        if self.phase is not None:  # the phase tells a copied piece from a label or a tag
+            copying = self.phase.eq(self.COPY) | (
+                self.phase.eq(self.FREE) & tokens.eq(self.src.gather(1, self.pos[:, None])[:, 0])
+            )
+            is_open = is_open & self.phase.eq(self.FREE) & ~copying
+            is_close = is_close & self.phase.eq(self.FREE) & ~copying
+            is_leaf = self.phase.eq(self.TAG)
+            self.pos = self.pos + copying.long()
+            more = self.continues.gather(1, self.pos[:, None])[:, 0]  # the word goes on
+            self.phase = torch.where(
+                copying,
+                torch.where(more, self.COPY, self.TAG),
+                torch.where(is_leaf, self.FREE, self.phase),
+            )
         rows = torch.arange(tokens.numel(), device=tokens.device)
         at = self.depth.clamp(max=v.max_depth - 1)
         self.stack[rows[is_open], at[is_open]] = label_open[is_open]

@@ -215,6 +215,7 @@ def beam_search_nbest(
                 constraint.words(src)[per_beam],
                 limits.to(device)[per_beam],
                 None if classes is None else classes[per_beam],
+                src[per_beam] if constraint.copy_words else None,
             )
 
         for step in range(n_steps):

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evaluation.evalb import score_corpus
-from parsing.linearize import FORMS, linearize, punctuation_tag, repair, source
+from parsing.linearize import FORMS, linearize, punctuation_tag, repair, source, structure_tokens
 from parsing.trees import parse_tree, read_trees, write_tree
 from tasks.config import config_from_dict
 from tasks.contract import run_stage
@@ -59,6 +59,26 @@ def test_t2t_form_keeps_tags_and_labels_closing_brackets():
 
 def test_vinyals_form_replaces_tags_with_xx():
     assert " ".join(linearize(JOHN, "vinyals")) == "(S (NP XX XX )NP (VP XX (NP XX XX )NP )VP XX )S"
+
+
+def test_words_form_writes_each_word_before_its_tag():
+    target = "(S (NP John NNP Smith NNP )NP (VP runs VBZ (NP a DT shop NN )NP )VP . . )S"
+    assert " ".join(linearize(JOHN, "words")) == target
+    assert structure_tokens(target, "words") == (
+        "(S (NP NNP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S".split()
+    )
+
+
+def test_words_form_reads_words_that_look_like_tags():
+    # A word is read where the next word is due, whatever it looks like ("NN", ".").
+    tree = parse_tree("(S (NP (NNP S) (NN NN)) (. .))")
+    target = linearize(tree, "words")
+    assert target == ["(S", "(NP", "S", "NNP", "NN", "NN", ")NP", ".", ".", ")S"]
+    assert structure_tokens(" ".join(target), "words") == [
+        "(S", "(NP", "NNP", "NN", ")NP", ".", ")S"
+    ]  # fmt: skip
+    fixed = repair(target, tree.words(), "words")
+    assert fixed.tree == tree and not fixed.fixes
 
 
 def test_source_is_the_words():
@@ -169,7 +189,7 @@ def test_tags_that_contradict_punctuation_are_replaced_so_evalb_can_score():
 def test_empty_prediction_gives_a_flat_tree(form):
     fixed = repair("", JOHN.words(), form)
     _well_formed(fixed.tree, JOHN.words())
-    expected_tags = ["NN"] * 5 + ["."] if form == "t2t" else ["XX"] * 6
+    expected_tags = ["XX"] * 6 if form == "vinyals" else ["NN"] * 5 + ["."]
     assert fixed.tree.label == "S" and fixed.tree.tags() == expected_tags
     assert all(child.is_leaf for child in fixed.tree.children)
 
@@ -199,6 +219,8 @@ def test_junk_never_raises_and_always_fits_the_words(form):
                 "/FOO", "/", "((", ")", "(NP", "NP)", "//NP"],
         "vinyals": ["(S", "(NP", "(VP", ")S", ")NP", ")VP", ")", "XX", "XX", "(", "((S", "S)",
                     "junk", "(X)", ")("],
+        "words": ["(S", "(NP", "(VP", ")S", ")NP", ")VP", ")", "NN", "DT", ".", ",", "w1", "w2",
+                  "w3", "(", "((S", "S)", "(X)", ")("],
     }[form]  # fmt: skip
     for _ in range(300):
         words = [f"w{i}" for i in range(rng.randint(1, 12))] + ["."]

@@ -3,6 +3,8 @@ decoding built on them (``parsing.constrain``, ``parsing.constrained``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -10,13 +12,14 @@ import torch
 
 from corpora.subwords import TokenizerConfig, target_tokens, train
 from parsing.constrain import bracket_vocab, token_classes
-from parsing.linearize import POS_TAGS, linearize, repair
+from parsing.linearize import POS_TAGS, linearize, repair, structure_tokens
 from parsing.trees import parse_tree
 from serving import tokenizer as tokenizer_lib
 from serving.translator import DecodeConfig, Translator
 from tasks.config import config_from_dict
 from transformer_core import Transformer, presets
 from transformer_core.config import ConfigError
+from transformer_core.search import beam_search_nbest
 
 TREES = [
     "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (. .))",
@@ -38,6 +41,23 @@ def tok(tmp_path_factory):
     symbols = target_tokens([part])
     sentences = [s for pair in zip(src, tgt, strict=True) for s in pair]
     model = train(sentences, TokenizerConfig(vocab_size=120, threads=1), symbols)
+    (folder / tokenizer_lib.MODEL_FILE).write_bytes(model.proto)
+    return tokenizer_lib.load(folder)
+
+
+@pytest.fixture(scope="module")
+def words_tok(tmp_path_factory):
+    """The same for the words form: its words keep their source pieces, the rest are symbols."""
+    folder = tmp_path_factory.mktemp("words_tok")
+    trees = [parse_tree(t) for t in TREES] * 20
+    src = [" ".join(t.words()) for t in trees]
+    tgt = [" ".join(linearize(t, "words")) for t in trees]
+    part = folder / "part-00000.parquet"
+    pq.write_table(pa.table({"src": src, "tgt": tgt}), part)
+    symbols = target_tokens([part], tokens_of=lambda t: structure_tokens(t, "words"))
+    assert "John" not in symbols and "(NP" in symbols and "NNP" in symbols
+    sentences = [s for pair in zip(src, tgt, strict=True) for s in pair]
+    model = train(sentences, TokenizerConfig(vocab_size=150, threads=1), symbols)
     (folder / tokenizer_lib.MODEL_FILE).write_bytes(model.proto)
     return tokenizer_lib.load(folder)
 
@@ -100,6 +120,63 @@ def test_constrained_translator_outputs_trees_over_the_words(tok):
         # Nothing to repair, punctuation tags included: the final "." is tagged ".".
         assert not repair(hyp, w).fixes, hyp
         assert [t for t in hyp.split() if t in POS_TAGS][-1] == ".", hyp
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_words_form_copies_every_word_and_tags_it(words_tok, seed):
+    torch.manual_seed(seed)
+    model = Transformer(presets.debug().replace(max_len=128), words_tok.vocab_size).eval()
+    words = ["John Smith runs a shop .", "Its stock fell sharply .", "Smithers said that"]
+    config = DecodeConfig(beam_size=3, alpha=0.3, max_len_offset=30)
+    free = Translator(model, words_tok, config)
+    constrained = Translator(
+        model, words_tok, dataclasses.replace(config, tree_constraint="words")
+    )
+    untrained = [repair(h, w, "words").fixes for h, w in zip(free.translate(words), words, strict=True)]
+    assert any(untrained)  # an untrained model writes no tree of its own
+    for hyps, w in zip(constrained.translate_nbest(words, 3), words, strict=True):
+        assert len(hyps) == 3
+        for text, _ in hyps:
+            assert not repair(text, w, "words").fixes, text  # a tree over the words, as written
+            # Without the brackets: each word in order, each followed by one tag.
+            rest = [t for t in text.split() if t[0] not in "()"]
+            assert rest[0::2] == w.split(), text
+            assert len(rest[1::2]) == len(w.split()) and set(rest[1::2]) <= POS_TAGS, text
+
+
+def test_words_form_scores_a_word_by_the_chance_that_some_word_comes(words_tok):
+    # A model that cannot copy: it always expects "She", a word of neither source. Scored by
+    # its one piece, each source word would cost ~30 nats and labels would open until the
+    # length limit; scored as "a word comes next" the words follow at once under one root.
+    she = words_tok.sp.piece_to_id("\u2581She")
+    assert she != words_tok.sp.unk_id()
+
+    class CannotCopy(Transformer):
+        def decode(self, tgt_in, memory, project=True):
+            logits = super().decode(tgt_in, memory, project)
+            logits[..., she] += 30.0
+            return logits
+
+    torch.manual_seed(0)
+    model = CannotCopy(presets.debug().replace(max_len=128), words_tok.vocab_size).eval()
+    words = ["John Smith runs a shop .", "Its stock fell sharply ."]
+    ids = [words_tok.encode(w) for w in words]
+    src = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)
+    for i, row in enumerate(ids):
+        src[i, : len(row)] = torch.tensor(row)
+    found = beam_search_nbest(
+        model, src, beam_size=3, alpha=0.3, max_len_offset=30, use_cache=False,
+        constraint=bracket_vocab(words_tok, "words"),
+    )  # fmt: skip
+    for hyps, w in zip(found, words, strict=True):
+        hyp = words_tok.decode(hyps[0].tokens)
+        assert not repair(hyp, w, "words").fixes, hyp
+        assert sum(t.startswith("(") for t in hyp.split()) == 1, hyp
+
+
+def test_words_form_needs_the_joint_vocabulary(words_tok):
+    with pytest.raises(ValueError, match="joint vocabulary"):
+        bracket_vocab(words_tok, "words", 40)
 
 
 def test_constraint_needs_single_piece_labels(tmp_path):
