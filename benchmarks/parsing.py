@@ -160,6 +160,15 @@ def main(argv: list[str] | None = None) -> None:
 
     tr = stats(train_dir)
     tl = stats(root / "translate")
+    # POS slots in the outputs before repair, per word (the issue: within 2% of 1).
+    from parsing.linearize import POS_TAGS, VINYALS_LEAF, structure_tokens
+
+    hyps = (root / "translate" / "hyp.tree").read_text(encoding="utf-8").splitlines()
+    words = (root / "linearize" / "test.words").read_text(encoding="utf-8").splitlines()
+    form = config.parsing.form
+    slots = sum(
+        t in POS_TAGS or t == VINYALS_LEAF for h in hyps for t in structure_tokens(h, form)
+    )
     sc = json.loads((root / "parse_score" / "scores.json").read_text())
     train_wall = seconds["train_timing_run"] + seconds["train"]
     rows = [
@@ -179,13 +188,14 @@ def main(argv: list[str] | None = None) -> None:
             "exact_match": sc["exact_match"],
             "tagging_acc": sc["tagging_accuracy"],
             "f1_le40": sc["f1_le40"],
+            "slots_per_word": round(slots / sum(len(w.split()) for w in words), 4),
             "length_errors": sc["length_errors"],
             "repaired": sc["repaired_sentences"],
         }
     ]
     report(
         f"Parsing on the NLTK WSJ sample (EVALB COLLINS.prm; paper, WSJ 02-21 -> 23: 91.3 F1); "
-        f"model d_model={config.model.d_model} n_layers={config.model.n_layers}, "
+        f"form {form}, model d_model={config.model.d_model} n_layers={config.model.n_layers}, "
         f"vocab {config.tokenizer.vocab_size}; stage seconds "
         + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()),
         rows,

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from evaluation.evalb import score_corpus
-    from parsing.linearize import POS_TAGS, repair
+    from parsing.linearize import POS_TAGS, repair, structure_tokens
     from parsing.trees import read_trees
     from serving.translator import DecodeConfig, Translator
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         for line in (root / "linearize" / f"{args.split}.tree").read_text().splitlines()
     )
     n_words = sum(len(w.split()) for w in words)
+    manifest = json.loads((root / "linearize" / "manifest.json").read_text(encoding="utf-8"))
+    form = manifest["stats"]["form"]
     for setting in args.settings:
         beam, alpha, mode = setting.split(":")
         if mode not in MODES:
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             beam_size=int(beam),
             alpha=float(alpha),
             max_len_offset=300,
-            tree_constraint=None if mode == "plain" else "t2t",
+            tree_constraint=None if mode == "plain" else form,
         )
         translator = Translator.load(root / "average", root / "tokenizer", decode, device="cpu")
         if mode == "tree":  # the same constraint without the punctuation classes
@@ -64,9 +66,12 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         hyps = translator.translate(words)
         seconds = time.perf_counter() - started
-        fixed = [repair(h, w) for h, w in zip(hyps, words, strict=True)]
+        fixed = [
+            repair(h, w, form, tags=g.tags() if form == "vinyals" else None)
+            for h, w, g in zip(hyps, words, golds, strict=True)
+        ]
         total, _ = score_corpus(golds, [r.tree for r in fixed])
-        slots = [sum(t in POS_TAGS for t in h.split()) for h in hyps]
+        slots = [sum(t in POS_TAGS for t in structure_tokens(h, form)) for h in hyps]
         row = {
             "split": args.split,
             "beam": int(beam),
