@@ -7,9 +7,10 @@ Only whole target tokens take part, so the tokenizer must hold each as one piece
 
 In the words form a leaf is the word's own pieces, copied from the source, and then its tag.
 
-In the t2t and words forms the leaves also follow the words on punctuation, as repair's ``punct_tag`` does
-afterwards: a punctuation word (``,`` ``.`` ``--`` ````` ...) gets its punctuation tag, and no
-other word gets one of the tags EVALB deletes (``'``, a possessive or a quote, gets either).
+In the t2t and words forms the leaves also follow the words on punctuation, as repair's
+``punct_tag`` does afterwards: a punctuation word (``,`` ``.`` ``--`` ````` ...) gets its
+punctuation tag, and no other word gets one of the tags EVALB deletes (``'``, a possessive or a
+quote, gets either).
 """
 
 from __future__ import annotations

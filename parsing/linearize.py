@@ -1,6 +1,6 @@
 """Trees as token sequences and back: the target side of the parsing task.
 
-Two target forms (the source is always the words joined by spaces):
+Three target forms (the source is always the words joined by spaces):
 
 - ``t2t``, tensor2tensor's, the form the paper trained on: phrase labels and POS tags are kept,
   a closing bracket carries its label, words are left out:

@@ -3,6 +3,8 @@ leaf per source word, whatever the model prefers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -86,6 +88,37 @@ def test_hand_example_allows_exactly_the_tree_continuations():
     assert allowed() == {CLOSE_S}  # every word has its leaf: nothing more may open
     state.advance(torch.tensor([CLOSE_S]))
     assert allowed() == {EOS_ID}  # the root is closed: only the end
+
+
+def test_copy_words_writes_each_source_word_then_one_tag():
+    vocab = dataclasses.replace(_vocab(), copy_words=True)
+    src = torch.tensor([[12, 18, 13, EOS_ID, PAD_ID]])  # two words: 12 18, then 13
+    state = BracketState(vocab, vocab.words(src), torch.tensor([50]), src=src)
+
+    def allowed() -> set[int]:
+        return set(torch.nonzero(state.allowed()[0]).view(-1).tolist())
+
+    assert allowed() == {S, NP}
+    state.advance(torch.tensor([S]))
+    assert allowed() == {S, NP, 12}  # the next word's first piece, no tag, no other word
+    state.advance(torch.tensor([12]))
+    assert allowed() == {18}  # the rest of the word is forced
+    state.advance(torch.tensor([18]))
+    assert allowed() == set(LEAVES)  # then exactly one tag
+    state.advance(torch.tensor([8]))
+    assert allowed() == {S, NP, 13}
+    state.advance(torch.tensor([13]))
+    assert allowed() == set(LEAVES)
+    state.advance(torch.tensor([9]))
+    assert allowed() == {CLOSE_S}
+    state.advance(torch.tensor([CLOSE_S]))
+    assert allowed() == {EOS_ID}
+
+
+def test_copy_words_needs_the_source():
+    with pytest.raises(ValueError, match="src"):
+        vocab = dataclasses.replace(_vocab(), copy_words=True)
+        BracketState(vocab, torch.tensor([1]), torch.tensor([9]))
 
 
 def test_the_length_limit_leaves_room_to_finish():
