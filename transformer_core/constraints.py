@@ -223,7 +223,8 @@ class BracketState:
             labels = (v.opens.ge(0) | v.closes.ge(0)).clone()
             labels[v.eos_id] = True
             some_word = log_probs.masked_fill(labels[None, :], float("-inf")).logsumexp(dim=1)
-            free = self.phase.eq(self.FREE) & allowed[rows, piece]
+            # A word may start here (at the end the next "piece" is EOS, scored as itself).
+            free = self.phase.eq(self.FREE) & allowed[rows, piece] & piece.ne(v.eos_id)
             copied = free | self.phase.eq(self.COPY)
             score = torch.where(free, some_word, torch.zeros_like(some_word))
             log_probs[rows[copied], piece[copied]] = score[copied]

@@ -115,6 +115,26 @@ def test_copy_words_writes_each_source_word_then_one_tag():
     assert allowed() == {EOS_ID}
 
 
+def test_copy_words_scores_only_the_copied_pieces_specially():
+    vocab = dataclasses.replace(_vocab(), copy_words=True)
+    src = torch.tensor([[12, 18, EOS_ID]])  # one word of two pieces
+    state = BracketState(vocab, vocab.words(src), torch.tensor([50]), src=src)
+    log_probs = torch.log_softmax(torch.randn(1, V, generator=torch.Generator().manual_seed(0)), -1)
+    labels = torch.tensor([S, CLOSE_S, NP, CLOSE_NP, EOS_ID])
+    some_word = log_probs[0].index_fill(0, labels, float("-inf")).logsumexp(0)
+    state.advance(torch.tensor([S]))
+    masked = state.mask(log_probs.clone())[0]
+    assert torch.isclose(masked[12], some_word)  # a word starts: "some word comes next"
+    assert masked[NP] == log_probs[0, NP]  # labels keep the model's own score
+    state.advance(torch.tensor([12]))
+    assert state.mask(log_probs.clone())[0, 18] == 0.0  # the rest of the word is given
+    for token in (18, 8, CLOSE_S):
+        state.advance(torch.tensor([token]))
+    # The tree is complete: EOS (the source's next id, too) keeps the model's own score.
+    masked = state.mask(log_probs.clone())[0]
+    assert masked[EOS_ID] == log_probs[0, EOS_ID] and masked.isfinite().sum() == 1
+
+
 def test_copy_words_needs_the_source():
     with pytest.raises(ValueError, match="src"):
         vocab = dataclasses.replace(_vocab(), copy_words=True)
