@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from parsing.linearize import FORMS
 from serving.ct2 import COMPUTE_TYPES
 from transformer_core.config import ConfigError
 
@@ -77,10 +78,10 @@ class DecodeConfig:
             )
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
             raise ConfigError("threads", f"{self.threads!r} must be an integer >= 0")
-        if self.tree_constraint not in (None, "t2t", "vinyals", "words"):
+        if self.tree_constraint is not None and self.tree_constraint not in FORMS:
             raise ConfigError(
                 "tree_constraint",
-                f"{self.tree_constraint!r} is not one of null, t2t, vinyals, words",
+                f"{self.tree_constraint!r} is not one of null, {', '.join(FORMS)}",
             )
         if self.tree_constraint and self.engine != "torch":
             raise ConfigError("tree_constraint", "needs engine torch (our beam search)")

@@ -64,9 +64,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -
 
 def _tokens_of(config: RunConfig) -> Callable[[str], list[str]]:
     """A target's tokens that become symbols: parsing's ``words`` form leaves its words out
-    (they keep their source pieces); otherwise every token."""
-    if config.parsing.form != "words":
-        return str.split
+    (they keep their source pieces); every other target gives all of its tokens."""
     from parsing.linearize import structure_tokens
 
-    return lambda target: structure_tokens(target, "words")
+    return lambda target: structure_tokens(target, config.parsing.form)

@@ -141,6 +141,7 @@ class BracketState:
         self.filled = torch.zeros(N, dtype=torch.bool, device=device)  # innermost has a leaf
         self.steps = 0  # tokens emitted so far (the same for every row)
         self.src = self.continues = self.pieces = self.pos = self.phase = None
+        self.not_words = None  # (V,) with copy_words: labels and EOS, which no word is
         if vocab.copy_words:
             if src is None:
                 raise ValueError("copy_words needs each row's source ids (src)")
@@ -157,6 +158,8 @@ class BracketState:
             self.pieces = real.sum(dim=1)  # (N,) word pieces to copy in all
             self.pos = torch.zeros(N, dtype=torch.long, device=device)
             self.phase = torch.zeros(N, dtype=torch.long, device=device)  # FREE, COPY or TAG
+            self.not_words = vocab.opens.ge(0) | vocab.closes.ge(0)
+            self.not_words[vocab.eos_id] = True
 
     FREE, COPY, TAG = 0, 1, 2
     """``copy_words`` phases: structure or a new word may come; a word's pieces are being
@@ -169,6 +172,14 @@ class BracketState:
 
     def allowed(self) -> Tensor:
         """(N, V) bool: the tokens each row may emit next."""
+        return self._allowed()[0]
+
+    def _next_piece(self) -> Tensor:
+        """(N,) with ``copy_words``: the source piece each row would copy next."""
+        return self.src.gather(1, self.pos[:, None])[:, 0]
+
+    def _allowed(self) -> tuple[Tensor, Tensor | None]:
+        """``allowed``, and with ``copy_words`` the (N,) rows where a word may start."""
         v = self.vocab
         left = self.words - self.leaves  # words still without a leaf
         # Tokens left after the next one must fit: one per missing leaf (with copy_words, its
@@ -193,20 +204,19 @@ class BracketState:
             at = self.leaves.clamp(max=self.word_classes.size(1) - 1)[:, None]
             demanded = self.word_classes.gather(1, at)  # (N, 1)
             leaves = leaves & (demanded.lt(0) | v.leaf_class[None, :].eq(demanded))  # (N, V)
-        if self.phase is not None:  # a leaf token (tag) only right after its word
-            tag_ok = self.phase.eq(self.TAG)
-            leaf_ok = leaf_ok & free  # where a leaf may start: the next word's first piece
+        # With copy_words a leaf starts with the next word's first piece; its tag comes after.
+        word_starts = None if self.phase is None else leaf_ok & free
+        tag_ok = leaf_ok if self.phase is None else self.phase.eq(self.TAG)
         allowed = (
-            ((tag_ok if self.phase is not None else leaf_ok)[:, None] & leaves)
+            (tag_ok[:, None] & leaves)
             | (open_ok[:, None] & v.opens.ge(0)[None, :])
             | (close_ok[:, None] & v.closes.ge(0)[None, :] & v.closes[None, :].eq(top[:, None]))
         )
         if self.phase is not None:
-            copy = (leaf_ok | self.phase.eq(self.COPY)).nonzero().view(-1)
-            piece = self.src.gather(1, self.pos[:, None])[:, 0]  # (N,) the next piece
-            allowed[copy, piece[copy]] = True
+            copy = (word_starts | self.phase.eq(self.COPY)).nonzero().view(-1)
+            allowed[copy, self._next_piece()[copy]] = True
         allowed[:, v.eos_id] = eos_ok
-        return allowed
+        return allowed, word_starts
 
     def mask(self, log_probs: Tensor) -> Tensor:
         """``log_probs`` (N, V) with the disallowed tokens set to -inf, in place. With
@@ -215,19 +225,12 @@ class BracketState:
         EOS), the word's other pieces by 1 (log 0). The words are given, not predicted: scoring
         the one piece would make a barely trained model, which cannot copy yet, open labels
         until the length limit forces the words out."""
-        allowed = self.allowed()
+        allowed, word_starts = self._allowed()
         if self.phase is not None:
-            rows = torch.arange(log_probs.size(0), device=log_probs.device)
-            piece = self.src.gather(1, self.pos[:, None])[:, 0]  # (N,)
-            v = self.vocab
-            labels = (v.opens.ge(0) | v.closes.ge(0)).clone()
-            labels[v.eos_id] = True
-            some_word = log_probs.masked_fill(labels[None, :], float("-inf")).logsumexp(dim=1)
-            # A word may start here (at the end the next "piece" is EOS, scored as itself).
-            free = self.phase.eq(self.FREE) & allowed[rows, piece] & piece.ne(v.eos_id)
-            copied = free | self.phase.eq(self.COPY)
-            score = torch.where(free, some_word, torch.zeros_like(some_word))
-            log_probs[rows[copied], piece[copied]] = score[copied]
+            some_word = log_probs.masked_fill(self.not_words[None, :], float("-inf"))
+            score = torch.where(word_starts, some_word.logsumexp(dim=1), 0.0)
+            copied = (word_starts | self.phase.eq(self.COPY)).nonzero().view(-1)
+            log_probs[copied, self._next_piece()[copied]] = score[copied]
         return log_probs.masked_fill_(~allowed, float("-inf"))
 
     def reorder(self, rows: Tensor) -> None:
@@ -246,7 +249,7 @@ class BracketState:
         is_leaf = v.leaves[tokens]
         if self.phase is not None:  # the phase tells a copied piece from a label or a tag
             copying = self.phase.eq(self.COPY) | (
-                self.phase.eq(self.FREE) & tokens.eq(self.src.gather(1, self.pos[:, None])[:, 0])
+                self.phase.eq(self.FREE) & tokens.eq(self._next_piece())
             )
             is_open = is_open & self.phase.eq(self.FREE) & ~copying
             is_close = is_close & self.phase.eq(self.FREE) & ~copying
