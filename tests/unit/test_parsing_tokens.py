@@ -29,37 +29,33 @@ TREES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    """A sentencepiece model trained the tokenizer stage's way, with the target tokens as symbols."""
-    folder = tmp_path_factory.mktemp("tok")
+def _tokenizer(folder, form: str, vocab_size: int):
+    """A sentencepiece model trained the tokenizer stage's way on TREES in ``form``, with the
+    target tokens as symbols (in the words form: all but the words); and those symbols."""
     trees = [parse_tree(t) for t in TREES] * 20
     src = [" ".join(t.words()) for t in trees]
-    tgt = [" ".join(linearize(t)) for t in trees]
+    tgt = [" ".join(linearize(t, form)) for t in trees]
     part = folder / "part-00000.parquet"
     pq.write_table(pa.table({"src": src, "tgt": tgt}), part)
-    symbols = target_tokens([part])
+    symbols = target_tokens([part], tokens_of=lambda t: structure_tokens(t, form))
     sentences = [s for pair in zip(src, tgt, strict=True) for s in pair]
-    model = train(sentences, TokenizerConfig(vocab_size=120, threads=1), symbols)
+    model = train(sentences, TokenizerConfig(vocab_size=vocab_size, threads=1), symbols)
     (folder / tokenizer_lib.MODEL_FILE).write_bytes(model.proto)
-    return tokenizer_lib.load(folder)
+    return tokenizer_lib.load(folder), symbols
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    """The t2t form's tokenizer."""
+    return _tokenizer(tmp_path_factory.mktemp("tok"), "t2t", 120)[0]
 
 
 @pytest.fixture(scope="module")
 def words_tok(tmp_path_factory):
-    """The same for the words form: its words keep their source pieces, the rest are symbols."""
-    folder = tmp_path_factory.mktemp("words_tok")
-    trees = [parse_tree(t) for t in TREES] * 20
-    src = [" ".join(t.words()) for t in trees]
-    tgt = [" ".join(linearize(t, "words")) for t in trees]
-    part = folder / "part-00000.parquet"
-    pq.write_table(pa.table({"src": src, "tgt": tgt}), part)
-    symbols = target_tokens([part], tokens_of=lambda t: structure_tokens(t, "words"))
+    """The words form's: its words keep their source pieces, the rest are symbols."""
+    tokenizer, symbols = _tokenizer(tmp_path_factory.mktemp("words_tok"), "words", 150)
     assert "John" not in symbols and "(NP" in symbols and "NNP" in symbols
-    sentences = [s for pair in zip(src, tgt, strict=True) for s in pair]
-    model = train(sentences, TokenizerConfig(vocab_size=150, threads=1), symbols)
-    (folder / tokenizer_lib.MODEL_FILE).write_bytes(model.proto)
-    return tokenizer_lib.load(folder)
+    return tokenizer
 
 
 def test_target_tokens_are_the_distinct_tree_tokens_most_frequent_first(tmp_path):
