@@ -132,6 +132,14 @@ def main(argv: list[str] | None = None) -> None:
     from transformer_core.schedule import make_optimizer, make_scheduler
 
     config = load_config(args.config, {"workdir": args.workdir, **parse_overrides(args.set)})
+    if config.train.tokens_per_step != config.train.max_tokens_per_batch:
+        # The train stage's step is ceil(tokens_per_step / max_tokens_per_batch) micro-batches
+        # of max_tokens_per_batch; this loop takes one batch of tokens_per_step per step.
+        raise SystemExit(
+            f"train.tokens_per_step ({config.train.tokens_per_step}) must equal "
+            f"train.max_tokens_per_batch ({config.train.max_tokens_per_batch}) here: one batch "
+            "per step, as the train stage takes it then"
+        )
     tok, tgt_vocab, src, tgt = prepare(config)
     mc, tc = config.model, config.train
     torch.manual_seed(config.seed)
