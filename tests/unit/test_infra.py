@@ -1,23 +1,34 @@
-"""Every infra file parses, and the entrypoints, configs and paths it names exist."""
+"""Every infra file parses, is valid for the system that reads it, and names things that exist."""
 
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import re
 import shlex
 import tomllib
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA_YAML = sorted(p for p in (ROOT / "infra").rglob("*.yaml"))
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+# RayCluster / RayJob CRDs of the pinned KubeRay release (see tests/data/kuberay/README.md).
+KUBERAY_CRDS = sorted((ROOT / "tests/data/kuberay").glob("ray.io_*.yaml"))
+DASHBOARD_PORT = 8265
 
 
 def _docs(path: Path) -> list:
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _k8s_docs(kind: str) -> list[dict]:
+    paths = sorted((ROOT / "infra/k8s").glob("*.yaml"))
+    return [d for p in paths for d in _docs(p) if d["kind"] == kind]
 
 
 def _entrypoint_exists(entry: str) -> bool:
@@ -38,10 +49,80 @@ def _check_tfm_command(command: str) -> None:
             assert (ROOT / value).is_file(), f"{command}: {value} does not exist"
 
 
+def _structural(schema: dict) -> dict:
+    """A CRD's OpenAPI v3 schema as JSON Schema, refusing the fields the API server would prune."""
+    out = {k: v for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if "properties" in schema:
+        out["properties"] = {name: _structural(s) for name, s in schema["properties"].items()}
+        if not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+    if isinstance(schema.get("additionalProperties"), dict):
+        out["additionalProperties"] = _structural(schema["additionalProperties"])
+    if "items" in schema:
+        out["items"] = _structural(schema["items"])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in schema:
+            out[key] = [_structural(s) for s in schema[key]]
+    if schema.get("x-kubernetes-int-or-string") and "anyOf" not in out:
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if schema.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+@functools.cache
+def _crd_version(api_version: str, kind: str) -> dict:
+    """The entry of ``spec.versions`` that serves ``api_version`` in the pinned CRD of ``kind``.
+
+    Parses only that entry: each version holds a whole pod-template schema, and parsing the
+    deprecated ones too would double this file's run time."""
+    group, version = api_version.split("/")
+    for path in KUBERAY_CRDS:
+        head, *entries = re.split(r"\n(?=  - )", path.read_text())  # one chunk per version
+        crd = yaml.load(head, Loader=yaml.CSafeLoader)
+        if (crd["spec"]["group"], crd["spec"]["names"]["kind"]) == (group, kind):
+            (text,) = [e for e in entries if re.search(rf"^    name: {version}$", e, re.MULTILINE)]
+            (entry,) = yaml.load(text, Loader=yaml.CSafeLoader)
+            return entry
+    raise LookupError(f"no pinned CRD serves {api_version} {kind}")
+
+
+@functools.cache
+def _crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
+    entry = _crd_version(api_version, kind)
+    assert entry["served"] and not entry.get("deprecated"), f"{api_version} {kind} is not current"
+    return jsonschema.Draft7Validator(_structural(entry["schema"]["openAPIV3Schema"]))
+
+
+def _crd_errors(doc: dict) -> list[str]:
+    """What the pinned KubeRay CRD refuses in ``doc``, each as ``path: message``."""
+    validator = _crd_validator(doc["apiVersion"], doc["kind"])
+    return sorted(
+        "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path).lstrip(".")
+        + f": {e.message}"
+        for e in validator.iter_errors(doc)
+    )
+
+
+def _ray_cluster_specs() -> list[dict]:
+    return [d["spec"] for d in _k8s_docs("RayCluster")] + [
+        d["spec"]["rayClusterSpec"] for d in _k8s_docs("RayJob")
+    ]
+
+
+def _launcher_config(config: dict) -> dict:
+    """``config`` filled out and validated as ``ray up`` does before it contacts the cloud."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = prepare_config(config)
+    validate_config(config)
+    return config
+
+
 def test_there_is_infra_for_every_runtime():
     names = {p.relative_to(ROOT / "infra").as_posix() for p in (ROOT / "infra").rglob("*") if p.is_file()}
-    assert {"ray/cluster.yaml", "k8s/raycluster.yaml", "k8s/rayjob.yaml", "docker/Dockerfile",
-            "mlflow/docker-compose.yaml"} <= names
+    assert {"ray/cluster.yaml", "k8s/raycluster.yaml", "k8s/rayjob.yaml",
+            "k8s/networkpolicy.yaml", "docker/Dockerfile", "mlflow/docker-compose.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", INFRA_YAML, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -58,20 +139,81 @@ def test_deployments_name_real_flows():
         assert _entrypoint_exists(entry), entry
 
 
+def test_kuberay_manifests_match_the_pinned_crds():
+    docs = [d for p in sorted((ROOT / "infra/k8s").glob("*.yaml")) for d in _docs(p)
+            if d["apiVersion"].startswith("ray.io/")]
+    assert sorted(d["kind"] for d in docs) == ["RayCluster", "RayJob"]
+    for doc in docs:
+        assert _crd_errors(doc) == [], doc["metadata"]["name"]
+
+
+def test_crd_validation_names_a_misspelled_field_and_a_wrong_type():
+    (cluster,) = copy.deepcopy(_k8s_docs("RayCluster"))
+    head = cluster["spec"]["headGroupSpec"]
+    head["rayStartParam"] = head.pop("rayStartParams")
+    assert _crd_errors(cluster) == [
+        "spec.headGroupSpec: Additional properties are not allowed ('rayStartParam' was unexpected)"
+    ]
+    (job,) = copy.deepcopy(_k8s_docs("RayJob"))
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = "8"
+    assert _crd_errors(job) == [
+        "spec.rayClusterSpec.workerGroupSpecs[0].replicas: '8' is not of type 'integer'"
+    ]
+
+
 def test_kuberay_job_runs_tfm_on_a_shipped_config():
-    job = _docs(ROOT / "infra/k8s/rayjob.yaml")[0]
-    assert job["kind"] == "RayJob"
+    (job,) = _k8s_docs("RayJob")
     _check_tfm_command(job["spec"]["entrypoint"])
-    cluster = _docs(ROOT / "infra/k8s/raycluster.yaml")[0]
-    assert cluster["kind"] == "RayCluster"
-    assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
 
 
-def test_ray_launcher_has_gpu_workers_and_loopback_dashboard():
-    cluster = _docs(ROOT / "infra/ray/cluster.yaml")[0]
-    workers = cluster["available_node_types"]["gpu_worker"]
-    assert workers["resources"]["GPU"] >= 1
+def test_kuberay_dashboard_is_on_the_pod_network_behind_a_network_policy():
+    """The operator and the submitter reach 8265 from other pods; nothing outside may."""
+    (policy,) = _k8s_docs("NetworkPolicy")
+    assert policy["apiVersion"] == "networking.k8s.io/v1"
+    assert "Ingress" in policy["spec"]["policyTypes"]
+    selected = policy["spec"]["podSelector"]["matchLabels"].items()
+    assert selected
+    for spec in _ray_cluster_specs():
+        head = spec["headGroupSpec"]
+        assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+        assert head.get("serviceType", "ClusterIP") == "ClusterIP" and not head.get("enableIngress")
+        for group in [head, *spec["workerGroupSpecs"]]:
+            assert selected <= group["template"]["metadata"]["labels"].items()
+    rules = policy["spec"]["ingress"]
+    assert any(peer.get("namespaceSelector") for rule in rules for peer in rule["from"])
+    for rule in rules:
+        peers = rule["from"]
+        assert peers and not any("ipBlock" in peer for peer in peers)
+        if any(peer != {"podSelector": {"matchLabels": dict(selected)}} for peer in peers):
+            assert rule["ports"] == [{"protocol": "TCP", "port": DASHBOARD_PORT}], rule
+    exposed = [d for d in _k8s_docs("Service") if d["spec"].get("type", "ClusterIP") != "ClusterIP"]
+    assert not exposed, "no LoadBalancer or NodePort in front of Ray"
+
+
+def test_kuberay_clusters_use_token_auth_from_a_secret():
+    for spec in _ray_cluster_specs():
+        assert spec["authOptions"]["mode"] == "token"
+        assert spec["authOptions"]["secretName"]
+        assert int(spec["rayVersion"].split(".")[1]) >= 52, "token auth needs Ray >= 2.52"
+
+
+def test_ray_launcher_config_is_what_ray_up_accepts():
+    cluster = _launcher_config(_docs(ROOT / "infra/ray/cluster.yaml")[0])
+    assert cluster["available_node_types"]["gpu_worker"]["resources"]["GPU"] >= 1
     assert any("--dashboard-host=127.0.0.1" in c for c in cluster["head_start_ray_commands"])
+
+
+def test_ray_launcher_validation_names_a_misspelled_field():
+    cluster = _docs(ROOT / "infra/ray/cluster.yaml")[0]
+    cluster["docker"]["run_option"] = cluster["docker"].pop("run_options")
+    with pytest.raises(jsonschema.ValidationError, match="'run_option' was unexpected"):
+        _launcher_config(cluster)
+
+
+def test_ray_launcher_carries_the_auth_token_to_every_node():
+    cluster = _docs(ROOT / "infra/ray/cluster.yaml")[0]
+    assert "--env RAY_AUTH_MODE=token" in cluster["docker"]["run_options"]
+    assert cluster["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
 
 
 def test_mlflow_server_binds_to_loopback_and_keeps_secrets_out():
@@ -79,9 +221,23 @@ def test_mlflow_server_binds_to_loopback_and_keeps_secrets_out():
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:") or port.startswith("${MLFLOW_BIND:-127.0.0.1}"), (name, port)
+        image = service["image"]
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (name, image)
     text = (ROOT / "infra/mlflow/docker-compose.yaml").read_text()
     assert "postgresql://" in text and "s3://" in text
     assert not re.search(r"PASSWORD:\s*[^$\s]", text), "passwords must come from the env file"
+
+
+def test_mlflow_artifact_bucket_is_created_before_the_server_starts():
+    services = _docs(ROOT / "infra/mlflow/docker-compose.yaml")[0]["services"]
+    mlflow, init = services["mlflow"], services["minio-init"]
+    bucket = re.search(r"--artifacts-destination s3://([\w.-]+)", mlflow["command"])[1]
+    script = " ".join(init["command"])
+    alias = re.search(r"mc alias set (\w+) http://minio:9000 ", script)[1]
+    assert re.search(rf"mc mb --ignore-existing {alias}/{re.escape(bucket)}\b", script), script
+    assert mlflow["depends_on"]["minio-init"] == {"condition": "service_completed_successfully"}
+    assert init["depends_on"]["minio"] == {"condition": "service_healthy"}
+    assert services["minio"]["healthcheck"]["test"]
 
 
 def test_dockerfile_copies_every_package_and_runs_tfm():
@@ -96,3 +252,4 @@ def test_dockerfile_copies_every_package_and_runs_tfm():
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     assert {p.rstrip("*") for p in packages} <= copied
     assert re.search(r'CMD \["tfm"', text)
+    assert re.search(r"^ENV [^#]*\bRAY_AUTH_MODE=token\b", text, re.MULTILINE | re.DOTALL)
