@@ -39,16 +39,15 @@ def deploy(
         parameters = {"config_path": str(config_path)}
         name = config.name
     remote = prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint)
-    # to_deployment + apply rather than Flow.deploy: deploy() also polls the pool's online
-    # workers, a request prefect 3.8.8's client sends with null paging that its server rejects.
-    deployment = remote.to_deployment(
+    deployment_id = remote.deploy(
         name=name,
+        work_pool_name=work_pool,
         cron=cron,
         parameters=parameters,
         tags=["transformer", graph.pipeline_name(config)],
-        work_pool_name=work_pool,
+        print_next_steps=False,
+        ignore_warnings=True,  # the advice to use .serve() for a process pool: we want a worker
     )
-    deployment_id = deployment.apply(work_pool_name=work_pool)
     print(f"deployment {name} ({deployment_id}) on work pool {work_pool!r}"
           + (f", schedule {cron!r}" if cron else ""))
     print(f"start a worker: prefect worker start --pool {work_pool}")
