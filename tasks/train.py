@@ -250,6 +250,8 @@ def _train(
     from mlflow.tracking import MlflowClient
     from ray.train.torch import TorchTrainer
 
+    from training.process_group import NodeBoundTorchConfig
+
     tc = config.train
     counts = check_inputs(config, inputs)
     ensure_ray(config.ray)
@@ -295,6 +297,9 @@ def _train(
                 "mlflow_run_id": run_id,
                 "callbacks": list(callbacks),
             },
+            # gloo/NCCL on the interface of each node's Ray address, the store on rank 0's
+            # address only (training/process_group.py).
+            torch_config=NodeBoundTorchConfig(),
             scaling_config=ray.train.ScalingConfig(
                 num_workers=tc.num_workers,
                 elastic_resize_monitor_interval_s=tc.elastic_check_seconds,
