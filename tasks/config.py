@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -150,7 +151,7 @@ class MlflowConfig:
     """Experiment tracking."""
 
     tracking_uri: str | None = None
-    """Tracking server; null means sqlite:///<workdir>/mlflow.db."""
+    """Tracking server; null means MLFLOW_TRACKING_URI if set, else sqlite:///<workdir>/mlflow.db."""
     experiment: str = "transformer"
     """Experiment name."""
 
@@ -258,9 +259,12 @@ class RunConfig:
 
     @property
     def tracking_uri(self) -> str:
-        """MLflow tracking URI (SQLite in the work dir unless configured)."""
+        """MLflow tracking URI: the config's, else ``MLFLOW_TRACKING_URI`` (a team server set
+        for every run on a machine), else SQLite in the work dir."""
         if self.mlflow.tracking_uri:
             return self.mlflow.tracking_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
         return f"sqlite:///{(self.root / 'mlflow.db').resolve()}"
 
     @property

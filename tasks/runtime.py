@@ -8,10 +8,11 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tasks.config import RayConfig, RunConfig, flatten
-from tasks.contract import MANIFEST, StageResult
+from tasks.contract import MANIFEST, StageError, StageResult
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,7 @@ def ensure_ray(config: RayConfig | None = None) -> None:
     config = config or RayConfig()
     address = config.address or os.environ.get("RAY_ADDRESS")
     if address:
-        log.info("connecting to Ray at %s", address)
-        ray.init(address=address, log_to_driver=True)
+        connect_to_cluster(address)
         return
     if config.loopback:
         bind_ray_to_loopback()
@@ -48,6 +48,66 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         DataContext.get_current().enable_progress_bars = os.environ.get("CI") != "true"
     except ImportError:  # pragma: no cover - ray[data] is a dependency
         pass
+
+
+TOKEN_HINT = (
+    "a cluster with token authentication (Ray 2.60's default for `ray start --head`) needs "
+    "RAY_AUTH_MODE=token here and its token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+    "~/.ray/auth_token (docs/running.md)"
+)
+
+
+def connect_to_cluster(address: str) -> None:
+    """Join the Ray cluster at ``address`` as a driver, which must run on one of its nodes.
+
+    With a token at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)
+    and ``RAY_AUTH_MODE`` unset, token authentication is turned on: Ray does so itself for
+    ``address="auto"`` but not for an explicit address, where the connection is refused after
+    20 s of retries. A machine that is not a node (a laptop) would attach to another node's
+    raylet and hang in the first Ray Data stage (objects its workers cannot send back): it
+    fails here, in seconds, saying what to do instead."""
+    import ray
+
+    if "RAY_AUTH_MODE" not in os.environ and ray_token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
+    log.info("connecting to Ray at %s", address)
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except ConnectionError as exc:
+        hint = f"; {TOKEN_HINT}" if os.environ.get("RAY_AUTH_MODE") != "token" else ""
+        raise StageError(f"cannot connect to Ray at {address}: {exc}{hint}") from None
+    node = ray.util.get_node_ip_address()
+    here = local_addresses()
+    if node not in here:
+        ray.shutdown()
+        shown = sorted(a for a in here if ":" not in a and not a.startswith("127."))
+        raise StageError(
+            f"this machine ({', '.join(shown) or 'no IPv4 address'}) is not a node of the Ray "
+            f"cluster at {address} (its driver would attach to {node}'s raylet and hang): run tfm on a node, e.g. the head, or submit it as a Ray job: "
+            f"`ray job submit --address http://<head>:8265 --working-dir . -- tfm run <config>`"
+        )
+
+
+def ray_token_available() -> bool:
+    """Whether a Ray token is set in the environment or in Ray's default token file."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or (
+        Path(path).is_file() if path else (Path.home() / ".ray" / "auth_token").is_file()
+    )
+
+
+def local_addresses() -> set[str]:
+    """Every IP address of this machine's network interfaces."""
+    import socket
+
+    import psutil
+
+    return {
+        entry.address.split("%")[0]
+        for entries in psutil.net_if_addrs().values()
+        for entry in entries
+        if entry.family in (socket.AF_INET, socket.AF_INET6)
+    }
 
 
 def bind_ray_to_loopback() -> None:
