@@ -57,44 +57,6 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
-def test_a_local_training_run_listens_on_loopback_only(ray_local, tmp_path):
-    """Every listening socket of every process a 2-worker training run starts (Ray's, the
-    workers' torch store and gloo pairs, not only Ray's servers) is on 127.0.0.1."""
-    import threading
-
-    from test_train import make_inputs, tiny_config
-
-    from tasks import train
-
-    config = tiny_config(tmp_path, steps=40, checkpoint_every=20, eval_every=20)
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def fit() -> None:
-        try:
-            train.run(config, make_inputs(tmp_path))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
-            failure.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=fit)
-    thread.start()
-    me = psutil.Process()
-    seen: set[tuple[str, str, int]] = set()
-    while not done.is_set():
-        seen.update(listening([me, *me.children(recursive=True)]))
-        time.sleep(0.1)
-    thread.join()
-    assert not failure, failure
-    workers = [s for s in seen if s[0].startswith("ray::RayTrainWo")]
-    # The process group was up while we looked: rank 0's store and gloo's pairs listen on
-    # ports of their own, outside Ray's worker port range (the workers' gRPC servers).
-    assert [s for s in workers if not 10002 <= s[2] <= 19999], workers
-    exposed = [s for s in seen if not _loopback(s[1])]
-    assert exposed == [], f"listening beyond loopback: {exposed}"
-
-
 def _wait_gone(processes: list[psutil.Process], seconds: float) -> list[psutil.Process]:
     deadline = time.time() + seconds
     while time.time() < deadline:

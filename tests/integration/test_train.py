@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -135,14 +137,55 @@ def metric_history(config: RunConfig, run_id: str, key: str) -> dict[int, float]
 
 
 @pytest.fixture(scope="module")
-def trained(ray_local, tmp_path_factory):
+def trained_and_sockets(ray_local, tmp_path_factory):
+    """The run, and every listening socket of every process of this test session while it ran
+    (its Ray, the workers' torch store and gloo pairs), seen from the main thread."""
+    import psutil
+    from test_runtime import listening
+
     from tasks import train
 
     root = tmp_path_factory.mktemp("train")
     inputs = make_inputs(root)
     config = tiny_config(root, bleu_sentences=24)
-    out = train.run(config, inputs).path
-    return config, inputs, out
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_attempt(train.run, config, inputs)))
+    thread.start()
+    me, sockets = psutil.Process(), set()
+    while thread.is_alive():
+        sockets.update(listening([me, *me.children(recursive=True)]))
+        time.sleep(0.1)
+    thread.join()
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return (config, inputs, result.path), sockets
+
+
+def _attempt(fn, *args):
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - re-raised by the fixture, in the test's thread
+        return exc
+
+
+@pytest.fixture(scope="module")
+def trained(trained_and_sockets):
+    return trained_and_sockets[0]
+
+
+def test_a_training_run_listens_on_loopback_only(trained_and_sockets):
+    """Every listening socket of the 2-worker run is on 127.0.0.1, the torch store's included
+    (it listened on every interface before it was bound to the node's address)."""
+    from test_runtime import _loopback
+
+    sockets = trained_and_sockets[1]
+    workers = [s for s in sockets if s[0].startswith("ray::RayTrainWo")]
+    # The process group was up while we looked: rank 0's store and gloo's pairs listen on
+    # ports of their own, outside Ray's worker port range (the workers' gRPC servers).
+    assert [s for s in workers if not 10002 <= s[2] <= 19999], workers
+    exposed = [s for s in sockets if not _loopback(s[1])]
+    assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
 def test_two_workers_learn_and_log_to_mlflow(trained):
