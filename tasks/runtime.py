@@ -8,7 +8,6 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from tasks.config import RayConfig, RunConfig, flatten
@@ -68,8 +67,15 @@ def connect_to_cluster(address: str) -> None:
     fails here, in seconds, saying what to do instead."""
     import ray
 
-    if "RAY_AUTH_MODE" not in os.environ and ray_token_available():
-        os.environ["RAY_AUTH_MODE"] = "token"
+    if "RAY_AUTH_MODE" not in os.environ:
+        # Ray's own switch (ray 2.60): sets the variable and refreshes the config its core
+        # library read at import; the variable alone comes too late in a process that has
+        # imported Ray.
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     log.info("connecting to Ray at %s", address)
     try:
         ray.init(address=address, log_to_driver=True)
@@ -83,17 +89,10 @@ def connect_to_cluster(address: str) -> None:
         shown = sorted(a for a in here if ":" not in a and not a.startswith("127."))
         raise StageError(
             f"this machine ({', '.join(shown) or 'no IPv4 address'}) is not a node of the Ray "
-            f"cluster at {address} (its driver would attach to {node}'s raylet and hang): run tfm on a node, e.g. the head, or submit it as a Ray job: "
+            f"cluster at {address} (its driver would attach to {node}'s raylet and hang): run tfm "
+            "on a node, e.g. the head, or submit it as a Ray job: "
             f"`ray job submit --address http://<head>:8265 --working-dir . -- tfm run <config>`"
         )
-
-
-def ray_token_available() -> bool:
-    """Whether a Ray token is set in the environment or in Ray's default token file."""
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    return bool(os.environ.get("RAY_AUTH_TOKEN")) or (
-        Path(path).is_file() if path else (Path.home() / ".ray" / "auth_token").is_file()
-    )
 
 
 def local_addresses() -> set[str]:
