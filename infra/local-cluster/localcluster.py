@@ -1,0 +1,529 @@
+#!/usr/bin/env python3
+"""A cluster of separate hosts on one Linux machine, made of network namespaces.
+
+    sudo .venv/bin/python infra/local-cluster/localcluster.py up      # start it (about a minute)
+    sudo .venv/bin/python infra/local-cluster/localcluster.py status  # hosts, addresses, services
+    sudo .venv/bin/python infra/local-cluster/localcluster.py exec head -- tfm run configs/quickstart.yaml
+    sudo .venv/bin/python infra/local-cluster/localcluster.py down    # stop everything, remove the network
+
+Each host is a network namespace with its own address on a bridge; the machine itself is on the
+bridge too (the first address), so a browser here opens the UIs. The hosts share this
+machine's filesystem, which stands in for the shared filesystem a cluster mounts on every node.
+
+    services  PostgreSQL; an MLflow tracking server on it (artifacts proxied by the server:
+              clients upload over HTTP); a Prefect server on it
+    head      the Ray head (GCS, dashboard), no CPUs for tasks; a Prefect process worker
+    w1, w2    Ray worker nodes (2 CPUs each by default)
+
+Ray runs with token authentication (Ray's own default for `ray start --head`): the token is
+generated into the state folder and every host's processes get ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN_PATH``. The state folder (default runs/local-cluster) holds the token,
+the database passwords, the logs, PostgreSQL's data and MLflow's artifacts; ``env.sh`` there
+sets a shell up as a client of the cluster.
+
+Written by hand (iproute2 calls): no library makes network-namespace hosts, and the commands
+are the ones a person would type. Needs root (CAP_NET_ADMIN) and Debian's postgresql.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+"""The virtual environment's scripts (ray, mlflow, prefect, tfm): the same on every host."""
+
+HOSTS = ("services", "head", "w1", "w2")
+RAY_PORT = 6379
+DASHBOARD_PORT = 8265
+MLFLOW_PORT = 5000
+PREFECT_PORT = 4200
+POSTGRES_PORT = 5432
+WORK_POOL = "transformer"
+
+
+class ClusterError(Exception):
+    """A step of the cluster's set-up failed; the message says which and where to look."""
+
+
+@dataclass
+class Layout:
+    """Names and addresses; everything ``up`` makes is derived from the prefix and subnet."""
+
+    prefix: str = "tfm"
+    subnet: str = "10.203.0.0/24"
+    state: str = str(REPO / "runs" / "local-cluster")
+    worker_cpus: int = 2
+    hosts: dict[str, str] = field(default_factory=dict)
+    """host name -> address; filled by ``__post_init__``."""
+
+    def __post_init__(self) -> None:
+        net = ipaddress.ip_network(self.subnet)
+        if net.num_addresses < 32:
+            raise ClusterError(f"--subnet {self.subnet}: needs at least a /27")
+        if len(self.prefix) > 8 or not self.prefix.isalnum():
+            raise ClusterError(f"--prefix {self.prefix!r}: at most 8 letters or digits (interface names)")
+        base = net.network_address
+        self.hosts = {"machine": str(base + 1), "services": str(base + 20), "head": str(base + 10),
+                      "w1": str(base + 11), "w2": str(base + 12)}
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}-br"
+
+    @property
+    def prefixlen(self) -> int:
+        return ipaddress.ip_network(self.subnet).prefixlen
+
+    def netns(self, host: str) -> str:
+        return f"{self.prefix}-{host}"
+
+    def veth(self, host: str) -> str:
+        return f"{self.prefix}-{host}"[:15]
+
+    @property
+    def root(self) -> Path:
+        return Path(self.state)
+
+    def ray_temp(self, host: str) -> str:
+        # Ray's unix sockets live under its temp dir; their paths must stay under 108 bytes.
+        return f"/tmp/ray-{self.prefix}-{host}"
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {
+            "ray": f"{self.hosts['head']}:{RAY_PORT}",
+            "ray_dashboard": f"http://{self.hosts['head']}:{DASHBOARD_PORT}",
+            "mlflow": f"http://{self.hosts['services']}:{MLFLOW_PORT}",
+            "prefect_api": f"http://{self.hosts['services']}:{PREFECT_PORT}/api",
+            "prefect_ui": f"http://{self.hosts['services']}:{PREFECT_PORT}",
+        }
+
+    def env(self) -> dict[str, str]:
+        """What a process on any host needs to be a client of the cluster."""
+        urls = self.urls
+        return {
+            "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "RAY_ADDRESS": urls["ray"],
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.root / "auth_token"),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "MLFLOW_TRACKING_URI": urls["mlflow"],
+            "PREFECT_API_URL": urls["prefect_api"],
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
+
+    def save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        info = {**asdict(self), "netns": {h: self.netns(h) for h in HOSTS}, "urls": self.urls,
+                "env": self.env(), "work_pool": WORK_POOL}
+        (self.root / "cluster.json").write_text(json.dumps(info, indent=2) + "\n")
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env().items()]
+        (self.root / "env.sh").write_text("# source me: a shell as a client of the local cluster\n"
+                                          + "\n".join(lines) + "\n")
+
+    @classmethod
+    def load(cls, state: str) -> Layout:
+        path = Path(state) / "cluster.json"
+        if not path.is_file():
+            raise ClusterError(f"{path} does not exist: no cluster was started with --state {state}")
+        info = json.loads(path.read_text())
+        return cls(prefix=info["prefix"], subnet=info["subnet"], state=info["state"],
+                   worker_cpus=info["worker_cpus"])
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
+    """Run a command; a failure is a ClusterError with its stderr."""
+    done = subprocess.run(args, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise ClusterError(f"`{shlex.join(args)}` failed: {done.stderr.strip() or done.stdout.strip()}")
+    if not quiet and done.stdout.strip():
+        print(done.stdout.strip())
+    return done
+
+
+def in_host(layout: Layout, host: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """``argv`` run on ``host`` with the cluster's environment (and ``env`` on top)."""
+    full = {**layout.env(), **(env or {})}
+    return ["ip", "netns", "exec", layout.netns(host), "env",
+            *(f"{k}={v}" for k, v in full.items()), *argv]
+
+
+def spawn(layout: Layout, host: str, name: str, argv: list[str], env: dict[str, str] | None = None,
+          user: str | None = None, cwd: Path | None = None) -> int:
+    """Start a long-running service on ``host``, detached, its output in logs/<host>-<name>.log."""
+    logs = layout.root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    command = in_host(layout, host, (["runuser", "-u", user, "--"] if user else []) + argv, env)
+    with open(logs / f"{host}-{name}.log", "ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                   cwd=cwd or REPO)
+    return process.pid
+
+
+def wait_for(what: str, check, seconds: float, log: Path | None = None, pid: int | None = None) -> None:
+    """Poll ``check()`` until it is true; a ClusterError naming ``what`` and the log if it is not
+    within ``seconds``, or at once if process ``pid`` (the service) has ended."""
+    where = f"; see {log}" if log else ""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - a server that is still starting refuses or resets
+            pass
+        if pid is not None and _exited(pid):
+            raise ClusterError(f"{what} exited while starting{where}")
+        time.sleep(0.5)
+    raise ClusterError(f"{what} did not come up within {seconds:.0f} s{where}")
+
+
+def _exited(pid: int) -> bool:
+    """Whether our child ``pid`` has ended (reaped here, so a zombie counts as ended)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == pid
+
+
+def http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=3) as response:  # noqa: S310 - our own addresses
+        return response.status == 200
+
+
+# ----------------------------------------------------------------------------- the network
+
+
+def network_up(layout: Layout) -> None:
+    """The bridge (with the machine's address), and per host a namespace and a veth pair."""
+    sh("ip", "link", "add", layout.bridge, "type", "bridge")
+    sh("ip", "addr", "add", f"{layout.hosts['machine']}/{layout.prefixlen}", "dev", layout.bridge)
+    sh("ip", "link", "set", layout.bridge, "up")
+    for host in HOSTS:
+        ns, veth, peer = layout.netns(host), layout.veth(host), f"{layout.prefix}-p{host}"[:15]
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+        sh("ip", "link", "set", peer, "netns", ns)
+        sh("ip", "-n", ns, "link", "set", peer, "name", "eth0")
+        sh("ip", "-n", ns, "addr", "add", f"{layout.hosts[host]}/{layout.prefixlen}", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "set", veth, "master", layout.bridge)
+        sh("ip", "link", "set", veth, "up")
+
+
+def host_pids(layout: Layout, host: str) -> list[int]:
+    done = sh("ip", "netns", "pids", layout.netns(host), check=False, quiet=True)
+    return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+
+
+def kill_host(layout: Layout, host: str, grace: float = 0.0) -> list[int]:
+    """End every process of ``host`` (SIGTERM, then SIGKILL after ``grace`` seconds); the pids."""
+    pids = host_pids(layout, host)
+    if grace > 0:
+        for pid in pids:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.time() + grace
+        while time.time() < deadline and host_pids(layout, host):
+            time.sleep(0.2)
+    for _ in range(20):  # processes may fork while we kill: look again until none is left
+        left = host_pids(layout, host)
+        if not left:
+            break
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    return pids
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def network_down(layout: Layout) -> None:
+    """Every process of every host ended, the namespaces, veths and bridge removed."""
+    existing = set(sh("ip", "netns", "list", quiet=True).stdout.split())
+    for host in HOSTS:
+        if layout.netns(host) in existing:
+            if host == "services":
+                _stop_postgres(layout)
+            kill_host(layout, host, grace=5.0)
+            sh("ip", "netns", "del", layout.netns(host), check=False, quiet=True)
+        sh("ip", "link", "del", layout.veth(host), check=False, quiet=True)
+    sh("ip", "link", "del", layout.bridge, check=False, quiet=True)
+    for host in ("head", "w1", "w2"):
+        shutil.rmtree(layout.ray_temp(host), ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- services
+
+
+def _secret(layout: Layout, name: str) -> str:
+    """A password kept in the state folder (mode 0600), made on first use."""
+    path = layout.root / "secrets" / name
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def postgres_bin() -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    if not found:
+        raise ClusterError("PostgreSQL is not installed: apt-get install -y postgresql")
+    return found[-1].parent
+
+
+def postgres_up(layout: Layout) -> None:
+    """A PostgreSQL server on the services host (its own data folder), with a role and a
+    database each for MLflow and Prefect."""
+    pg = postgres_bin()
+    data = layout.root / "pgdata"
+    ip = layout.hosts["services"]
+    if not (data / "PG_VERSION").is_file():
+        data.mkdir(parents=True, exist_ok=True)
+        shutil.chown(data, "postgres", "postgres")
+        data.chmod(0o700)
+        # initdb reads the superuser's password from a file the postgres user can read, which
+        # the secrets folder (root's, 0700) is not: a copy beside the data folder, removed after.
+        pwfile = data.parent / ".pgpw"
+        pwfile.write_text(_secret(layout, "postgres"))
+        shutil.chown(pwfile, "postgres", "postgres")
+        pwfile.chmod(0o600)
+        try:
+            sh("runuser", "-u", "postgres", "--", str(pg / "initdb"), "-D", str(data), "-U", "postgres",
+               f"--pwfile={pwfile}", "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
+               "-E", "UTF8", "--locale=C", quiet=True)
+        finally:
+            pwfile.unlink(missing_ok=True)
+        with open(data / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {layout.subnet} scram-sha-256\n")
+    log = layout.root / "logs" / "services-postgres.log"
+    pid = spawn(layout, "services", "postgres",
+          [str(pg / "postgres"), "-D", str(data), "-c", f"listen_addresses={ip}",
+           "-c", f"port={POSTGRES_PORT}", "-c", "unix_socket_directories=", "-c", "fsync=off"],
+          user="postgres")
+    env = {"PGPASSWORD": _secret(layout, "postgres")}
+    isready = in_host(layout, "services", [str(pg / "pg_isready"), "-h", ip, "-p", str(POSTGRES_PORT)])
+    wait_for("PostgreSQL", lambda: subprocess.run(isready, capture_output=True).returncode == 0, 60, log,
+             pid)
+    for name in ("mlflow", "prefect"):
+        password = _secret(layout, name)
+        sql = (f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN "
+               f"CREATE ROLE {name} LOGIN PASSWORD '{password}'; END IF; END$$;")
+        psql = [str(pg / "psql"), "-h", ip, "-p", str(POSTGRES_PORT), "-U", "postgres", "-v",
+                "ON_ERROR_STOP=1", "-q"]
+        sh(*in_host(layout, "services", [*psql, "-c", sql], env), quiet=True)
+        exists = sh(*in_host(layout, "services", [*psql, "-tAc",
+                    f"SELECT 1 FROM pg_database WHERE datname = '{name}'"], env), quiet=True)
+        if exists.stdout.strip() != "1":
+            sh(*in_host(layout, "services", [*psql, "-c", f"CREATE DATABASE {name} OWNER {name}"], env),
+               quiet=True)
+
+
+def _stop_postgres(layout: Layout) -> None:
+    """A fast shutdown (the data folder stays consistent for the next ``up``)."""
+    pid_file = layout.root / "pgdata" / "postmaster.pid"
+    if pid_file.is_file():
+        try:
+            _signal(int(pid_file.read_text().split()[0]), signal.SIGINT)
+        except (ValueError, IndexError):
+            pass
+
+
+def pg_url(layout: Layout, name: str, driver: str = "postgresql") -> str:
+    return (f"{driver}://{name}:{_secret(layout, name)}@{layout.hosts['services']}:"
+            f"{POSTGRES_PORT}/{name}")
+
+
+def mlflow_up(layout: Layout) -> None:
+    """MLflow's tracking server on PostgreSQL, proxying artifact uploads to a folder of its own."""
+    ip = layout.hosts["services"]
+    artifacts = layout.root / "mlartifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    pid = spawn(layout, "services", "mlflow",
+          [str(BIN / "mlflow"), "server", "--backend-store-uri", pg_url(layout, "mlflow"),
+           "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
+           "--host", ip, "--port", str(MLFLOW_PORT), "--workers", "1",
+           "--allowed-hosts", f"{ip},{ip}:{MLFLOW_PORT}"])
+    wait_for("MLflow server", lambda: http_ok(f"{layout.urls['mlflow']}/health"), 180,
+             layout.root / "logs" / "services-mlflow.log", pid)
+
+
+def prefect_up(layout: Layout) -> None:
+    """Prefect's server (API and UI) on PostgreSQL."""
+    ip = layout.hosts["services"]
+    env = {"PREFECT_HOME": str(layout.root / "prefect" / "services"),
+           "PREFECT_API_DATABASE_CONNECTION_URL": pg_url(layout, "prefect", "postgresql+asyncpg"),
+           "PREFECT_UI_API_URL": layout.urls["prefect_api"],
+           "PREFECT_SERVER_API_HOST": ip}
+    pid = spawn(layout, "services", "prefect",
+                [str(BIN / "prefect"), "server", "start", "--host", ip, "--port", str(PREFECT_PORT)], env)
+    wait_for("Prefect server", lambda: http_ok(f"{layout.urls['prefect_api']}/health"), 180,
+             layout.root / "logs" / "services-prefect.log", pid)
+
+
+def ray_up(layout: Layout, host: str, health_check_ms: int) -> None:
+    """``ray start`` on ``host``: the head (no CPUs for tasks) or a worker node joining it."""
+    ip = layout.hosts[host]
+    common = ["--node-ip-address", ip, "--temp-dir", layout.ray_temp(host), "--disable-usage-stats"]
+    if host == "head":
+        system = {"health_check_period_ms": health_check_ms, "health_check_failure_threshold": 5}
+        argv = ["ray", "start", "--head", "--port", str(RAY_PORT), "--num-cpus", "0",
+                "--dashboard-host", ip, "--dashboard-port", str(DASHBOARD_PORT),
+                "--ray-client-server-port", "10001", "--system-config", json.dumps(system), *common]
+    else:
+        argv = ["ray", "start", "--address", layout.urls["ray"], "--num-cpus", str(layout.worker_cpus),
+                *common]
+    log = layout.root / "logs" / f"{host}-ray-start.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        done = subprocess.run(in_host(layout, host, argv), stdout=out, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO, timeout=180)
+    if done.returncode != 0:
+        raise ClusterError(f"`ray start` on {host} failed; see {log}")
+
+
+def ray_nodes_alive(layout: Layout) -> int:
+    """Alive Ray nodes, asked from the head host as a driver would."""
+    script = "import ray; ray.init(logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+    done = subprocess.run(in_host(layout, "head", [sys.executable, "-c", script]),
+                          capture_output=True, text=True, timeout=120)
+    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+
+
+def worker_up(layout: Layout) -> None:
+    """A Prefect process worker on the head host: it runs flows there, as Ray drivers."""
+    env = {"PREFECT_HOME": str(layout.root / "prefect" / "head")}
+    done = subprocess.run(in_host(layout, "head", ["prefect", "work-pool", "create", WORK_POOL,
+                                                    "--type", "process", "--overwrite"], env),
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise ClusterError(f"prefect work-pool create failed: {done.stdout[-500:]}{done.stderr[-500:]}")
+    spawn(layout, "head", "prefect-worker",
+          ["prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"], env)
+
+
+def up(layout: Layout, health_check_ms: int = 1000) -> None:
+    """Start everything, in order; on a failure, stop what was started and raise."""
+    if os.geteuid() != 0:
+        raise ClusterError("needs root (CAP_NET_ADMIN) to make network namespaces")
+    if not shutil.which("ip"):
+        raise ClusterError("iproute2's `ip` is not installed")
+    postgres_bin()
+    down(layout)  # what a killed earlier run left behind
+    layout.save()
+    token = layout.root / "auth_token"
+    if not token.is_file():
+        token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    started = time.time()
+    try:
+        network_up(layout)
+        postgres_up(layout)
+        mlflow_up(layout)
+        prefect_up(layout)
+        for host in ("head", "w1", "w2"):
+            ray_up(layout, host, health_check_ms)
+        wait_for("3 Ray nodes", lambda: ray_nodes_alive(layout) == 3, 120,
+                 layout.root / "logs")
+        worker_up(layout)
+    except BaseException:
+        down(layout)
+        raise
+    print(f"local cluster up in {time.time() - started:.0f} s")
+    status(layout)
+
+
+def down(layout: Layout) -> None:
+    network_down(layout)
+
+
+def status(layout: Layout) -> None:
+    existing = set(sh("ip", "netns", "list", quiet=True).stdout.split())
+    print(f"{'host':<10} {'address':<15} {'netns':<14} processes")
+    for host in ("machine", *HOSTS):
+        ns = layout.netns(host) if host != "machine" else "-"
+        n = len(host_pids(layout, host)) if ns in existing else 0
+        up_ = "up" if host == "machine" or ns in existing else "down"
+        print(f"{host:<10} {layout.hosts[host]:<15} {ns:<14} {n if host != 'machine' else '-'} ({up_})")
+    for name, url in layout.urls.items():
+        print(f"{name:<14} {url}")
+    print(f"Ray token      {layout.root / 'auth_token'}")
+    print(f"client shell   source {layout.root / 'env.sh'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="localcluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--state", default=str(REPO / "runs" / "local-cluster"),
+                        help="state folder (token, passwords, logs, databases)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("up", help="start the cluster (stops a previous one with the same --state)")
+    p.add_argument("--prefix", default="tfm", help="names of namespaces, veths and bridge")
+    p.add_argument("--subnet", default="10.203.0.0/24", help="the hosts' network")
+    p.add_argument("--worker-cpus", type=int, default=2, help="CPUs each Ray worker node offers")
+    p.add_argument("--health-check-ms", type=int, default=1000,
+                   help="Ray's node health-check period (a dead node is noticed after 5 missed)")
+    sub.add_parser("down", help="stop every process of every host and remove the network")
+    sub.add_parser("status", help="hosts, addresses and URLs")
+    p = sub.add_parser("kill", help="take a host off the network and end every process of it "
+                                    "at once (a machine that dies)")
+    p.add_argument("host", choices=HOSTS)
+    p = sub.add_parser("start-ray", help="a killed worker host back on the network, Ray started "
+                                         "on it (a machine that came back)")
+    p.add_argument("host", choices=("w1", "w2"))
+    p = sub.add_parser("exec", help="run a command on a host with the cluster's environment")
+    p.add_argument("host", choices=HOSTS)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- command ...")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            up(Layout(prefix=args.prefix, subnet=args.subnet, state=str(Path(args.state).resolve()),
+                      worker_cpus=args.worker_cpus), args.health_check_ms)
+            return 0
+        layout = Layout.load(args.state)
+        if args.command == "down":
+            down(layout)
+        elif args.command == "status":
+            status(layout)
+        elif args.command == "kill":
+            # A machine that dies: first off the network (nothing it sends, a reset included,
+            # reaches anyone), then every process gone at once.
+            sh("ip", "link", "set", layout.veth(args.host), "down")
+            print(f"killed {len(kill_host(layout, args.host))} processes on {args.host}")
+        elif args.command == "start-ray":
+            sh("ip", "link", "set", layout.veth(args.host), "up")
+            ray_up(layout, args.host, 0)
+        elif args.command == "exec":
+            command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            return subprocess.run(in_host(layout, args.host, command), cwd=Path.cwd()).returncode
+        return 0
+    except ClusterError as exc:
+        print(f"localcluster: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The local cluster of network-namespace hosts (infra/local-cluster/localcluster.py) as the
+cluster scenario drives it: started and stopped through the script's command line, commands on
+its hosts, and every listening socket of every host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "infra" / "local-cluster" / "localcluster.py"
+RAY_WORKER_PORTS = range(10002, 20000)
+"""Ray's default worker port range (``--min-worker-port``/``--max-worker-port``): the gRPC
+servers of drivers, workers and actors."""
+RAY_DAEMONS = ("gcs_server", "raylet", "ray::DashboardAgent", "ray/dashboard/dashboard.py",
+               "ray/autoscaler/_private/monitor.py")
+"""Ray's own servers, matched in the command line."""
+
+
+def cannot_make_hosts() -> str | None:
+    """Why network-namespace hosts cannot be made here, or None if they can."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return "needs root (CAP_NET_ADMIN) on Linux to make network-namespace hosts"
+    if shutil.which("ip") is None:
+        return "needs iproute2's `ip`"
+    if not list(Path("/usr/lib/postgresql").glob("*/bin/postgres")):
+        return "needs Debian's postgresql (apt-get install -y postgresql; .ci/run installs it)"
+    probe = f"tfmprobe{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot make a network namespace: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def require_hosts() -> None:
+    """Skip with one line why, except in CI, where the scenario must run."""
+    reason = cannot_make_hosts()
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"the cluster scenario must run in CI: {reason}")
+    pytest.skip(reason)
+
+
+@dataclass
+class Cluster:
+    """A started local cluster: its state folder and what ``cluster.json`` says."""
+
+    state: Path
+    info: dict
+
+    def host(self, name: str) -> str:
+        return self.info["hosts"][name]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This machine (on the bridge) as a client of the cluster."""
+        return {**os.environ, **self.info["env"]}
+
+    def script(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, str(SCRIPT), "--state", str(self.state), *args],
+                              capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"localcluster {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return done
+
+    def run(self, host: str, *argv: str, timeout: float = 300, input: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        """``argv`` on ``host`` with the cluster's environment."""
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "--state", str(self.state), "exec", host, "--", *argv],
+            capture_output=True, text=True, timeout=timeout, input=input, cwd=ROOT,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"on {host}: {' '.join(argv)}: {done.stdout[-3000:]}{done.stderr[-3000:]}")
+        return done
+
+    def listening(self, host: str) -> list[tuple[str, int, int, str]]:
+        """``(address, port, pid, command line)`` of every listening TCP socket on ``host``."""
+        ns = self.info["netns"][host]
+        out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnpH"], capture_output=True,
+                             text=True, check=True).stdout
+        found = []
+        for line in out.splitlines():
+            fields = line.split()
+            address, _, port = fields[3].rpartition(":")
+            for pid in _pids(fields[-1]):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    cmdline = ""
+                found.append((address.strip("[]"), int(port), pid, cmdline.strip()))
+        return found
+
+
+def _pids(users: str) -> list[int]:
+    """The pids in ss's ``users:(("name",pid=1,fd=3),...)`` column."""
+    return [int(part.split("=")[1].split(",")[0].rstrip(")")) for part in users.split(",")
+            if part.startswith("pid=")]
+
+
+def unexpected_listeners(cluster: Cluster, host: str) -> list[tuple[str, int, str]]:
+    """Listening sockets on ``host`` that are neither on the host's own address nor loopback,
+    except the wildcard binds of Ray 2.60's own servers (its daemons, and the gRPC server of
+    every driver, worker and actor, in Ray's worker port range), which have no bind setting."""
+    own = {cluster.host(host), "127.0.0.1", "::1", f"::ffff:{cluster.host(host)}", "::ffff:127.0.0.1"}
+    bad = []
+    for address, port, _pid, cmdline in cluster.listening(host):
+        if address in own:
+            continue
+        if any(d in cmdline for d in RAY_DAEMONS) or port in RAY_WORKER_PORTS:
+            continue
+        bad.append((address, port, cmdline[:80]))
+    return bad
+
+
+@contextmanager
+def local_cluster(prefix: str, subnet: str) -> Iterator[Cluster]:
+    """The cluster up in a fresh state folder; down, and the folder gone, however this ends."""
+    # PostgreSQL runs as its own user, which must reach its data folder: not under pytest's
+    # tmp_path (0700, root's).
+    state = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+    state.chmod(0o755)
+    up = [sys.executable, str(SCRIPT), "--state", str(state), "up", "--prefix", prefix,
+          "--subnet", subnet]
+    try:
+        done = subprocess.run(up, capture_output=True, text=True, timeout=400)
+        if done.returncode != 0:
+            raise AssertionError(f"localcluster up failed: {done.stdout[-3000:]}{done.stderr[-3000:]}")
+        yield Cluster(state, json.loads((state / "cluster.json").read_text()))
+    finally:
+        subprocess.run([sys.executable, str(SCRIPT), "--state", str(state), "down"],
+                       capture_output=True, timeout=120)
+        shutil.rmtree(state, ignore_errors=True)
