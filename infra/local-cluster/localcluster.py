@@ -195,6 +195,14 @@ def wait_for(what: str, check, seconds: float, log: Path | None = None, pid: int
     raise ClusterError(f"{what} did not come up within {seconds:.0f} s{where}")
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` (not ours) still runs; a zombie counts as ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _exited(pid: int) -> bool:
     """Whether our child ``pid`` has ended (reaped here, so a zombie counts as ended)."""
     try:
@@ -494,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("start-ray", help="a killed worker host back on the network, Ray started "
                                          "on it (a machine that came back)")
     p.add_argument("host", choices=("w1", "w2"))
+    p = sub.add_parser("guard", help="stay in the background and bring the cluster down once "
+                                     "process PID has ended (a test run that is killed)")
+    p.add_argument("pid", type=int)
     p = sub.add_parser("exec", help="run a command on a host with the cluster's environment")
     p.add_argument("host", choices=HOSTS)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="-- command ...")
@@ -516,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "start-ray":
             sh("ip", "link", "set", layout.veth(args.host), "up")
             ray_up(layout, args.host, 0)
+        elif args.command == "guard":
+            while _alive(args.pid):
+                time.sleep(1.0)
+            down(layout)
         elif args.command == "exec":
             command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             return subprocess.run(in_host(layout, args.host, command), cwd=Path.cwd()).returncode

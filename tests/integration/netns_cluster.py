@@ -139,6 +139,10 @@ def local_cluster(prefix: str, subnet: str) -> Iterator[Cluster]:
         done = subprocess.run(up, capture_output=True, text=True, timeout=400)
         if done.returncode != 0:
             raise AssertionError(f"localcluster up failed: {done.stdout[-3000:]}{done.stderr[-3000:]}")
+        # If this process is killed (a CI timeout), the guard brings the cluster down.
+        subprocess.Popen([sys.executable, str(SCRIPT), "--state", str(state), "guard", str(os.getpid())],
+                         start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         yield Cluster(state, json.loads((state / "cluster.json").read_text()))
     finally:
         subprocess.run([sys.executable, str(SCRIPT), "--state", str(state), "down"],

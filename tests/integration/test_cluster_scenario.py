@@ -28,7 +28,8 @@ import yaml
 from netns_cluster import Cluster, local_cluster, require_hosts, unexpected_listeners
 from test_train_resume import assert_same_weights, final_weights
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# About 5 minutes on 2 cores (docs/running.md); the default 600 s limit leaves too little room.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS = 300
 KILL_AFTER = 50  # the worker host dies once Ray Train has registered this step's checkpoint
