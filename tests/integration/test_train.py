@@ -141,7 +141,6 @@ def trained_and_sockets(ray_local, tmp_path_factory):
     """The run, and every listening socket of every process of this test session while it ran
     (its Ray, the workers' torch store and gloo pairs), seen from the main thread."""
     import psutil
-    from test_runtime import listening
 
     from tasks import train
 
@@ -153,8 +152,16 @@ def trained_and_sockets(ray_local, tmp_path_factory):
     thread.start()
     me, sockets = psutil.Process(), set()
     while thread.is_alive():
-        sockets.update(listening([me, *me.children(recursive=True)]))
-        time.sleep(0.1)
+        tree = {me.pid, *(p.pid for p in me.children(recursive=True))}
+        # One pass over the machine's sockets (per-process calls re-read the tables each time).
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.pid in tree:
+                try:
+                    name = psutil.Process(conn.pid).name()
+                except psutil.NoSuchProcess:
+                    continue
+                sockets.add((name, conn.laddr.ip, conn.laddr.port))
+        time.sleep(0.2)
     thread.join()
     result = outcome[0]
     if isinstance(result, BaseException):
