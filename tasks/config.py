@@ -36,6 +36,11 @@ from transformer_core.config import ConfigError, ModelConfig
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict", "flatten"]
 
+TRACKING_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI") or None
+"""``MLFLOW_TRACKING_URI`` as this process found it, the team server for configs that name none.
+Read once: ``mlflow.set_tracking_uri`` rewrites the variable, so a later read would see the
+store of the last run this process logged to."""
+
 
 # ----------------------------------------------------------------------------- sections
 
@@ -263,8 +268,8 @@ class RunConfig:
         for every run on a machine), else SQLite in the work dir."""
         if self.mlflow.tracking_uri:
             return self.mlflow.tracking_uri
-        if os.environ.get("MLFLOW_TRACKING_URI"):
-            return os.environ["MLFLOW_TRACKING_URI"]
+        if TRACKING_URI_AT_START:
+            return TRACKING_URI_AT_START
         return f"sqlite:///{(self.root / 'mlflow.db').resolve()}"
 
     @property

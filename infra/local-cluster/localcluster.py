@@ -361,7 +361,7 @@ def _stop_postgres(layout: Layout) -> None:
             pass
 
 
-def pg_url(layout: Layout, name: str, driver: str = "postgresql") -> str:
+def pg_url(layout: Layout, name: str, driver: str) -> str:
     return (f"{driver}://{name}:{_secret(layout, name)}@{layout.hosts['services']}:"
             f"{POSTGRES_PORT}/{name}")
 
@@ -372,7 +372,8 @@ def mlflow_up(layout: Layout) -> None:
     artifacts = layout.root / "mlartifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     pid = spawn(layout, "services", "mlflow",
-          [str(BIN / "mlflow"), "server", "--backend-store-uri", pg_url(layout, "mlflow"),
+          [str(BIN / "mlflow"), "server",
+           "--backend-store-uri", pg_url(layout, "mlflow", "postgresql+psycopg"),
            "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
            "--host", ip, "--port", str(MLFLOW_PORT), "--workers", "1",
            "--allowed-hosts", f"{ip},{ip}:{MLFLOW_PORT}"])

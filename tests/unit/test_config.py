@@ -116,15 +116,17 @@ def test_preset_table3_rows_load(tmp_path: Path):
 
 
 def test_tracking_uri_defaults_to_sqlite_in_workdir(tmp_path: Path, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr("tasks.config.TRACKING_URI_AT_START", None)
     config = config_from_dict({"name": "r", "workdir": str(tmp_path / "{name}")})
     assert config.tracking_uri == f"sqlite:///{tmp_path / 'r' / 'mlflow.db'}"
     config = config_from_dict({"name": "r", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}})
     assert config.tracking_uri == "http://127.0.0.1:5000"
 
 
-def test_tracking_uri_null_takes_a_team_server_from_the_environment(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.5:5000")
+def test_tracking_uri_null_takes_the_team_server_the_process_started_with(monkeypatch):
+    # MLFLOW_TRACKING_URI as read at start (mlflow.set_tracking_uri rewrites the variable later).
+    monkeypatch.setattr("tasks.config.TRACKING_URI_AT_START", "http://10.0.0.5:5000")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/the-last-run.db")
     assert config_from_dict({"name": "r"}).tracking_uri == "http://10.0.0.5:5000"
     explicit = {"name": "r", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}
     assert config_from_dict(explicit).tracking_uri == "http://127.0.0.1:5000"  # the config wins
