@@ -227,7 +227,8 @@ def test_mlflow_server_binds_to_loopback_and_keeps_secrets_out():
         image = service["image"]
         assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (name, image)
     text = (ROOT / "infra/mlflow/docker-compose.yaml").read_text()
-    assert "postgresql://" in text and "s3://" in text
+    # The driver named: SQLAlchemy 2.0 reads a bare postgresql:// as psycopg2, 2.1 as psycopg 3.
+    assert "postgresql+psycopg://" in text and "'psycopg[binary]'" in text and "s3://" in text
     assert not re.search(r"PASSWORD:\s*[^$\s]", text), "passwords must come from the env file"
 
 
