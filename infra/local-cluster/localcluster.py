@@ -399,7 +399,10 @@ def ray_up(layout: Layout, host: str, health_check_ms: int) -> None:
     ip = layout.hosts[host]
     common = ["--node-ip-address", ip, "--temp-dir", layout.ray_temp(host), "--disable-usage-stats"]
     if host == "head":
-        system = {"health_check_period_ms": health_check_ms, "health_check_failure_threshold": 5}
+        # A dead host answers nothing: each check waits out its timeout (Ray's default: 10 s,
+        # so 5 misses took 55 s), so the timeout is the period too.
+        system = {"health_check_period_ms": health_check_ms,
+                  "health_check_timeout_ms": health_check_ms, "health_check_failure_threshold": 5}
         argv = ["ray", "start", "--head", "--port", str(RAY_PORT), "--num-cpus", "0",
                 "--dashboard-host", ip, "--dashboard-port", str(DASHBOARD_PORT),
                 "--ray-client-server-port", "10001", "--system-config", json.dumps(system), *common]
@@ -494,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subnet", default="10.203.0.0/24", help="the hosts' network")
     p.add_argument("--worker-cpus", type=int, default=2, help="CPUs each Ray worker node offers")
     p.add_argument("--health-check-ms", type=int, default=1000,
-                   help="Ray's node health-check period (a dead node is noticed after 5 missed)")
+                   help="Ray's node health-check period and timeout (a dead node is noticed "
+                        "after 5 missed)")
     sub.add_parser("down", help="stop every process of every host and remove the network")
     sub.add_parser("status", help="hosts, addresses and URLs")
     p = sub.add_parser("kill", help="take a host off the network and end every process of it "
