@@ -20,7 +20,9 @@ from tasks.contract import StageResult
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)
-def stage_task(config: RunConfig, name: str, force: bool, parent_run_id: str | None) -> StageResult:
+def stage_task(
+    config: RunConfig, name: str, force: bool | str, parent_run_id: str | None
+) -> StageResult:
     """Run one stage inside its own MLflow child run and log its result there."""
     import mlflow
 
@@ -50,7 +52,7 @@ def run_pipeline(
     """Run every stage in order under one MLflow parent run (call from inside a flow).
 
     ``force`` names stages to rerun; they and everything downstream run again. A stage that
-    actually runs also reruns everything downstream of it.
+    actually runs also reruns everything downstream of it ("upstream <stage> ran").
     """
     import mlflow
 
@@ -58,7 +60,7 @@ def run_pipeline(
 
     logger = get_run_logger()
     name = graph.pipeline_name(config)
-    forced = graph.downstream(config, force)
+    rerun: dict[str, str | bool] = {stage: True for stage in force}
     setup_mlflow(config)
     results: list[StageResult] = []
     with mlflow.start_run(
@@ -76,10 +78,11 @@ def run_pipeline(
                 retry_delay_seconds=10,
                 retry_condition_fn=worth_retrying,
             )
-            result = task_fn(config, spec.name, spec.name in forced, parent.info.run_id)
+            ran = [up for up in spec.inputs.values() if any(r.ran and r.stage == up for r in results)]
+            if ran and spec.name not in rerun:
+                rerun[spec.name] = f"upstream {ran[0]} ran"
+            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.info.run_id)
             results.append(result)
-            if result.ran:
-                forced |= graph.downstream(config, [spec.name])
         mlflow.set_tag("stages.ran", ",".join(r.stage for r in results if r.ran))
     from prefect.artifacts import create_markdown_artifact
 

@@ -59,7 +59,7 @@ def pick_checkpoints(
     return picked[::-1]
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Average the train stage's checkpoints into ``<root>/average/model.pt``."""
     inputs = {"train": Path(inputs["train"])}
     return run_stage(

@@ -26,7 +26,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return to_dict(config.clean)
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """``inputs["download"]`` -> ``<root>/clean``."""
     from corpora.cleaning import clean_corpus
     from tasks.runtime import ensure_ray

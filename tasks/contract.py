@@ -23,7 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tasks.config import fingerprint, to_dict
+from tasks.code_fingerprint import stage_code
+from tasks.config import fingerprint, flatten, to_dict
 from transformer_core.folders import publish, remove_stale_temporaries, temporary_sibling
 
 log = logging.getLogger(__name__)
@@ -135,11 +136,49 @@ def table_rows(path: Path) -> int | None:
         return None
 
 
-def stage_fingerprint(stage: str, config: Any, inputs: Mapping[str, str]) -> str:
-    """hash(stage, config, input fingerprints, code version)."""
-    return fingerprint(
-        {"stage": stage, "config": to_dict(config), "inputs": dict(inputs), "code": code_version()}
-    )
+def stage_identity(
+    stage: str, config: Any, inputs: Mapping[str, str], code: Any = None
+) -> dict[str, Any]:
+    """What a stage's fingerprint hashes: its name, its config, its inputs' fingerprints and its
+    code (``code_fingerprint.stage_code``: a digest per source file it runs, unless given)."""
+    return {"stage": stage, "config": to_dict(config), "inputs": dict(inputs),
+            "code": stage_code(stage) if code is None else code}
+
+
+def stage_fingerprint(stage: str, config: Any, inputs: Mapping[str, str], code: Any = None) -> str:
+    """hash(stage, config, input fingerprints, code): ``stage_identity``'s hash."""
+    return fingerprint(stage_identity(stage, config, inputs, code))
+
+
+def why_changed(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
+    """What differs between the identity a folder was written (or last accepted) for and
+    ``identity``, in a few words: ``config changed (train.steps)``, ``input changed (clean)``,
+    ``code changed (corpora/filters.py)``."""
+    was = (manifest.get("accepted") or [manifest])[-1]
+    recorded_inputs = {role: (info["fingerprint"] if isinstance(info, Mapping) else info)
+                       for role, info in (was.get("inputs") or {}).items()}
+    reasons = []
+    old, new = flatten(was.get("config") or {}), flatten(identity["config"])
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if keys:
+        reasons.append(f"config changed ({_some(keys)})")
+    roles = sorted(r for r in recorded_inputs.keys() | identity["inputs"].keys()
+                   if recorded_inputs.get(r) != identity["inputs"].get(r))
+    if roles:
+        reasons.append(f"input changed ({_some(roles)})")
+    if "code" not in was:
+        reasons.append("code changed (written before per-file code fingerprints)")
+    else:
+        code, current = was["code"], identity["code"]
+        files = sorted(f for f in code.keys() | current.keys() if code.get(f) != current.get(f))
+        if files:
+            reasons.append(f"code changed ({_some(files)})")
+    return "; ".join(reasons) or "fingerprint differs"
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 @dataclass(frozen=True)
@@ -174,20 +213,52 @@ class Status:
         return self.state == "up to date"
 
 
-def check(folder: Path, expected_fingerprint: str, *, full: bool = False) -> Status:
-    """Is ``folder`` a complete, undamaged output with this fingerprint (``damage``)?"""
+def check(folder: Path, identity: Mapping[str, Any], *, full: bool = False) -> Status:
+    """Is ``folder`` a complete, undamaged output (``damage``) written, or accepted, for this
+    identity (``stage_identity``)? If not, why."""
     folder = Path(folder)
     if not folder.exists():
         return Status("missing", f"{folder} does not exist")
     manifest = read_manifest(folder)
     if manifest is None:
         return Status("stale", f"{folder} has no readable {MANIFEST}")
-    if manifest.get("fingerprint") != expected_fingerprint:
-        return Status("stale", "config, inputs or code changed since it was written")
+    expected = fingerprint(identity)
+    accepted = {a.get("fingerprint") for a in manifest.get("accepted") or ()}
+    if expected != manifest.get("fingerprint") and expected not in accepted:
+        return Status("stale", why_changed(manifest, identity))
     problem = damage(folder, manifest, full=full)
     if problem is not None:
         return Status("stale", problem)
-    return Status("up to date", f"fingerprint {expected_fingerprint[:12]} matches")
+    how = "accepted" if expected != manifest.get("fingerprint") else "matches"
+    return Status("up to date", f"fingerprint {expected[:12]} {how}")
+
+
+def accept(stage: str, out_dir: Path, config: Any, inputs: Mapping[str, Path]) -> StageResult:
+    """Keep ``out_dir`` as the output for the current config, inputs and code, without running
+    the stage: its manifest records the acceptance (when, what had changed, the fingerprint it
+    now stands for) beside the fingerprint it was written with, which stays its identity for the
+    stages that read it. Its files must be intact."""
+    started = time.time()
+    out_dir = Path(out_dir)
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        raise StageError(f"{out_dir} holds no finished output to accept (no {MANIFEST})")
+    problem = damage(out_dir, manifest, full=True)
+    if problem is not None:
+        raise StageError(f"{out_dir} cannot be accepted: {problem}; rerun the stage instead")
+    input_fps = {name: input_fingerprint(Path(path), name) for name, path in inputs.items()}
+    identity = stage_identity(stage, config, input_fps)
+    status = check(out_dir, identity)
+    if status.up_to_date:
+        return StageResult(stage, out_dir, False, status.reason, manifest.get("stats", {}),
+                           time.time() - started)
+    entry = {**identity, "fingerprint": fingerprint(identity), "time": started,
+             "changed": status.reason, "code_version": code_version()}
+    manifest["accepted"] = [*(manifest.get("accepted") or []), entry]
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    log.info("stage %s: accepted as up to date (%s) -> %s", stage, status.reason, out_dir)
+    return StageResult(stage, out_dir, False, f"accepted: {status.reason}",
+                       manifest.get("stats", {}), time.time() - started)
 
 
 def describe_files(folder: Path, hash_files: bool = True) -> dict[str, dict[str, Any]]:
@@ -212,12 +283,13 @@ def run_stage(
     inputs: Mapping[str, Path],
     build: Callable[[Path], Mapping[str, Any] | None],
     *,
-    force: bool = False,
+    force: bool | str = False,
     hash_files: bool = True,
     outdated: Callable[[Path], str | None] | None = None,
 ) -> StageResult:
     """Run ``build(tmp_dir) -> stats`` unless ``out_dir`` is up to date; publish atomically.
 
+    ``force`` runs it anyway; a string says why (``upstream shard ran``), logged as the reason.
     ``config`` is the stage's own config (``stage_config``); ``inputs`` maps input names to
     finished artifact folders. ``outdated(out_dir)``, when given, can call an otherwise
     up-to-date output stale for a reason outside the folder (a registry version that is gone).
@@ -225,9 +297,10 @@ def run_stage(
     out_dir = Path(out_dir)
     started = time.time()
     input_fps = {name: input_fingerprint(Path(path), name) for name, path in inputs.items()}
-    fp = stage_fingerprint(stage, config, input_fps)
-    status = check(out_dir, fp)
-    reason = "forced" if force else status.reason
+    identity = stage_identity(stage, config, input_fps)
+    fp = fingerprint(identity)
+    status = check(out_dir, identity)
+    reason = (force if isinstance(force, str) else "forced") if force else status.reason
     if status.up_to_date and not force and outdated is not None:
         stale = outdated(out_dir)
         if stale is not None:
@@ -249,6 +322,7 @@ def run_stage(
             "config": to_dict(config),
             "inputs": {n: {"path": str(Path(p).resolve()), "fingerprint": input_fps[n]} for n, p in inputs.items()},
             "code_version": code_version(),
+            "code": identity["code"],
             "started": started,
             "seconds": round(time.time() - started, 3),
             "stats": stats,
@@ -263,27 +337,32 @@ def run_stage(
     return StageResult(stage, out_dir, True, reason, stats, time.time() - started)
 
 
-def lineage(inputs: Mapping[str, Path]) -> dict[str, str]:
-    """Fingerprint of every upstream stage, found by following the manifests' ``inputs`` chains.
+def lineage(inputs: Mapping[str, Path], key: str = "fingerprint") -> dict[str, str]:
+    """Fingerprint of every upstream stage, found by following the manifests' ``inputs`` chains;
+    with ``key="code"``, the fingerprint of each one's code (``stage_code``) instead.
 
     Keys are stage names (``download``, ``clean``, ``tokenizer``, ``shard``, ``train``, ...);
-    a folder that no longer exists is named by its role, with the fingerprint its reader recorded.
+    a folder that no longer exists is named by its role, with the fingerprint its reader recorded
+    (its code fingerprint is then unknown and left out).
     """
     found: dict[str, str] = {}
     seen: set[str] = set()
     stack: list[tuple[str, Path, str | None]] = [(role, Path(p), None) for role, p in inputs.items()]
     while stack:
         role, path, recorded = stack.pop()
-        key = str(path.resolve())
-        if key in seen:
+        resolved = str(path.resolve())
+        if resolved in seen:
             continue
-        seen.add(key)
+        seen.add(resolved)
         manifest = read_manifest(path)
         if manifest is None:
-            if recorded:
+            if recorded and key == "fingerprint":
                 found.setdefault(role, recorded)
             continue
-        found.setdefault(manifest.get("stage", role), manifest["fingerprint"])
+        if key == "fingerprint":
+            found.setdefault(manifest.get("stage", role), manifest["fingerprint"])
+        elif "code" in manifest:
+            found.setdefault(manifest.get("stage", role), fingerprint(manifest["code"]))
         for up_role, info in (manifest.get("inputs") or {}).items():
             stack.append((up_role, Path(info["path"]), info.get("fingerprint")))
     return dict(sorted(found.items()))

@@ -8,7 +8,7 @@ same tokenizer and shard stages under the role ``clean``. Every stage folder is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,15 @@ from tasks import (
     treebank,
 )
 from tasks.config import RunConfig
-from tasks.contract import StageError, StageResult, Status, check, read_manifest, stage_fingerprint
+from tasks.contract import (
+    StageError,
+    StageResult,
+    Status,
+    accept,
+    check,
+    read_manifest,
+    stage_identity,
+)
 
 
 @dataclass(frozen=True)
@@ -111,24 +119,23 @@ def inputs_of(config: RunConfig, stage: StageSpec) -> dict[str, Path]:
     return {role: output_dir(config, up) for role, up in stage.inputs.items()}
 
 
-def downstream(config: RunConfig, names: Iterable[str]) -> set[str]:
-    """The given stages and every stage that (transitively) reads them."""
-    result = set(names)
-    for s in pipeline(config):
-        if any(up in result for up in s.inputs.values()):
-            result.add(s.name)
-    return result
-
-
-def run_one(config: RunConfig, name: str, *, force: bool = False) -> StageResult:
-    """Run one stage by name (its inputs must exist). An error leaving it carries the note
-    ``stage <name> failed`` (the command line prints it with the error's one line)."""
+def run_one(config: RunConfig, name: str, *, force: bool | str = False) -> StageResult:
+    """Run one stage by name (its inputs must exist); ``force`` as ``run_stage`` takes it. An
+    error leaving it carries the note ``stage <name> failed`` (the command line prints it with
+    the error's one line)."""
     s = spec(config, name)
     try:
         return s.run(config, inputs_of(config, s), force=force)
     except Exception as exc:
         exc.add_note(f"stage {name} failed")
         raise
+
+
+def accept_one(config: RunConfig, name: str) -> StageResult:
+    """Keep stage ``name``'s output for the current config, inputs and code without running it
+    (``contract.accept``: recorded in its manifest)."""
+    s = spec(config, name)
+    return accept(s.name, output_dir(config, s.name), s.stage_config(config), inputs_of(config, s))
 
 
 def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]:
@@ -146,7 +153,7 @@ def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]
             input_fps = {
                 role: read_manifest(path)["fingerprint"] for role, path in inputs_of(config, s).items()
             }
-            st = check(folder, stage_fingerprint(s.name, s.stage_config(config), input_fps), full=full)
+            st = check(folder, stage_identity(s.name, s.stage_config(config), input_fps), full=full)
             why = s.outdated(config, folder) if st.up_to_date and s.outdated else None
             if why is not None:
                 st = Status("stale", why)

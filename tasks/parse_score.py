@@ -33,7 +33,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Score ``translate/hyp.tree`` against ``linearize/gold.trees`` into ``<root>/parse_score/``:
     ``scores.json``, ``sentences.tsv`` and ``repaired.trees``."""
     for role in ("translate", "linearize"):

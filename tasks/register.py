@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.champion import decide_champion, protocol
+from tasks.code_fingerprint import git_state, stage_code
 from tasks.config import RunConfig, fingerprint, to_dict
 from tasks.contract import StageError, StageResult, code_version, lineage, run_stage
 
@@ -251,10 +252,14 @@ def _float_or_none(value: str | None) -> float | None:
 def version_tags(
     config: RunConfig, inputs: Mapping[str, Path], scores: Mapping[str, Any]
 ) -> dict[str, str]:
-    """Lineage, config, code version and every scalar of scores.json (scores, signatures, test
-    set: what ``protocol`` reads back) as registry tags (strings)."""
+    """Lineage (each upstream stage's fingerprint and code fingerprint, the git commit and
+    whether the checkout was dirty), config, code version and every scalar of scores.json
+    (scores, signatures, test set: what ``protocol`` reads back) as registry tags (strings)."""
     tags = {f"lineage.{stage}": fp for stage, fp in lineage(inputs).items()}
+    codes = {**lineage(inputs, key="code"), STAGE: fingerprint(stage_code(STAGE))}
+    tags.update({f"code.{stage}": fp for stage, fp in codes.items()})
     tags["code_version"] = code_version()
+    tags.update(git_state())
     tags["config"] = json.dumps(to_dict(config), sort_keys=True)
     tags["config_fingerprint"] = fingerprint(config)
     tags["pipeline.run"] = config.name
@@ -268,7 +273,7 @@ def version_tags(
 # ----------------------------------------------------------------------------- the stage
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Register the averaged model; writes ``registered.json``."""
     average, tokenizer_dir, score = (Path(inputs[k]) for k in ("average", "tokenizer", "score"))
     inputs = {"average": average, "tokenizer": tokenizer_dir, "score": score}

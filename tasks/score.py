@@ -46,7 +46,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Score ``<translate>/hyp.<tgt>`` against ``<download>/test.<tgt>``."""
     src_lang, tgt_lang = config.languages
     translate, download = Path(inputs["translate"]), Path(inputs["download"])

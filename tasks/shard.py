@@ -37,7 +37,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return {**to_dict(config.shard), "max_pieces": max_pieces(config)}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """``inputs["clean"]`` + ``inputs["tokenizer"]`` -> ``<root>/shard``."""
     from corpora.encoding import shard_corpus
     from serving import tokenizer

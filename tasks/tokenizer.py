@@ -26,7 +26,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return {"tokenizer": to_dict(config.tokenizer), "seed": config.seed}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """``inputs["clean"]`` -> ``<root>/tokenizer``."""
     from corpora import subwords
     from corpora.parquet import part_files

@@ -24,6 +24,7 @@ from tasks.config import RunConfig, flatten, to_dict
 from tasks.contract import (
     StageError,
     StageResult,
+    code_version,
     input_fingerprint,
     read_manifest,
     run_stage,
@@ -70,7 +71,9 @@ def resume_key(config: RunConfig, input_fps: Mapping[str, str]) -> str:
     """The fingerprint that names the Ray Train run folder (what a rerun resumes from)."""
     cfg = stage_config(config)
     cfg["train"] = {k: v for k, v in cfg["train"].items() if k not in NOT_IN_RESUME_KEY}
-    return stage_fingerprint(STAGE, cfg, input_fps)
+    # The package version, not the code's digests: a fix in the code (a log line, say) must not
+    # lose a 12-hour run's checkpoints; the stage's own fingerprint sees the change.
+    return stage_fingerprint(STAGE, cfg, input_fps, code=code_version())
 
 
 def storage_location(config: RunConfig, inputs: Mapping[str, Path]) -> tuple[str, str]:
@@ -85,7 +88,7 @@ def storage_location(config: RunConfig, inputs: Mapping[str, Path]) -> tuple[str
     return str((config.root / "train_ray").resolve()), f"train-{key}"
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Train on ``inputs["shard"]`` with the tokenizer ``inputs["tokenizer"]``."""
     return run_with_callbacks(config, inputs, (), force=force)
 
@@ -95,7 +98,7 @@ def run_with_callbacks(
     inputs: Mapping[str, Path],
     callbacks: Sequence[Callback],
     *,
-    force: bool = False,
+    force: bool | str = False,
 ) -> StageResult:
     """``run``, with ``callbacks(trainer)`` called after every step in every worker (the tests
     kill a worker this way). They are not fingerprinted: they must not change what is trained."""

@@ -28,7 +28,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return {"decode": to_dict(config.decoding), "pair": config.data.pair}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Translate ``<download>/test.<src>`` into ``hyp.<tgt>`` (one line per input line)."""
     src_lang, tgt_lang = config.languages
     decode = config.decoding

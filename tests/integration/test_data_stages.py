@@ -223,6 +223,42 @@ def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
     assert load_tokenizer(folders["tokenizer"]).vocab_size == 350
 
 
+def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, monkeypatch):
+    """A function added to corpora/filters.py (in a copy of the packages the fingerprints read)
+    makes clean stale, says why, and leaves download up to date; ``accept`` keeps clean's output,
+    which stays the identity tokenizer and shard were made from, so nothing reruns."""
+    import shutil
+
+    from tasks import code_fingerprint, graph
+
+    config = make_config(tmp_path / "run", data=DataConfig(synthetic_train=300, synthetic_dev=20,
+                                                            synthetic_test=20))
+    folders = run_chain(config)
+    copy = tmp_path / "code"
+    for package in code_fingerprint.PACKAGES:
+        shutil.copytree(code_fingerprint.REPO / package, copy / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    filters = copy / "corpora" / "filters.py"
+    filters.write_text(filters.read_text() + "\n\ndef _added_helper():\n    return 1\n")
+    monkeypatch.setattr(code_fingerprint, "REPO", copy)
+
+    rows = dict(graph.status(config))
+    assert rows["download"].up_to_date
+    assert (rows["clean"].state, rows["clean"].reason) == ("stale", "code changed (corpora/filters.py)")
+    assert rows["shard"].reason == "waits for clean, tokenizer"
+
+    accepted = graph.accept_one(config, "clean")
+    assert accepted.reason == "accepted: code changed (corpora/filters.py)" and not accepted.ran
+    rows = dict(graph.status(config))
+    assert all(rows[s].up_to_date for s in folders), rows
+    assert "accepted" in rows["clean"].reason
+    (entry,) = read_manifest(folders["clean"])["accepted"]
+    assert entry["changed"] == "code changed (corpora/filters.py)"
+    assert entry["fingerprint"] != read_manifest(folders["clean"])["fingerprint"]
+    before = started(folders)
+    assert started(run_chain(config)) == before  # nothing reruns
+
+
 def test_overlong_rows_are_dropped_and_counted(tmp_path):
     """A 200,000-character pair without spaces (one whitespace token a side) is dropped by clean;
     a pair short in characters but long in pieces is dropped by shard, in dev too; test keeps it."""

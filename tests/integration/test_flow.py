@@ -146,6 +146,10 @@ def test_force_shard_reruns_shard_and_everything_after_it(first_run):
     _, path, _ = first_run
     outcomes = pipeline_flow(config_path=path, force=["shard"])
     assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("shard"):]
+    # Only shard was forced; the others say what made them run.
+    reasons = {r.stage: r.reason for r in outcomes if r.ran}
+    assert reasons["shard"] == "forced"
+    assert reasons["train"] == "upstream shard ran" and reasons["average"] == "upstream train ran"
 
 
 @pytest.mark.slow  # a rerun of train .. register: ~25 s

@@ -103,6 +103,14 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     assert tags["lineage.average"] == read_manifest(inputs["average"])["fingerprint"]
     assert tags["lineage.train"] == read_manifest(inputs["average"].parent / "train")["fingerprint"]
     assert tags["lineage.tokenizer"] == read_manifest(inputs["tokenizer"])["fingerprint"]
+    # The code behind each stage, and the checkout it came from.
+    from tasks.code_fingerprint import REPO
+    from tasks.config import fingerprint
+
+    assert tags["code.average"] == fingerprint(read_manifest(inputs["average"])["code"])
+    assert tags["code.register"] and tags["code.register"] != tags["code.average"]
+    if (REPO / ".git").exists():
+        assert len(tags["git_commit"]) == 40 and tags["git_dirty"] in ("true", "false")
     assert json.loads(tags["config"])["register"]["model_name"] == name
 
     # 2. A worse one is only a candidate; the champion stays.

@@ -16,6 +16,7 @@ from tasks.contract import (
     run_stage,
     sha256_file,
     stage_fingerprint,
+    stage_identity,
 )
 
 
@@ -58,7 +59,7 @@ def test_rerun_skips_and_force_reruns(tmp_path: Path):
     forced = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls), force=True)
     assert len(calls) == 2 and forced.ran and forced.reason == "forced"
     changed = run_stage("demo", tmp_path / "demo", {"k": 2}, {}, _writer(calls))
-    assert len(calls) == 3 and changed.ran and "config, inputs or code changed" in changed.reason
+    assert len(calls) == 3 and changed.ran and changed.reason == "config changed (k)"
 
 
 def test_outdated_hook_reruns_an_up_to_date_output(tmp_path: Path):
@@ -73,7 +74,7 @@ def test_outdated_hook_reruns_an_up_to_date_output(tmp_path: Path):
 def test_changed_or_missing_file_makes_the_stage_stale(tmp_path: Path):
     calls: list[str] = []
     out = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls)).path
-    fp = read_manifest(out)["fingerprint"]
+    fp = stage_identity("demo", {}, {})
     assert check(out, fp).up_to_date
     (out / "out.txt").write_text("truncated")
     assert check(out, fp).state == "stale"
@@ -148,7 +149,7 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
     up = run_stage("up", tmp_path / "up", {}, {}, build).path
     manifest = read_manifest(up)
     assert manifest["files"]["part-00000.parquet"]["rows"] == 100
-    fp = manifest["fingerprint"]
+    fp = stage_identity("up", {}, {})
 
     def corrupt(name: str, at: int) -> bytes:
         data = (up / name).read_bytes()
