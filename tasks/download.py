@@ -22,10 +22,18 @@ STAGE = "download"
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """The data section (and the seed, which the synthetic grammar draws from)."""
+    """The data section (and the seed, which the synthetic grammar draws from; for local files,
+    their bytes: an edited file reruns the stage, a touched one does not)."""
     data = to_dict(config.data)
     if config.data.source == "synthetic":
         data["seed"] = config.seed
+    if config.data.source == "local" and config.data.local_dir:
+        from tasks.content import file_digests
+
+        folder = Path(config.data.local_dir)
+        prefixes = (*config.data.local_train, config.data.local_dev, config.data.local_test)
+        files = [folder / f"{prefix}.{lang}" for prefix in prefixes for lang in config.languages]
+        data["local_files"] = file_digests(files, folder)
     return data
 
 
@@ -39,7 +47,7 @@ def lock_path(config: RunConfig) -> Path:
     return Path(config.data.lock_file) if config.data.lock_file else config.root / "downloads.lock.json"
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Write ``<root>/download`` from the configured source (no inputs)."""
     from corpora import assemble, synthetic
 

@@ -24,16 +24,18 @@ BATCH = 50_000
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """The form and the silver corpus (path and size)."""
+    """The form and the silver corpus (its path and bytes)."""
+    from tasks.content import file_digests
+
     silver = config.parsing.silver_corpus
     info = None
     if silver:
         path = Path(silver)
-        info = {"path": str(path), "bytes": path.stat().st_size if path.is_file() else None}
+        info = {"path": str(path), "sha256": (file_digests([path], path.parent) or {}).get(path.name)}
     return {"form": config.parsing.form, "silver_corpus": info}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """``inputs["treebank"]`` -> ``<root>/linearize``."""
     from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
     from parsing.linearize import pairs

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ParsingConfig, RunConfig, fingerprint
+from tasks.config import ParsingConfig, RunConfig
+from tasks.content import files_digest
 from tasks.contract import StageError, StageResult, run_stage
 
 STAGE = "treebank"
@@ -48,7 +49,7 @@ def split_files(parsing: ParsingConfig) -> dict[str, list[Path]]:
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """The folder, the patterns, and the matched files (relative path and size), so a changed
+    """The folder, the patterns, and the matched files (relative path and bytes), so a changed
     treebank reruns the stage."""
     parsing = config.parsing
     data: dict[str, Any] = {
@@ -64,16 +65,13 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
         return data
     root = Path(parsing.treebank_dir or ".")
     data["sources"] = {
-        split: {
-            "files": len(paths),
-            "digest": fingerprint([[p.relative_to(root).as_posix(), p.stat().st_size] for p in paths]),
-        }
+        split: {"files": len(paths), "digest": files_digest(paths, root)}
         for split, paths in files.items()
     }
     return data
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool = False) -> StageResult:
+def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
     """Read, clean and split the treebank into ``<root>/treebank/{train,dev,test}.trees``."""
     from parsing.trees import clean_tree, read_trees, write_tree
 

@@ -550,6 +550,34 @@ def test_local_source_names_missing_files(tmp_path: Path):
         download_stage.run(config, {})
 
 
+def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
+    """An edited local file makes download stale, naming the file; a touched one does not."""
+    import os
+
+    from tasks import graph
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the digest cache: this test's
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("train.en", "train.de", "dev.en", "dev.de", "test.en", "test.de"):
+        (folder / name).write_text("a b\nc d\n")
+    config = config_from_dict({"name": "l", "workdir": str(tmp_path / "run"),
+                               "data": {"source": "local", "local_dir": str(folder)}})
+    assert download_stage.run(config, {}).ran
+
+    def download_status():
+        return dict(graph.status(config))["download"]
+
+    later = (folder / "train.en").stat().st_mtime_ns + 5_000_000_000
+    os.utime(folder / "train.en", ns=(later, later))
+    assert download_status().up_to_date
+    (folder / "train.en").write_text("a b\nc e\n")  # the same size, other bytes
+    assert (download_status().state, download_status().reason) == (
+        "stale", "config changed (local_files.train.en)")
+    rerun = download_stage.run(config, {})
+    assert rerun.ran and read_lines(rerun.path / "train" / "train.en")[-1] == "c e"
+
+
 def test_synthetic_source_writes_the_layout_from_the_seed(tmp_path: Path):
     def config(seed: int):
         return config_from_dict({
