@@ -345,7 +345,7 @@ def _local_inputs(folder: Path, prefix: str, src: str, tgt: str) -> dict[str, Pa
 
 def _check_corpus(corpus: Corpus, writers: dict[str, LineWriter]) -> int:
     """The line count of a registry corpus whose sides (named by their members) must align; a
-    count other than the published one is logged, not fatal."""
+    count other than the published one is logged, not fatal; none at all is (``_check_aligned``)."""
     lines = _check_aligned(corpus.name, {lang: (corpus.members[lang], w) for lang, w in writers.items()})
     if corpus.lines is not None and lines != corpus.lines:
         log.warning("%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines)
@@ -358,7 +358,14 @@ def _check_aligned(name: str, sides: dict[str, tuple[str, LineWriter]]) -> int:
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"{origin} ({lang}) has {counts[lang]} lines" for lang, (origin, _) in sides.items())
         raise CorpusError(f"corpus {name} is misaligned: {detail}")
-    return next(iter(counts.values()))
+    lines = next(iter(counts.values()))
+    empty = [origin for origin, w in sides.values() if w.lines == w.blank_lines]
+    if empty:
+        # An empty dev set would validate on one blank pair and an empty test set score nothing.
+        verb = "holds" if len(empty) == 1 else "hold"
+        raise CorpusError(f"corpus {name} is empty: {' and '.join(empty)} {verb} no text "
+                          f"({lines} lines, all blank)")
+    return lines
 
 
 def _fixes(writers: dict[str, LineWriter]) -> dict[str, int]:

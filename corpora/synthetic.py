@@ -19,7 +19,10 @@ from typing import Any
 
 from corpora import CorpusError
 
-__all__ = ["write_corpus", "generate_pairs", "Grammar", "CORPUS"]
+__all__ = ["write_corpus", "generate_pairs", "Grammar", "CORPUS", "PAIRS"]
+
+PAIRS = ("en-de", "de-en")
+"""The directions the grammar writes."""
 
 CORPUS = "synthetic"
 MIN_WORDS, MAX_WORDS = 4, 30
@@ -727,7 +730,7 @@ def write_corpus(
     Train, dev and test come from separate streams of ``seed``; dev and test share no sentence
     (on either side) with train or with each other.
     """
-    if pair not in ("en-de", "de-en"):
+    if pair not in PAIRS:
         raise CorpusError(f"data.pair: the synthetic corpus is English-German, not {pair!r}")
     out_dir = Path(out_dir)
     (out_dir / "train").mkdir(parents=True, exist_ok=True)

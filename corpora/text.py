@@ -74,6 +74,8 @@ class LineWriter:
         self._file = open(self.path, "w", encoding="utf-8", newline="\n")
         self.lines = 0
         """Segments written."""
+        self.blank_lines = 0
+        """Segments that are empty or whitespace only."""
         self.broken_lines = 0
         """Segments that held a line-break character other than ``\\n`` (now a space)."""
         self.replacement_chars = 0
@@ -92,6 +94,7 @@ class LineWriter:
         self._file.write(segment)
         self._file.write("\n")
         self.lines += 1
+        self.blank_lines += not segment.strip()
 
     def close(self) -> None:
         """Flush and close the file."""

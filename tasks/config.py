@@ -27,8 +27,15 @@ import yaml
 from corpora import CorpusError
 from corpora.encoding import ShardConfig
 from corpora.filters import CleanConfig
-from corpora.sources import STANDARD_EVAL, multi30k_eval_set, multi30k_train, split_pair
+from corpora.sources import (
+    STANDARD_EVAL,
+    multi30k_eval_set,
+    multi30k_train,
+    split_pair,
+    train_corpora,
+)
 from corpora.subwords import TokenizerConfig
+from corpora.synthetic import PAIRS as SYNTHETIC_PAIRS
 from serving.translator import DecodeConfig
 from training.config import TrainConfig
 from transformer_core import presets
@@ -102,6 +109,14 @@ class DataConfig:
             object.__setattr__(self, "test", test)
         if self.source == "multi30k":
             self._check_multi30k()
+        elif self.source == "synthetic" and self.pair not in SYNTHETIC_PAIRS:
+            raise ConfigError("pair", f"{self.pair!r}: the synthetic corpus is English-German "
+                                      f"({' or '.join(SYNTHETIC_PAIRS)})")
+        elif self.source == "wmt14":
+            try:
+                train_corpora(self.pair, self.corpora)
+            except CorpusError as exc:
+                raise ConfigError("corpora" if "unknown corpus" in str(exc) else "pair", str(exc)) from None
 
     def _check_multi30k(self) -> None:
         """The pair's languages and the dev and test sets must be Multi30k's."""

@@ -204,6 +204,41 @@ def test_misaligned_languages_name_both_files_and_counts(tmp_path: Path, mirror_
     assert not [url for url in lock_entries(config) if "test_2016" in url]
 
 
+def test_an_empty_dev_set_fails_in_one_line_and_a_fixed_mirror_recovers(tmp_path: Path, mirror_root: Path):
+    """Empty val files fail the stage, naming them, and are neither pinned nor kept in the cache:
+    after the mirror is fixed, a rerun (no --force needed) downloads them again."""
+    for lang in ("en", "de"):
+        write_file(mirror_root, "val", lang, n=0)
+    config = make_config(tmp_path, mirror=mirror_root.as_uri())
+    with pytest.raises(CorpusError) as err:
+        download_stage.run(config, {})
+    message = str(err.value)
+    assert "corpus val is empty" in message and "val.en.gz" in message and "\n" not in message
+    assert "a rerun downloads them again" in message
+    assert not any("val." in url for url in lock_entries(config))
+    for lang in ("en", "de"):
+        write_file(mirror_root, "val", lang)
+    result = download_stage.run(config, {})
+    assert result.ran and len(read_lines(result.path / "dev.en")) == SPLITS["val"][1]
+
+
+def test_a_pinned_empty_file_is_named_with_the_lock_entry_that_keeps_it(tmp_path: Path, mirror_root: Path):
+    """An empty dev set pinned by an earlier version (before it was refused): the error names the
+    lock entry to drop, and --force alone does not silently keep using it."""
+    for lang in ("en", "de"):
+        write_file(mirror_root, "val", lang, n=0)
+    config = make_config(tmp_path, mirror=mirror_root.as_uri())
+    from corpora.fetch import LockFile, hash_file
+
+    lock = LockFile(tmp_path / "run" / "downloads.lock.json")
+    for lang in ("en", "de"):
+        url = f"{CANONICAL}{RAW}/val.{lang}.gz"
+        lock.pin(url, hash_file(mirror_root / RAW / f"val.{lang}.gz"))
+    with pytest.raises(CorpusError, match=r"corpus val is empty.*lock") as err:
+        download_stage.run(config, {}, force=True)
+    assert "val.en.gz" in str(err.value)
+
+
 def test_a_file_the_mirror_lacks_is_named(tmp_path: Path, mirror_root: Path):
     config = make_config(tmp_path, pair="en-cs", test="test_2018_flickr", mirror=mirror_root.as_uri())
     (mirror_root / RAW / "val.cs.gz").unlink()

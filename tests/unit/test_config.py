@@ -70,6 +70,10 @@ def test_heads_must_divide_width(tmp_path: Path):
         ({"clean": {"max_ratio": 0.5}}, "clean.max_ratio"),
         ({"train": {"use_gpu": "yes"}}, "train.use_gpu"),
         ({"decode": {"dtype": "float16"}}, "decode.dtype"),
+        # A pair the source cannot make fails at load, not when download runs.
+        ({"data": {"source": "synthetic", "pair": "en-xx"}}, "data.pair"),
+        ({"data": {"source": "wmt14", "pair": "en-xx"}}, "data.pair"),
+        ({"data": {"source": "wmt14", "corpora": ["europarl", "gigaword"]}}, "data.corpora"),
     ],
 )
 def test_bad_keys_and_values_name_the_key_path(tmp_path: Path, data: dict, key: str):
