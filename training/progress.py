@@ -43,6 +43,15 @@ class Progress:
         self.started = time.time()
         self.validation: dict[str, float] = {}
 
+    def resumed(self, world_size: int) -> str | None:
+        """The line that says training continues from a checkpoint (nothing on a fresh start)."""
+        if self.start_step == 0:
+            return None
+        return self._print(
+            f"train resuming from step {self.start_step}/{self.total} (its checkpoint: the "
+            f"weights, optimizer, data position and RNG states), {world_size} worker(s)"
+        )
+
     def step(self, step: int, metrics: dict[str, Any]) -> str | None:
         """The line for a logging step's ``metrics`` (nothing for other steps)."""
         if not metrics:

@@ -116,6 +116,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         enabled=rank == 0,
         spread_floor=tc.warn_encoder_spread,
     )
+    progress.resumed(world)
     try:
         while not trainer.done:
             metrics = trainer.train_step()

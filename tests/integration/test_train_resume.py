@@ -94,7 +94,9 @@ def test_worker_failure_restarts_from_last_checkpoint(baseline, tracking, tmp_pa
     assert traces(config, out) == baseline[0]
 
 
-def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_path):
+def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_path, capfd):
+    import time
+
     from tasks import train
 
     inputs = make_inputs(tmp_path)
@@ -109,6 +111,13 @@ def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_pat
     out = train.run(config, inputs).path
     stats = read_manifest(out)["stats"]
     assert stats["resumed_from_step"] == 5 and stats["complete"] and stats["step"] == 12
+    console = ""
+    for _ in range(20):  # the workers' lines reach the driver's console asynchronously
+        console += "".join(capfd.readouterr())
+        if "train resuming from step 5/12" in console:
+            break
+        time.sleep(0.5)
+    assert "train resuming from step 5/12" in console
     trace = traces(config, out)
     assert sorted(trace["loss"]) == list(range(1, 13))  # one MLflow run across both parts
     assert trace == baseline[0]  # same losses and same data positions, step by step

@@ -58,3 +58,10 @@ def test_translate_progress_writes_a_line_per_tenth_when_not_at_a_terminal():
     ]
     assert all("sent/s" in line and "ETA" in line for line in lines)
     assert lines[-1].endswith("ETA 00:00")
+
+
+def test_a_resumed_run_says_where_it_continues():
+    out = io.StringIO()
+    assert Progress(total=100, start_step=0, out=out).resumed(2) is None  # a fresh start
+    line = Progress(total=100, start_step=40, out=out).resumed(2)
+    assert line.startswith("train resuming from step 40/100") and out.getvalue() == line + "\n"
