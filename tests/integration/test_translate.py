@@ -96,7 +96,7 @@ def test_empty_test_set_is_a_clear_error(ray_local, inputs, tmp_path) -> None:
 
 
 def test_missing_test_file_is_a_clear_error(inputs, tmp_path) -> None:
-    config = run_config(tmp_path).replace(data=DataConfig(pair="fr-de"))
+    config = run_config(tmp_path).replace(data=DataConfig(source="local", pair="fr-de"))
     with pytest.raises(CorpusError, match=r"test\.fr does not exist"):
         translate.run(config, inputs)
 
