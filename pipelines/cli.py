@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,13 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from tasks.runtime import log_stage_result, stage_run
 
     graph.spec(config, args.name)
+    if args.accept:
+        if args.force:
+            raise ConfigError("", "--accept keeps the output as it is; --force reruns it: give one")
+        result = graph.accept_one(config, args.name)
+        print(f"{result.stage}: {result.reason}")
+        print(result.path)
+        return 0
     watchdog.start()  # a local Ray ends with this process, however it ends
     with stage_run(config, args.name):
         result = graph.run_one(config, args.name, force=args.force)
@@ -229,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="stage name, e.g. download, clean, tokenizer, shard, train")
     p.add_argument("--config", required=True, help="YAML run config")
     p.add_argument("--force", action="store_true", help="rerun even if up to date")
+    p.add_argument("--accept", action="store_true",
+                   help="keep the stale output as up to date for the current config, inputs and "
+                        "code without running (after a change you know is harmless; recorded)")
     add_set(p)
     p.set_defaults(func=cmd_stage)
 
@@ -281,8 +292,79 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STOP_GRACE = 8.0
+"""Seconds a stopped command gets to end by itself before it exits regardless
+(``stop_on_signals``)."""
+_stopped = threading.Event()
+_stopped_by: list[int] = []
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C (SIGINT, which a terminal sends to the whole process group) and SIGTERM end the
+    command within seconds, in one line, with 130 or 143.
+
+    Each interrupts the main thread (KeyboardInterrupt, or whatever handler a library installed
+    meanwhile: Ray Train's aborts the training run, Ray's exits on SIGTERM), so a stage ends as
+    on any error, training keeping its checkpoints. The same Ctrl-C also ends Prefect's temporary
+    API server, and the flow's exit then waited minutes on it before failing with a
+    ConnectError: ``STOP_GRACE`` seconds after the signal the command exits regardless, and the
+    watchdog ends what it started (the local Ray, the server). The signal is seen through
+    Python's wakeup fd, which every Python-level handler writes to, so a library that replaces
+    the handler does not hide it."""
+    import signal
+    import socket
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    threading.Thread(target=_watch_signals, args=(reader, writer), daemon=True).start()
+
+
+def _watch_signals(reader: object, writer: object) -> None:
+    """Note the first SIGINT or SIGTERM and exit ``STOP_GRACE`` seconds later (``writer``
+    is held here so that it stays open)."""
+    import signal
+
+    while True:
+        for signum in reader.recv(64):  # type: ignore[attr-defined]
+            if signum in (signal.SIGINT, signal.SIGTERM) and not _stopped_by:
+                _stopped_by.append(signum)
+                _stopped.set()
+                exit_later = threading.Timer(STOP_GRACE, _exit_now, args=(signum,))
+                exit_later.daemon = True
+                exit_later.start()
+
+
+def _stop_line(signum: int) -> str:
+    import signal
+
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    return f"{PROG}: {what}; rerun the same command to continue"
+
+
+def _exit_now(signum: int) -> None:
+    """The stop's one line, then exit at once: no interpreter shutdown, in which Ray's core
+    library aborted the process (SIGABRT, a native stack dump) after a SIGTERM."""
+    sys.stdout.flush()
+    print(_stop_line(signum), file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def _stop_signal(wait: float = 0.5) -> int | None:
+    """The signal that stopped the command, if one did (the watcher may note it a moment after
+    the main thread has felt it)."""
+    return _stopped_by[0] if _stopped.wait(wait) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.func in (cmd_run, cmd_stage):
+        stop_on_signals()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -299,10 +381,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; rerun the same command to continue", file=sys.stderr)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        signum = _stop_signal()
+        if signum is not None:
+            _exit_now(signum)
+        if isinstance(exc, SystemExit):
+            raise
+        print(_stop_line(2), file=sys.stderr)  # a KeyboardInterrupt of its own: as Ctrl-C
         return 130
     except Exception as exc:
+        signum = _stop_signal(0.0)
+        if signum is not None:  # what a stop broke on the way out (a server gone with it)
+            _exit_now(signum)
         if args.verbose:
             raise
         print(f"{PROG}: {error_line(exc)}", file=sys.stderr)

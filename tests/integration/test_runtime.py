@@ -84,10 +84,11 @@ def test_the_watchdog_ends_what_a_killed_command_started(tmp_path):
     assert _wait_gone([child], 20) == [], "the command's child outlived it"
 
 
-@pytest.mark.slow  # a whole tfm run, killed during training, then run again: ~1.5 min
-def test_a_killed_tfm_run_leaves_nothing_running_and_the_rerun_finishes(tmp_path):
+def training_run(tmp_path, name: str):
+    """A tiny config whose training takes long enough to be stopped, the ``tfm run`` command,
+    its environment, and the Ray Train folder to watch."""
     config = {
-        "name": "killed",
+        "name": name,
         "seed": 3,
         "workdir": str(tmp_path / "{name}"),
         "data": {"source": "synthetic", "synthetic_train": 400, "synthetic_dev": 30, "synthetic_test": 30},
@@ -98,23 +99,33 @@ def test_a_killed_tfm_run_leaves_nothing_running_and_the_rerun_finishes(tmp_path
         "ray": {"num_cpus": 2},
     }
     config["train"] = {**config["train"], "steps": 400, "checkpoint_every": 50}
-    path = tmp_path / "killed.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     tfm = [sys.executable, "-m", "pipelines.cli", "run", str(path)]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
-    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 - closed below
-    first = subprocess.Popen(tfm, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    run_dir = tmp_path / "killed" / "train_ray"
+    return tfm, env, tmp_path / name / "train_ray"
+
+
+def start_and_wait_for_training(tfm, env, run_dir, log_path):
+    """``tfm run`` in a session of its own, once training has written a checkpoint."""
+    log = open(log_path, "w")  # noqa: SIM115 - the caller's process owns it until it ends
+    command = subprocess.Popen(tfm, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    seen = len(list(run_dir.rglob("step-*")))
     deadline = time.time() + 240
-    while not any(run_dir.rglob("step-*")):  # training has written a checkpoint
-        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+    while len(list(run_dir.rglob("step-*"))) <= seen:  # a checkpoint of this run
+        assert command.poll() is None, log_path.read_text()[-3000:]
         assert time.time() < deadline, "training did not start"
         time.sleep(1)
-    started = psutil.Process(first.pid).children(recursive=True)
+    return command, psutil.Process(command.pid).children(recursive=True)
+
+
+@pytest.mark.slow  # a whole tfm run, killed during training, then run again: ~1.5 min
+def test_a_killed_tfm_run_leaves_nothing_running_and_the_rerun_finishes(tmp_path):
+    tfm, env, run_dir = training_run(tmp_path, "killed")
+    first, started = start_and_wait_for_training(tfm, env, run_dir, tmp_path / "first.log")
     assert any("raylet" in p.name() for p in started)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    log.close()
     survivors = _wait_gone(started, 30)
     assert survivors == [], [(p.pid, p.name()) for p in survivors]
 
@@ -123,3 +134,28 @@ def test_a_killed_tfm_run_leaves_nothing_running_and_the_rerun_finishes(tmp_path
     assert "score" in rerun.stdout
     leftovers = [p.name for p in (tmp_path / "killed").iterdir() if p.name.startswith(".")]
     assert leftovers == []  # the killed run's temporary folders are gone
+
+
+@pytest.mark.slow  # two tfm runs stopped during training: ~2.5 min
+def test_ctrl_c_and_sigterm_end_a_tfm_run_in_seconds_in_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) and SIGTERM (to the
+    command, as `timeout` or a scheduler sends it) during training: exit 130 / 143 within
+    seconds with one line, and nothing the run started is left running."""
+    tfm, env, run_dir = training_run(tmp_path, "stopped")
+    for sent, code, line in ((signal.SIGINT, 130, "tfm: interrupted; rerun the same command to continue"),
+                             (signal.SIGTERM, 143, "tfm: stopped by SIGTERM; rerun the same command to continue")):
+        log_path = tmp_path / f"{sent.name}.log"
+        command, started = start_and_wait_for_training(tfm, env, run_dir, log_path)
+        stopped_at = time.time()
+        if sent == signal.SIGINT:
+            os.killpg(command.pid, sent)
+        else:
+            command.send_signal(sent)
+        assert command.wait(timeout=60) == code, log_path.read_text()[-3000:]
+        took = time.time() - stopped_at
+        assert took < 30, f"{sent.name}: exited after {took:.0f} s"
+        output = log_path.read_text().rstrip().splitlines()
+        assert output[-1] == line, output[-20:]
+        assert "Traceback" not in "\n".join(output[-20:])
+        survivors = _wait_gone(started, 30)
+        assert survivors == [], [(p.pid, p.name()) for p in survivors]
