@@ -153,8 +153,10 @@ def restore_order(
 
 def model_file(path: str | Path) -> Path:
     """The checkpoint file: ``path`` itself, or ``path/model.pt`` for an artifact folder."""
+    from transformer_core.checkpoint import MODEL_FILE
+
     path = Path(path)
-    return path / "model.pt" if path.is_dir() else path
+    return path / MODEL_FILE if path.is_dir() else path
 
 
 def default_device() -> str:

@@ -98,7 +98,7 @@ def _average(config: RunConfig, train_dir: Path, tmp: Path) -> dict[str, Any]:
     state = average_checkpoints(paths)
     newest = checkpoint.load(paths[-1])
     checkpoint.save(
-        tmp / "model.pt",
+        tmp / checkpoint.MODEL_FILE,
         state,
         ModelConfig.from_dict(newest["config"]),
         vocab_size=newest["vocab_size"],

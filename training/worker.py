@@ -24,9 +24,9 @@ from training.progress import Progress
 from training.tracking import Tracker
 from training.trainer import Trainer
 from transformer_core import checkpoint as ckpt
+from transformer_core.checkpoint import MODEL_FILE
 from transformer_core.model import Transformer, count_parameters
 
-MODEL_FILE = "model.pt"
 SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 
 

@@ -21,6 +21,8 @@ from transformer_core.config import ModelConfig
 if TYPE_CHECKING:
     from transformer_core.model import Transformer
 
+MODEL_FILE = "model.pt"
+"""The checkpoint file's name in a folder that holds one (a stage's, a Ray Train checkpoint's)."""
 FORMAT_VERSION = 1
 _RESERVED = ("model", "config", "vocab_size", "tgt_vocab_size", "format_version")
 _PLAIN = (str, int, float, bool, type(None))
