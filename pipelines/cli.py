@@ -92,8 +92,7 @@ def _print_summary(config, results) -> None:
 def cmd_stage(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
     from pipelines import watchdog
-    from tasks import graph
-    from tasks.runtime import log_stage_result, stage_run
+    from tasks import graph, tracking
 
     graph.spec(config, args.name)
     if args.accept:
@@ -104,9 +103,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
         print(result.path)
         return 0
     watchdog.start()  # a local Ray ends with this process, however it ends
-    with stage_run(config, args.name):
+    with tracking.stage_run(config, args.name):
         result = graph.run_one(config, args.name, force=args.force)
-        log_stage_result(result)
+        tracking.log_stage_result(result)
     print(f"{result.stage}: {'ran' if result.ran else 'up to date, skipped'} ({result.reason})")
     print(result.path)
     return 0

@@ -14,8 +14,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from tasks import graph
-from tasks.config import RunConfig, flatten, load_config
+from tasks import graph, tracking
+from tasks.config import RunConfig, load_config
 from tasks.contract import StageResult
 
 
@@ -24,21 +24,12 @@ def stage_task(
     config: RunConfig, name: str, force: bool | str, parent_run_id: str | None
 ) -> StageResult:
     """Run one stage inside its own MLflow child run and log its result there."""
-    import mlflow
-
-    from tasks.runtime import log_stage_result, setup_mlflow
-
     logger = get_run_logger()
-    setup_mlflow(config)
-    with mlflow.start_run(
-        run_name=f"{config.name}/{name}",
-        parent_run_id=parent_run_id,
-        nested=parent_run_id is not None,
-        tags={"stage": name, "pipeline.run": config.name, "prefect.flow_run_id": str(flow_run.id)},
-    ) as run:
+    tags = {"prefect.flow_run_id": str(flow_run.id)}
+    with tracking.stage_run(config, name, parent_run_id=parent_run_id, tags=tags) as run:
         logger.info("stage %s: MLflow run %s", name, run.info.run_id)
         result = graph.run_one(config, name, force=force)
-        log_stage_result(result)
+        tracking.log_stage_result(result)
     logger.info(
         "stage %s: %s in %.1fs (%s) -> %s", name, "ran" if result.ran else "skipped",
         result.seconds, result.reason, result.path,
@@ -54,21 +45,12 @@ def run_pipeline(
     ``force`` names stages to rerun; they and everything downstream run again. A stage that
     actually runs also reruns everything downstream of it ("upstream <stage> ran").
     """
-    import mlflow
-
-    from tasks.runtime import setup_mlflow
-
     logger = get_run_logger()
     name = graph.pipeline_name(config)
     rerun: dict[str, str | bool] = {stage: True for stage in force}
-    setup_mlflow(config)
     results: list[StageResult] = []
-    with mlflow.start_run(
-        run_name=f"{config.name}/{name}",
-        tags={"pipeline": name, "prefect.flow_run_id": str(flow_run.id)},
-    ) as parent:
+    with tracking.pipeline_run(config, name, {"prefect.flow_run_id": str(flow_run.id)}) as parent:
         logger.info("MLflow parent run %s (tracking %s)", parent.info.run_id, config.tracking_uri)
-        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
         for spec in graph.pipeline(config):
             if only is not None and spec.name not in only:
                 continue
@@ -83,7 +65,7 @@ def run_pipeline(
                 rerun[spec.name] = f"upstream {ran[0]} ran"
             result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.info.run_id)
             results.append(result)
-        mlflow.set_tag("stages.ran", ",".join(r.stage for r in results if r.ran))
+        tracking.set_tag(parent, "stages.ran", ",".join(r.stage for r in results if r.ran))
     from prefect.artifacts import create_markdown_artifact
 
     # The run's outcome in the Prefect UI too, beside the flow run, not only in MLflow.

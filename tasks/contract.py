@@ -5,13 +5,13 @@ Every stage is ``run(config, inputs, *, force=False) -> StageResult`` and
 through ``run_stage``. A stage writes into a temporary sibling folder; ``manifest.json`` is
 written last and the folder is then renamed into place, so a crash never leaves a folder that
 looks complete. A stage whose folder holds a manifest with the same fingerprint, and whose files
-are all there with the recorded sizes, is up to date and is skipped. Stages never log to MLflow
-themselves: whoever runs them logs the ``StageResult`` once (``tasks.runtime.log_stage_result``).
+are all there with the recorded sizes, is up to date and is skipped. Whoever runs a stage logs
+its ``StageResult`` to MLflow once (``tasks.tracking.log_stage_result``); only train (its
+workers' curves) and register (the model) log on their own, through ``tasks.tracking`` too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -25,7 +25,12 @@ from typing import Any
 
 from tasks.code_fingerprint import stage_code
 from tasks.config import fingerprint, flatten, to_dict
-from transformer_core.folders import publish, remove_stale_temporaries, temporary_sibling
+from transformer_core.folders import (
+    publish,
+    remove_stale_temporaries,
+    sha256_file,
+    temporary_sibling,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +47,6 @@ def code_version() -> str:
         return metadata.version("attention-pipeline")
     except metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, streamed."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

@@ -23,13 +23,13 @@ import logging
 import math
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from evaluation.champion import decide_champion, protocol
+from tasks import tracking
 from tasks.code_fingerprint import git_state, stage_code
 from tasks.config import RunConfig, fingerprint, to_dict
 from tasks.contract import StageError, StageResult, code_version, lineage, run_stage
@@ -86,15 +86,6 @@ def read_scores(score_dir: Path, metric: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- MLflow
 
 
-def _client(tracking_uri: str) -> Any:
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
-    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-
-
 def _alias_version(client: Any, name: str, alias: str) -> Any | None:
     """The version an alias points at, or None (no such model or alias)."""
     from mlflow.exceptions import MlflowException
@@ -105,22 +96,6 @@ def _alias_version(client: Any, name: str, alias: str) -> Any | None:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
         raise
-
-
-@contextmanager
-def _mlflow_run(config: RunConfig) -> Iterator[Any]:
-    """The active run (the CLI and the flows open one per stage), or a new stage run."""
-    import mlflow
-
-    from tasks.runtime import setup_mlflow, stage_run
-
-    active = mlflow.active_run()
-    if active is not None:
-        setup_mlflow(config)
-        yield active
-        return
-    with stage_run(config, STAGE) as run:
-        yield run
 
 
 def _stage_model_files(
@@ -192,8 +167,8 @@ def register_model(
 
     name = config.register.model_name
     metric = config.register.metric
-    client = _client(config.tracking_uri)
-    with tempfile.TemporaryDirectory(prefix="register-") as tmp, _mlflow_run(config) as run:
+    client = tracking.client(config)
+    with tempfile.TemporaryDirectory(prefix="register-") as tmp, tracking.active_or_stage_run(config, STAGE) as run:
         staging = Path(tmp)
         artifacts = _stage_model_files(staging, weights, tokenizer_dir, config)
         info = mlflow.pyfunc.log_model(
@@ -314,7 +289,7 @@ def outdated(config: RunConfig, out_dir: Path) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        _client(config.tracking_uri).get_model_version(record["name"], str(record["version"]))
+        tracking.client(config).get_model_version(record["name"], str(record["version"]))
     except MlflowException:
         return f"{record['name']} version {record['version']} is not in {config.tracking_uri}"
     return None

@@ -1,17 +1,13 @@
-"""The runtimes stages run in: Ray (local or a cluster) and MLflow tracking, and logging a
-stage's result to MLflow once."""
+"""The runtime stages run in: Ray, local (every port on 127.0.0.1) or a cluster. MLflow's run
+lifetime is ``tasks.tracking``'s."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
-from tasks.config import RayConfig, RunConfig, flatten
-from tasks.contract import MANIFEST, StageError, StageResult
+from tasks.config import RayConfig
+from tasks.contract import StageError
 
 log = logging.getLogger(__name__)
 
@@ -121,77 +117,3 @@ def bind_ray_to_loopback() -> None:
 
     os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
-
-
-def setup_mlflow(config: RunConfig) -> str:
-    """Point MLflow at the run's tracking URI and experiment; returns the experiment id."""
-    import mlflow
-
-    config.root.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(config.tracking_uri)
-    mlflow.set_registry_uri(config.tracking_uri)
-    client = mlflow.MlflowClient()
-    experiment = client.get_experiment_by_name(config.mlflow.experiment)
-    if experiment is None:
-        # A local tracking store keeps artifacts beside the database, not in ./mlruns of
-        # whatever directory the command ran in; a server decides for itself.
-        location = None
-        if config.tracking_uri.startswith("sqlite:"):
-            location = (config.root / "mlartifacts").resolve().as_uri()
-        try:
-            client.create_experiment(config.mlflow.experiment, artifact_location=location)
-        except mlflow.exceptions.MlflowException:
-            pass  # created concurrently by another process
-    return mlflow.set_experiment(config.mlflow.experiment).experiment_id
-
-
-@contextmanager
-def stage_run(config: RunConfig, stage: str, tags: dict[str, Any] | None = None) -> Iterator[Any]:
-    """An MLflow run for one stage: nested under the active run (a flow) if there is one."""
-    import mlflow
-
-    setup_mlflow(config)
-    parent = mlflow.active_run()
-    with mlflow.start_run(
-        run_name=f"{config.name}/{stage}",
-        nested=parent is not None,
-        tags={"stage": stage, "pipeline.run": config.name, **(tags or {})},
-    ) as run:
-        yield run
-
-
-LOGGED_SUFFIXES = (".png", ".json", ".tsv")
-"""Files of a stage folder logged as MLflow artifacts (top level only, small ones)."""
-LOGGED_MAX_BYTES = 10 << 20
-
-
-def log_stage_result(result: StageResult) -> None:
-    """Log a stage's result into the active MLflow run, once: whether it ran and why, the
-    fingerprints, the numeric stats as metrics (except those the stage logged itself, such as
-    training curves), the other scalars as tags, and the folder's manifest, plots and tables."""
-    import mlflow
-
-    run = mlflow.active_run()
-    if run is None:
-        return
-    manifest = json.loads((result.path / MANIFEST).read_text(encoding="utf-8"))
-    tags = {"skipped": str(not result.ran).lower(), "reason": result.reason[:5000],
-            "fingerprint": manifest["fingerprint"]}
-    tags.update({f"input.{role}": info["fingerprint"] for role, info in manifest["inputs"].items()})
-    logged = set(mlflow.MlflowClient().get_run(run.info.run_id).data.metrics)
-    metrics: dict[str, float] = {}
-    for key, value in flatten(result.stats).items():
-        key = key.replace("/", "_")[:250]
-        if isinstance(value, bool) or value is None:
-            tags[f"stats.{key}"] = str(value)
-        elif isinstance(value, (int, float)):
-            if key not in logged:
-                metrics[key] = float(value)
-        elif isinstance(value, str):
-            tags[f"stats.{key}"] = value[:5000]
-    mlflow.set_tags(tags)
-    if metrics:
-        mlflow.log_metrics(metrics)
-    for path in sorted(result.path.iterdir()):
-        if path.is_file() and path.suffix in LOGGED_SUFFIXES and path.stat().st_size <= LOGGED_MAX_BYTES:
-            mlflow.log_artifact(str(path), artifact_path=result.stage)

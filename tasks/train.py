@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tasks import tracking
 from tasks.config import RunConfig, flatten, to_dict
 from tasks.contract import (
     StageError,
@@ -30,9 +31,9 @@ from tasks.contract import (
     run_stage,
     stage_fingerprint,
 )
-from tasks.runtime import ensure_ray, stage_run
+from tasks.runtime import ensure_ray
 from training.data import open_fs, shard_files
-from training.tracking import learning_curve, log_params, mlflow_run
+from training.tracking import learning_curve, log_params
 from training.trainer import Callback
 from training.worker import MODEL_FILE, train_loop_per_worker
 from transformer_core import checkpoint as ckpt
@@ -269,7 +270,7 @@ def _train(
         world, accum = tc.num_workers, per_step // tc.num_workers
 
     (tmp / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
-    with mlflow_run(run_dir, lambda: stage_run(config, STAGE)) as (tracking_uri, run_id):
+    with tracking.training_run(config, STAGE, run_dir) as (tracking_uri, run_id):
         client = MlflowClient(tracking_uri)
         log_params(
             client,

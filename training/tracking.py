@@ -1,18 +1,12 @@
-"""MLflow for training: rank 0's ``Tracker`` inside the workers, and on the driver the run a
-training logs into (the same one again on resume), its params and its learning curve."""
+"""MLflow for training: rank 0's ``Tracker`` inside the workers, and on the driver the run's
+params and learning curve. The run itself is opened by ``tasks.tracking.training_run``."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from training.data import open_fs
-
-MLFLOW_RUN_FILE = "mlflow_run.json"
 
 
 class Tracker:
@@ -42,64 +36,6 @@ class Tracker:
     def tag(self, key: str, value: str) -> None:
         if self.client is not None:
             self.client.set_tag(self.run_id, key, value)
-
-
-def _read_json(fs: Any, path: str) -> dict[str, Any] | None:
-    import pyarrow.fs as pafs
-
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return None
-    with fs.open_input_stream(path) as f:
-        return json.loads(f.read().decode())
-
-
-def _write_json(fs: Any, path: str, data: dict[str, Any]) -> None:
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(json.dumps(data).encode())
-
-
-@contextmanager
-def mlflow_run(
-    run_dir: str, new_run: Callable[[], AbstractContextManager[Any]]
-) -> Iterator[tuple[str, str]]:
-    """``(tracking_uri, run_id)`` to log into: the run this storage folder logged into before
-    (resume), else the driver's active run, else ``new_run()``'s. Remembered in the folder."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    fs, root = open_fs(run_dir)
-    record_path = f"{root}/{MLFLOW_RUN_FILE}"
-    stored = _read_json(fs, record_path)
-    if stored is not None:
-        client = MlflowClient(stored["tracking_uri"])
-        try:
-            client.get_run(stored["run_id"])
-        except Exception:  # the tracking store was reset: start a new run
-            stored = None
-    if stored is not None:
-        run_id, uri = stored["run_id"], stored["tracking_uri"]
-        active = mlflow.active_run()
-        if active is not None and active.info.run_id != run_id:
-            mlflow.set_tag("train.mlflow_run_id", run_id)  # the flow's run points at the training
-        client.update_run(run_id, status="RUNNING")
-        try:
-            yield uri, run_id
-        except BaseException:
-            client.set_terminated(run_id, "FAILED")
-            raise
-        client.set_terminated(run_id, "FINISHED")
-        return
-    active = mlflow.active_run()
-    if active is not None:
-        uri = mlflow.get_tracking_uri()
-        _write_json(fs, record_path, {"tracking_uri": uri, "run_id": active.info.run_id})
-        yield uri, active.info.run_id
-        return
-    with new_run() as run:
-        uri = mlflow.get_tracking_uri()
-        _write_json(fs, record_path, {"tracking_uri": uri, "run_id": run.info.run_id})
-        yield uri, run.info.run_id
 
 
 def log_params(client: Any, run_id: str, params: Mapping[str, Any]) -> None:

@@ -11,7 +11,7 @@ from evaluation.bleu import score_texts
 from tasks import score
 from tasks.config import DataConfig, MlflowConfig, RunConfig
 from tasks.contract import StageError, read_manifest, run_stage
-from tasks.runtime import log_stage_result
+from tasks.tracking import log_stage_result
 
 pytestmark = pytest.mark.integration
 
