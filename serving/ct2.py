@@ -14,18 +14,20 @@ search (``transformer_core.search``); see ``CTranslate2Engine.hypotheses`` for h
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serving import ServingError
 from transformer_core.config import UNK_ID, ConfigError, ModelConfig
-from transformer_core.folders import remove_stale_temporaries, temporary_sibling
+from transformer_core.folders import (
+    publish,
+    remove_stale_temporaries,
+    sha256_file,
+    temporary_sibling,
+)
 from transformer_core.search import Hypothesis
 
 if TYPE_CHECKING:
@@ -228,29 +230,10 @@ def save_model(
         tmp.mkdir()
         spec.save(str(tmp))
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        _move_into_place(tmp, out, info)
+        publish(tmp, out, already=lambda folder: read_info(folder) == info)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _move_into_place(tmp: Path, out: Path, info: dict[str, Any]) -> None:
-    """Rename ``tmp`` to ``out``; an outdated ``out`` is swapped out first, and one that another
-    process finished meanwhile with the same ``info`` is kept."""
-    if read_info(out) == info:  # another process has just written this same export
-        return
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out, old)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        if read_info(out) != info:  # someone else's export, not this one: do not hide it
-            raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def read_info(folder: Path) -> dict[str, Any] | None:
@@ -281,8 +264,8 @@ def export_ctranslate2(
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
     tok = tokenizer_lib.load(Path(tokenizer_dir))
     identity = {
-        "checkpoint_sha256": _sha256(checkpoint),
-        "tokenizer_sha256": _sha256(tok.model_file),
+        "checkpoint_sha256": sha256_file(checkpoint),
+        "tokenizer_sha256": sha256_file(tok.model_file),
     }
     if _is_export_of(out, identity, quantization):
         return out
@@ -302,11 +285,6 @@ def _is_export_of(out: Path, identity: dict[str, Any], quantization: str) -> boo
         "quantization": quantization,
     }
     return info is not None and all(info.get(k) == v for k, v in want.items())
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def default_export_dir(checkpoint: Path, quantization: str = "float32") -> Path:

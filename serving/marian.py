@@ -37,7 +37,6 @@ equivalent, so callers who want it pass ``max_new_tokens``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from serving import ServingError
 from transformer_core.config import UNK_ID, ModelConfig
-from transformer_core.folders import publish, temporary_sibling
+from transformer_core.folders import publish, sha256_file, temporary_sibling
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -355,17 +354,10 @@ def save_marian(
         _write_json(tmp / "vocab.json", {piece: i for i, piece in enumerate(pieces)})
         _write_json(tmp / "tokenizer_config.json", _tokenizer_config(config, pieces))
         _write_json(tmp / INFO_FILE, info)
-        _move_into_place(tmp, out)
+        publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    """``publish``, refusing to replace something that is not a folder."""
-    if (out.exists() or out.is_symlink()) and not out.is_dir():
-        raise ServingError(f"{out} exists and is not a folder: not replacing it")
-    publish(tmp, out)
 
 
 def export_marian(
@@ -402,14 +394,9 @@ def export_marian(
     model = checkpoint_lib.load_model(checkpoint, map_location="cpu")
     identity = {
         "checkpoint": str(checkpoint),
-        "checkpoint_sha256": _sha256(checkpoint),
-        "tokenizer_sha256": _sha256(tok.model_file),
+        "checkpoint_sha256": sha256_file(checkpoint),
+        "tokenizer_sha256": sha256_file(tok.model_file),
     }
     return save_marian(
         model, tok.model_file, out, beam_size=beam_size, alpha=alpha, identity=identity
     )
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

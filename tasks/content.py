@@ -27,7 +27,7 @@ class HashCache:
         self.changed = False
 
     def sha256(self, file: Path) -> str:
-        from tasks.contract import sha256_file
+        from transformer_core.folders import sha256_file
 
         stat = file.stat()
         key, when = str(file.resolve()), [stat.st_size, stat.st_mtime_ns]

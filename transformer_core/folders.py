@@ -1,5 +1,6 @@
 """Output folders that never look complete before they are: written as a temporary sibling
-``.<name>.tmp-<pid>-<id>`` and renamed into place, with what a killed writer left removed later.
+``.<name>.tmp-<pid>-<id>`` and renamed into place, with what a killed writer left removed later;
+and the sha256 every artifact's identity is made of.
 
 Here, in the model library, because it travels with a registered model (its CTranslate2 and
 Marian exports write folders too) as well as serving the pipeline's stages.
@@ -7,10 +8,12 @@ Marian exports write folders too) as well as serving the pipeline's stages.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -21,15 +24,33 @@ def temporary_sibling(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def publish(tmp: Path, out: Path) -> None:
-    """Move a finished temporary folder into place, replacing any older output."""
+def publish(tmp: Path, out: Path, *, already: Callable[[Path], bool] | None = None) -> None:
+    """Move a finished temporary folder into place, replacing any older output (never a file).
+
+    ``already(out)`` says whether ``out`` holds this very output, finished meanwhile by another
+    process (two exports of one checkpoint): that one is kept and ``tmp`` is left to the caller."""
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a folder: not replacing it")
+    if already is not None and already(out):
+        return
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
         os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if already is None or not already(out):  # someone else's output, not this one: keep it
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, streamed."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def remove_stale_temporaries(out: Path) -> list[Path]:

@@ -14,10 +14,10 @@ from tasks.contract import (
     input_fingerprint,
     read_manifest,
     run_stage,
-    sha256_file,
     stage_fingerprint,
     stage_identity,
 )
+from transformer_core.folders import sha256_file
 
 
 def _writer(calls: list[str], text: str = "hello\n"):
