@@ -297,50 +297,14 @@ def _fetch_once(url: str, part: Path, *, timeout: float) -> bool:
     if have and meta.get("url") != url:
         _discard(part)
         have, meta = 0, {}
-    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-    if have:
-        headers["Range"] = f"bytes={have}-"
-        if meta.get("validator"):
-            headers["If-Range"] = meta["validator"]
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        if exc.code == 416 and have:
-            total = _total_from_range(exc.headers.get("Content-Range"))
-            if total == have:
-                return True  # the part file was already whole
-            _discard(part)
-            raise _Retryable(f"HTTP 416 for a range from byte {have}; starting over") from None
-        if exc.code in _PERMANENT:
-            raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-        raise _Retryable(f"HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-        raise _Retryable(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None
-
+    response = _request(url, part, have, meta.get("validator"), timeout)
+    if response is None:
+        return True  # the part file was already whole
     with response:
-        resumed = False
-        if response.status == 206:
-            match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
-            if not match or int(match.group(1)) != have:
-                _discard(part)
-                raise _Retryable(
-                    f"bad Content-Range {response.headers.get('Content-Range')!r} for byte {have}"
-                )
-            total = None if match.group(3) == "*" else int(match.group(3))
-            mode, resumed = "ab", True
-        else:
-            # 200: a first request, or the server ignored Range / the file changed (If-Range).
-            if have:
-                log.info("%s: server sent the whole file; starting over", url)
-            have, mode = 0, "wb"
-            length = response.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
-            _write_meta(part, url, response.headers)
+        resumed, have, total = _accept_response(url, part, response, have)
         written = have
         try:
-            with open(part, mode) as f, _progress(part, total, have) as bar:
+            with open(part, "ab" if resumed else "wb") as f, _progress(part, total, have) as bar:
                 while block := response.read(CHUNK):
                     f.write(block)
                     written += len(block)
@@ -350,6 +314,48 @@ def _fetch_once(url: str, part: Path, *, timeout: float) -> bool:
         if total is not None and written != total:
             raise _Retryable(f"connection closed at byte {written} of {total}")
     return resumed
+
+
+def _request(url: str, part: Path, have: int, validator: str | None, timeout: float) -> Any:
+    """The response for the bytes from ``have`` on, or None when the part file is already whole."""
+    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+        if validator:
+            headers["If-Range"] = validator
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 416 and have:
+            if _total_from_range(exc.headers.get("Content-Range")) == have:
+                return None
+            _discard(part)
+            raise _Retryable(f"HTTP 416 for a range from byte {have}; starting over") from None
+        if exc.code in _PERMANENT:
+            raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+        raise _Retryable(f"HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        raise _Retryable(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _accept_response(url: str, part: Path, response: Any, have: int) -> tuple[bool, int, int | None]:
+    """``(resumed, bytes kept, total or None)`` for a response: a 206 continuing at ``have``, or
+    a 200 that starts the file over."""
+    if response.status == 206:
+        match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+        if not match or int(match.group(1)) != have:
+            _discard(part)
+            raise _Retryable(
+                f"bad Content-Range {response.headers.get('Content-Range')!r} for byte {have}"
+            )
+        return True, have, None if match.group(3) == "*" else int(match.group(3))
+    # 200: a first request, or the server ignored Range / the file changed (If-Range).
+    if have:
+        log.info("%s: server sent the whole file; starting over", url)
+    length = response.headers.get("Content-Length")
+    _write_meta(part, url, response.headers)
+    return False, 0, int(length) if length and length.isdigit() else None
 
 
 def _copy_file(url: str, part: Path) -> None:

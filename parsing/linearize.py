@@ -164,68 +164,81 @@ def repair(
         raise ValueError("repair needs at least one word")
     if tags is not None and len(tags) != len(words):
         raise ValueError(f"{len(tags)} tags for {len(words)} words")
-    fixes: Counter[str] = Counter()
-    root = _Open("")
-    stack = [root]
-    n_leaves = 0
-
-    def add_leaf(tag: str) -> None:
-        nonlocal n_leaves
-        if n_leaves >= len(words):
-            fixes["extra_leaves"] += 1
-            return
-        word = words[n_leaves]
-        if form == "vinyals":
-            tag = tags[n_leaves] if tags is not None else VINYALS_LEAF
-        else:  # t2t, words
-            fixed = punctuation_tag(word, tag)
-            if fixed != tag:
-                fixes["punct_tag"] += 1
-                tag = fixed
-        stack[-1].children.append(Tree(tag, word=word))
-        n_leaves += 1
-
-    def close(label: str | None) -> None:
-        node = stack.pop()
-        if label and label != node.label:
-            fixes["label_mismatch"] += 1
-        if node.children:
-            stack[-1].children.append(Tree(node.label, tuple(node.children)))
-        else:
-            fixes["empty_constituent"] += 1
-
+    builder = _Rebuild(words, form, tags)
     classified = (
         ((kind, label) for kind, label, _ in _classify_words(tokens))
         if form == "words"
         else _classify(tokens, form)
     )
     for kind, label in classified:
-        if kind is None:
-            fixes["junk_token"] += 1
-        elif kind == OPEN:
-            stack.append(_Open(label))
-        elif kind == LEAF:
-            add_leaf(label)
-        elif len(stack) == 1:
-            fixes["stray_close"] += 1
-        else:
-            close(label)
+        builder.take(kind, label)
+    return builder.finish()
 
-    if n_leaves < len(words):
-        fixes["missing_leaves"] += len(words) - n_leaves
-        extra = [
-            Tree(_missing_tag(form, tags, i, words[i]), word=words[i])
-            for i in range(n_leaves, len(words))
-        ]
-        last = root.children[-1] if root.children else None
-        if len(stack) > 1 or last is None or last.is_leaf:
-            stack[-1].children.extend(extra)
-        else:  # everything was closed: the last constituent at the top takes them
-            root.children[-1] = Tree(last.label, last.children + tuple(extra))
-    while len(stack) > 1:
-        fixes["unclosed"] += 1
-        close(None)
-    return Repaired(_join_top(root.children, fixes), dict(fixes))
+
+class _Rebuild:
+    """``repair``'s state: the open constituents, the leaves placed so far and the fixes."""
+
+    def __init__(self, words: list[str], form: str, tags: Sequence[str] | None) -> None:
+        self.words, self.form, self.tags = words, form, tags
+        self.fixes: Counter[str] = Counter()
+        self.root = _Open("")
+        self.stack = [self.root]
+        self.n_leaves = 0
+
+    def take(self, kind: str | None, label: str) -> None:
+        if kind is None:
+            self.fixes["junk_token"] += 1
+        elif kind == OPEN:
+            self.stack.append(_Open(label))
+        elif kind == LEAF:
+            self.add_leaf(label)
+        elif len(self.stack) == 1:
+            self.fixes["stray_close"] += 1
+        else:
+            self.close(label)
+
+    def add_leaf(self, tag: str) -> None:
+        if self.n_leaves >= len(self.words):
+            self.fixes["extra_leaves"] += 1
+            return
+        word = self.words[self.n_leaves]
+        if self.form == "vinyals":
+            tag = self.tags[self.n_leaves] if self.tags is not None else VINYALS_LEAF
+        else:  # t2t, words
+            fixed = punctuation_tag(word, tag)
+            if fixed != tag:
+                self.fixes["punct_tag"] += 1
+                tag = fixed
+        self.stack[-1].children.append(Tree(tag, word=word))
+        self.n_leaves += 1
+
+    def close(self, label: str | None) -> None:
+        node = self.stack.pop()
+        if label and label != node.label:
+            self.fixes["label_mismatch"] += 1
+        if node.children:
+            self.stack[-1].children.append(Tree(node.label, tuple(node.children)))
+        else:
+            self.fixes["empty_constituent"] += 1
+
+    def finish(self) -> Repaired:
+        """Attach the words without a leaf, close what is open, join the top under one root."""
+        words, root = self.words, self.root
+        if self.n_leaves < len(words):
+            self.fixes["missing_leaves"] += len(words) - self.n_leaves
+            extra = [
+                Tree(_missing_tag(self.form, self.tags, i, words[i]), word=words[i])
+                for i in range(self.n_leaves, len(words))
+            ]
+            last = root.children[-1] if root.children else None
+            if len(self.stack) > 1 or last is None or last.is_leaf:
+                self.stack[-1].children.extend(extra)
+            else:  # everything was closed: the last constituent at the top takes them
+                root.children[-1] = Tree(last.label, last.children + tuple(extra))
+        while len(self.stack) > 1:
+            self.fixes["unclosed"] += 1
+            self.close(None)
+        return Repaired(_join_top(root.children, self.fixes), dict(self.fixes))
 
 
 def _missing_tag(form: str, tags: Sequence[str] | None, i: int, word: str) -> str:

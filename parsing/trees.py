@@ -144,46 +144,19 @@ def iter_trees(
         for match in _TOKEN.finditer(line):
             token = match.group()
             if token == "(":
-                if stack:
-                    top = stack[-1]
-                    if top.label is None:
-                        if len(stack) > 1:
-                            raise TreebankError(source, line_no, "a bracket without a label")
-                        top.label = ""  # PTB's empty root bracket: ( (S ...) )
-                    if top.word is not None:
-                        raise TreebankError(
-                            source,
-                            line_no,
-                            f"({top.label} {top.word} ...) mixes a word and brackets",
-                        )
-                stack.append(_Frame(line_no))
+                _open_bracket(stack, source, line_no)
             elif token == ")":
                 if not stack:
                     raise TreebankError(
                         source, line_no, "unbalanced brackets: ')' without a matching '('"
                     )
-                frame = stack.pop()
-                tree = _finish(frame, source, line_no)
+                tree = _finish(stack.pop(), source, line_no)
                 if stack:
                     stack[-1].children.append(tree)
                 else:
                     yield tree if keep_root else _unwrap(tree)
             else:
-                if not stack:
-                    raise TreebankError(source, line_no, f"stray text {token!r} outside a tree")
-                top = stack[-1]
-                if top.label is None:
-                    top.label = token
-                elif top.children:
-                    raise TreebankError(
-                        source, line_no, f"word {token!r} among the brackets of ({top.label} ...)"
-                    )
-                elif top.word is not None:
-                    raise TreebankError(
-                        source, line_no, f"({top.label} {top.word} {token} ...): more than one word"
-                    )
-                else:
-                    top.word = token
+                _add_text(stack, token, source, line_no)
     if stack:
         raise TreebankError(
             source,
@@ -191,6 +164,39 @@ def iter_trees(
             f"unbalanced brackets: the tree opened at line {stack[0].line} is not closed "
             f"at the end ({len(stack)} bracket(s) open)",
         )
+
+
+def _open_bracket(stack: list[_Frame], source: str, line_no: int) -> None:
+    if stack:
+        top = stack[-1]
+        if top.label is None:
+            if len(stack) > 1:
+                raise TreebankError(source, line_no, "a bracket without a label")
+            top.label = ""  # PTB's empty root bracket: ( (S ...) )
+        if top.word is not None:
+            raise TreebankError(
+                source, line_no, f"({top.label} {top.word} ...) mixes a word and brackets"
+            )
+    stack.append(_Frame(line_no))
+
+
+def _add_text(stack: list[_Frame], token: str, source: str, line_no: int) -> None:
+    """A label (the first text in a bracket) or the one word of a preterminal."""
+    if not stack:
+        raise TreebankError(source, line_no, f"stray text {token!r} outside a tree")
+    top = stack[-1]
+    if top.label is None:
+        top.label = token
+    elif top.children:
+        raise TreebankError(
+            source, line_no, f"word {token!r} among the brackets of ({top.label} ...)"
+        )
+    elif top.word is not None:
+        raise TreebankError(
+            source, line_no, f"({top.label} {top.word} {token} ...): more than one word"
+        )
+    else:
+        top.word = token
 
 
 def _finish(frame: _Frame, source: str, line: int) -> Tree:
