@@ -22,7 +22,8 @@ from typing import Any
 
 from corpora import CorpusError, sources
 from corpora.archives import corrupt_archive, iter_members
-from corpora.fetch import Expected, LockFile, Seen, download, hash_file, mirror_url
+from corpora.fetch import Expected, Seen, download, hash_file, mirror_url
+from corpora.lockfile import LockFile
 from corpora.sources import Archive, Corpus, split_pair
 from corpora.text import LineWriter, read_sgm, read_text_lines, read_tsv
 

@@ -1,10 +1,9 @@
 """Downloads that survive flaky links: resume over HTTP Range, retry with backoff, verify, pin.
 
 ``download(url, dest, expected)`` writes ``<dest>.part`` and renames it to ``dest`` only after its
-size and checksums verify, so a file under its final name is always complete. ``LockFile`` pins
-the sha256 and size of a URL's first download that its reader accepted, for files nobody
-publishes a checksum for; later downloads must match. ``mirror_url`` maps a source's URLs
-(statmt.org's unless told another base) onto a mirror.
+size and checksums verify, so a file under its final name is always complete
+(``corpora.lockfile`` pins what nobody publishes a checksum for). ``mirror_url`` maps a source's
+URLs (statmt.org's unless told another base) onto a mirror.
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from corpora import CorpusError
+from transformer_core.folders import write_json_atomic
 
 __all__ = [
     "ChecksumError",
     "DownloadError",
     "Expected",
-    "LockFile",
     "Seen",
     "download",
     "file_url_path",
@@ -118,55 +117,6 @@ def file_url_path(url: str) -> Path:
     if parts.netloc not in ("", "localhost"):
         raise CorpusError(f"{url}: file:// URLs must name a local path (file:///abs/path)")
     return Path(urllib.request.url2pathname(parts.path))
-
-
-# ----------------------------------------------------------------------------- the lock file
-
-
-class LockFile:
-    """A JSON file pinning ``url -> {bytes, sha256}`` as first accepted; later downloads must match.
-
-    Callers pin a file only once it has been read successfully, so a bad file is never pinned.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def _entries(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except json.JSONDecodeError as exc:
-            raise CorpusError(f"lock file {self.path} is not valid JSON: {exc}") from None
-        return dict(data.get("files", {}))
-
-    def expected(self, url: str) -> Expected | None:
-        """What ``url`` was pinned to, or None if it never was."""
-        entry = self._entries().get(url)
-        if entry is None:
-            return None
-        return Expected(
-            bytes=entry.get("bytes"), sha256=entry.get("sha256"), origin=f"the lock file {self.path}",
-            remedy=f"Nothing was kept. {self.unpin_hint(url)}",
-        )
-
-    def unpin_hint(self, url: str) -> str:
-        """How to drop ``url``'s pin, for errors about a pinned file that turned out bad."""
-        return (
-            f"If the pinned file is bad, or changed upstream on purpose, remove the entry {url!r} "
-            f"from {self.path} and rerun."
-        )
-
-    def pin(self, url: str, seen: Seen) -> None:
-        """Record ``url``'s size and sha256 unless already pinned."""
-        entries = self._entries()
-        if url in entries:
-            return
-        entries[url] = {"bytes": seen.bytes, "sha256": seen.sha256}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(self.path, {"version": 1, "files": entries})
-        log.info("pinned %s (sha256 %s) in %s", url, seen.sha256[:12], self.path)
 
 
 # ----------------------------------------------------------------------------- verification
@@ -402,14 +352,7 @@ def _read_meta(part: Path) -> dict[str, Any]:
 def _write_meta(part: Path, url: str, headers: Any) -> None:
     etag = headers.get("ETag")
     validator = etag if etag and not etag.startswith("W/") else headers.get("Last-Modified")
-    _write_json(_meta_path(part), {"url": url, "validator": validator})
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Through a temporary file and a rename: a crash never leaves half a lock or meta file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(_meta_path(part), {"url": url, "validator": validator})
 
 
 def _discard(part: Path) -> None:

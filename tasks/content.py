@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tasks.config import fingerprint
+from transformer_core.folders import write_json_atomic
 
 
 class HashCache:
@@ -44,9 +45,7 @@ class HashCache:
         if not self.changed:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        part = self.path.with_name(f"{self.path.name}.{os.getpid()}.part")
-        part.write_text(json.dumps(self.entries, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(part, self.path)
+        write_json_atomic(self.path, self.entries)
         self.changed = False
 
 

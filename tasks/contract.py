@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +29,7 @@ from transformer_core.folders import (
     remove_stale_temporaries,
     sha256_file,
     temporary_sibling,
+    write_json_atomic,
 )
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,11 @@ def input_fingerprint(folder: Path, name: str) -> str:
             f"(rebuild it: `tfm stage {stage} --config <config> --force`)"
         )
     return manifest["fingerprint"]
+
+
+def input_fingerprints(inputs: Mapping[str, Path]) -> dict[str, str]:
+    """``input_fingerprint`` of every input folder, by name."""
+    return {name: input_fingerprint(Path(path), name) for name, path in inputs.items()}
 
 
 SMALL_FILE = 1 << 20
@@ -285,6 +290,7 @@ def run_stage(
     force: bool | str = False,
     hash_files: bool = True,
     outdated: Callable[[Path], str | None] | None = None,
+    input_fps: Mapping[str, str] | None = None,
 ) -> StageResult:
     """Run ``build(tmp_dir) -> stats`` unless ``out_dir`` is up to date; publish atomically.
 
@@ -292,10 +298,11 @@ def run_stage(
     ``config`` is the stage's own config (``stage_config``); ``inputs`` maps input names to
     finished artifact folders. ``outdated(out_dir)``, when given, can call an otherwise
     up-to-date output stale for a reason outside the folder (a registry version that is gone).
+    ``input_fps``: the inputs' ``input_fingerprints``, when the stage needed them first.
     """
     out_dir = Path(out_dir)
     started = time.time()
-    input_fps = {name: input_fingerprint(Path(path), name) for name, path in inputs.items()}
+    input_fps = dict(input_fps) if input_fps is not None else input_fingerprints(inputs)
     identity = stage_identity(stage, config, input_fps)
     fp = fingerprint(identity)
     status = check(out_dir, identity)
@@ -365,11 +372,3 @@ def lineage(inputs: Mapping[str, Path], key: str = "fingerprint") -> dict[str, s
         for up_role, info in (manifest.get("inputs") or {}).items():
             stack.append((up_role, Path(info["path"]), info.get("fingerprint")))
     return dict(sorted(found.items()))
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` via a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)

@@ -9,12 +9,14 @@ Marian exports write folders too) as well as serving the pipeline's stages.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,18 @@ def publish(tmp: Path, out: Path, *, already: Callable[[Path], bool] | None = No
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename: never half a file, also
+    with several processes writing it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.part")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def sha256_file(path: Path) -> str:

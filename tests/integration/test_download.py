@@ -25,7 +25,8 @@ from sacrebleu.dataset import DATASETS
 
 from corpora import CorpusError, sources
 from corpora.archives import CorruptArchiveError, MissingMemberError, UnsafeArchiveError
-from corpora.fetch import ChecksumError, LockFile, NetworkError, download
+from corpora.fetch import ChecksumError, NetworkError, download
+from corpora.lockfile import LockFile
 from tasks import download as download_stage
 from tasks.config import RunConfig, config_from_dict
 from tasks.contract import MANIFEST, StageError, read_manifest

@@ -228,7 +228,8 @@ def test_a_pinned_empty_file_is_named_with_the_lock_entry_that_keeps_it(tmp_path
     for lang in ("en", "de"):
         write_file(mirror_root, "val", lang, n=0)
     config = make_config(tmp_path, mirror=mirror_root.as_uri())
-    from corpora.fetch import LockFile, hash_file
+    from corpora.fetch import hash_file
+    from corpora.lockfile import LockFile
 
     lock = LockFile(tmp_path / "run" / "downloads.lock.json")
     for lang in ("en", "de"):

@@ -17,7 +17,8 @@ from corpora.archives import (
     UnsafeArchiveError,
     iter_members,
 )
-from corpora.fetch import ChecksumError, DownloadError, Expected, LockFile, download, mirror_url
+from corpora.fetch import ChecksumError, DownloadError, Expected, download, mirror_url
+from corpora.lockfile import LockFile
 from corpora.text import LineWriter, read_lines, read_sgm, read_text_lines, read_tsv
 
 # ----------------------------------------------------------------------------- helpers
