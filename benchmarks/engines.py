@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from serving import ct2
+from serving import ct2, ct2_export
 from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets
 from transformer_core.search import beam_search
 
@@ -124,7 +124,7 @@ def main() -> None:
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"p{i}" for i in range(4, vocab)]
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        export = ct2.save_model(model, pieces, Path(tmp) / "ct2", "float32")
+        export = ct2_export.save_model(model, pieces, Path(tmp) / "ct2", "float32")
         export_s = time.perf_counter() - started
         runners = build(names, model, export, args.threads, src, args.beam, out_len)
         seconds = measure(runners, passes)

@@ -30,7 +30,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from serving import pyfunc
-from serving.ct2 import _penalty, export_ctranslate2
+from serving.ct2 import _penalty
+from serving.ct2_export import export_ctranslate2
 from serving.translator import DecodeConfig
 from transformer_core import checkpoint
 

@@ -119,10 +119,10 @@ def translate_distributed(
 
     if decode.engine == "ctranslate2":
         # Once here rather than racing in every actor: the actors find it and only load it.
-        from serving import ct2
+        from serving import ct2_export
 
-        export_dir = export_dir or ct2.default_export_dir(model_path)
-        ct2.export_ctranslate2(model_path, tokenizer_dir, export_dir)
+        export_dir = export_dir or ct2_export.default_export_dir(model_path)
+        ct2_export.export_ctranslate2(model_path, tokenizer_dir, export_dir)
     batches = plan_decode_batches([len(s) for s in src_ids], decode.max_tokens_per_batch)
     items = [
         {"idx": rows.tolist(), "src_ids": [list(map(int, src_ids[i])) for i in rows]}

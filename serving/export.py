@@ -39,7 +39,7 @@ def registered_files(model_uri: str, dst: Path, tracking_uri: str | None = None)
 def export(target: str, checkpoint: Path, tokenizer_dir: Path, out: Path, quantization: str = "float32") -> Path:
     """Write ``out`` for ``target`` (ctranslate2 or marian); returns it."""
     if target == "ctranslate2":
-        from serving.ct2 import export_ctranslate2
+        from serving.ct2_export import export_ctranslate2
 
         return export_ctranslate2(checkpoint, tokenizer_dir, out, quantization)
     if target == "marian":

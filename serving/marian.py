@@ -376,9 +376,7 @@ def export_marian(
     from serving import tokenizer as tokenizer_lib
     from transformer_core import checkpoint as checkpoint_lib
 
-    checkpoint, out = Path(checkpoint), Path(out)
-    if checkpoint.is_dir():
-        checkpoint = checkpoint / "model.pt"
+    checkpoint, out = checkpoint_lib.model_file(checkpoint), Path(out)
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist")
     tok = tokenizer_lib.load(Path(tokenizer_dir))

@@ -151,14 +151,6 @@ def restore_order(
 # ----------------------------------------------------------------------------- translator
 
 
-def model_file(path: str | Path) -> Path:
-    """The checkpoint file: ``path`` itself, or ``path/model.pt`` for an artifact folder."""
-    from transformer_core.checkpoint import MODEL_FILE
-
-    path = Path(path)
-    return path / MODEL_FILE if path.is_dir() else path
-
-
 def default_device() -> str:
     """``cuda`` when a GPU is visible (Ray sets CUDA_VISIBLE_DEVICES per actor), else ``cpu``."""
     import torch
@@ -245,6 +237,7 @@ class Translator:
         for ``decode.engine``: torch casts the weights to ``decode.dtype``; ctranslate2 exports
         the checkpoint once (into ``export_dir``, by default next to it) and loads that."""
         from serving import tokenizer as tokenizer_lib
+        from transformer_core.checkpoint import model_file
 
         decode = decode or DecodeConfig()
         tok = tokenizer_lib.load(Path(tokenizer_dir))
@@ -313,6 +306,7 @@ def _load_torch(
     import torch
 
     from transformer_core import checkpoint
+    from transformer_core.checkpoint import model_file
 
     if decode.threads:
         torch.set_num_threads(decode.threads)
@@ -329,6 +323,7 @@ def _load_ctranslate2(
     device: str | None,
 ) -> Any:
     from serving import ct2
+    from transformer_core.checkpoint import model_file
 
     export = None if export_dir is None else Path(export_dir)
     return ct2.load_engine(

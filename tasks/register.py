@@ -130,7 +130,7 @@ def _stage_model_files(
         ARTIFACT_DECODE: str(staging / "decode.json"),
     }
     if config.decoding.engine == "ctranslate2":  # served at CTranslate2's speed, exported once here
-        from serving.ct2 import export_ctranslate2
+        from serving.ct2_export import export_ctranslate2
 
         artifacts[ARTIFACT_CTRANSLATE2] = str(export_ctranslate2(weights, tok, staging / "ctranslate2"))
     return artifacts

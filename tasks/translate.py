@@ -39,8 +39,9 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = Fa
         from evaluation.attention import plot_attention
         from serving import tokenizer
         from serving.batch import translate_distributed
-        from serving.translator import encode_texts, model_file
+        from serving.translator import encode_texts
         from tasks.runtime import ensure_ray
+        from transformer_core.checkpoint import model_file
 
         source_file = download / f"test.{src_lang}"
         texts = read_lines(source_file)

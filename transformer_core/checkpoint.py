@@ -28,6 +28,12 @@ _RESERVED = ("model", "config", "vocab_size", "tgt_vocab_size", "format_version"
 _PLAIN = (str, int, float, bool, type(None))
 
 
+def model_file(path: str | Path) -> Path:
+    """The checkpoint file: ``path`` itself, or ``path/model.pt`` for a folder holding one."""
+    path = Path(path)
+    return path / MODEL_FILE if path.is_dir() else path
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be read or does not match what the caller expects."""
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from stage_folders import tiny_sentences
 
-from serving import ct2
-from serving.translator import DecodeConfig, Translator, model_file
+from serving import ct2, ct2_export
+from serving.translator import DecodeConfig, Translator
 from transformer_core import presets
-from transformer_core.checkpoint import CheckpointError
+from transformer_core.checkpoint import CheckpointError, model_file
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("ctranslate2")  # the "serve" extra (also in "dev")
@@ -31,7 +31,7 @@ def translate(model, tokenizer, decode: DecodeConfig, export_dir=None, texts=TEX
 def export(tmp_path_factory, tiny_model, tiny_tokenizer) -> Path:
     """The tiny model's float32 export, outside the shared average folder."""
     out = tmp_path_factory.mktemp("ct2") / "model.ct2-float32"
-    return ct2.export_ctranslate2(tiny_model, tiny_tokenizer, out)
+    return ct2_export.export_ctranslate2(tiny_model, tiny_tokenizer, out)
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_int8_translations_stay_close(tiny_model, tiny_tokenizer, export) -> Non
 
 def test_quantized_exports_of_the_checkpoint_load(tiny_model, tiny_tokenizer, tmp_path) -> None:
     for quantization in ("int8", "int8_float16", "bfloat16", "float16"):
-        out = ct2.export_ctranslate2(tiny_model, tiny_tokenizer, tmp_path / quantization, quantization)
+        out = ct2_export.export_ctranslate2(tiny_model, tiny_tokenizer, tmp_path / quantization, quantization)
         engine = ct2.CTranslate2Engine(out)
         assert len(engine.search([[5, 6, 7, 3]], DecodeConfig())) == 1
 
@@ -89,11 +89,11 @@ def test_the_export_is_reused_and_redone_for_another_checkpoint(
     import torch
 
     out = tmp_path / "export"
-    ct2.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out)
-    first = ct2.read_info(out)["checkpoint_sha256"]
+    ct2_export.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out)
+    first = ct2_export.read_info(out)["checkpoint_sha256"]
     stamp = (out / "model.bin").stat().st_mtime_ns
     started = time.perf_counter()
-    assert ct2.export_ctranslate2(checkpoint_copy.parent, tiny_tokenizer, out) == out
+    assert ct2_export.export_ctranslate2(checkpoint_copy.parent, tiny_tokenizer, out) == out
     assert time.perf_counter() - started < 1.0
     assert (out / "model.bin").stat().st_mtime_ns == stamp  # reused, not written again
 
@@ -101,8 +101,8 @@ def test_the_export_is_reused_and_redone_for_another_checkpoint(
     data = torch.load(checkpoint_copy, weights_only=True)
     data["model"]["generator.weight"] = data["model"]["generator.weight"] * 1.5
     torch.save(data, checkpoint_copy)
-    ct2.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out)
-    assert ct2.read_info(out)["checkpoint_sha256"] != first
+    ct2_export.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out)
+    assert ct2_export.read_info(out)["checkpoint_sha256"] != first
     assert (out / "model.bin").stat().st_mtime_ns != stamp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "model.pt"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import V, tiny_model
 
-from serving import ServingError, ct2
+from serving import ServingError, ct2, ct2_export
 from serving.translator import DecodeConfig
 from transformer_core import EOS_ID, PAD_ID, ConfigError
 from transformer_core.search import beam_search
@@ -43,7 +43,7 @@ def test_greedy_outputs_equal_ours_for_every_layout(tmp_path: Path, changes: dic
     """Argmax decoding compares the logits of both implementations at every step, so equal
     outputs on random weights (no ties to hide behind) mean the mapping is exact."""
     model = tiny_model(seed=3, **changes)
-    engine = ct2.CTranslate2Engine(ct2.save_model(model, PIECES, tmp_path / "m"))
+    engine = ct2.CTranslate2Engine(ct2_export.save_model(model, PIECES, tmp_path / "m"))
     src_ids = sources()
     decode = DecodeConfig(beam_size=1, max_len_offset=3)
     ours = beam_search(model, padded(src_ids), beam_size=1, max_len_offset=3)
@@ -58,7 +58,7 @@ def test_beam_outputs_mostly_equal_ours_on_random_weights(tmp_path: Path) -> Non
     (ours masks after the softmax): large on random weights, negligible on trained ones
     (tests/integration/test_ctranslate2_serving.py holds the >= 99% check)."""
     model = tiny_model(seed=3)
-    engine = ct2.CTranslate2Engine(ct2.save_model(model, PIECES, tmp_path / "m"))
+    engine = ct2.CTranslate2Engine(ct2_export.save_model(model, PIECES, tmp_path / "m"))
     src_ids = sources(64)
     ours = beam_search(model, padded(src_ids), beam_size=4, alpha=0.6, max_len_offset=5)
     theirs = engine.search(src_ids, DecodeConfig(max_len_offset=5))
@@ -66,7 +66,7 @@ def test_beam_outputs_mostly_equal_ours_on_random_weights(tmp_path: Path) -> Non
 
 
 def test_n_best_is_sorted_by_the_gnmt_score(tmp_path: Path) -> None:
-    engine = ct2.CTranslate2Engine(ct2.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))
+    engine = ct2.CTranslate2Engine(ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))
     found = engine.hypotheses(sources(8), beam_size=4, alpha=0.6, max_len_offset=5, n_best=4)
     for hyps in found:
         assert len(hyps) == 4
@@ -81,7 +81,7 @@ def test_n_best_lists_mostly_equal_ours(tmp_path: Path) -> None:
     from serving.translator import TorchEngine
 
     model = tiny_model(seed=3)
-    engine = ct2.CTranslate2Engine(ct2.save_model(model, PIECES, tmp_path / "m"))
+    engine = ct2.CTranslate2Engine(ct2_export.save_model(model, PIECES, tmp_path / "m"))
     src_ids = sources(32)
     decode = DecodeConfig(max_len_offset=5)
     ours = TorchEngine(model).nbest(src_ids, decode, 3)
@@ -93,15 +93,15 @@ def test_n_best_lists_mostly_equal_ours(tmp_path: Path) -> None:
 
 def test_fixed_length_outputs(tmp_path: Path) -> None:
     """min_len = max_len: every output has that length (the benchmark relies on it)."""
-    engine = ct2.CTranslate2Engine(ct2.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))
+    engine = ct2.CTranslate2Engine(ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))
     found = engine.hypotheses(sources(8), beam_size=4, max_len=7, min_len=7)
     assert {len(hyps[0].tokens) for hyps in found} == {7}
 
 
-@pytest.mark.parametrize("quantization", ct2.QUANTIZATIONS)
+@pytest.mark.parametrize("quantization", ct2_export.QUANTIZATIONS)
 def test_every_quantization_loads_and_translates(tmp_path: Path, quantization: str) -> None:
-    out = ct2.save_model(tiny_model(seed=3), PIECES, tmp_path / "m", quantization)
-    assert ct2.read_info(out)["quantization"] == quantization
+    out = ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m", quantization)
+    assert ct2_export.read_info(out)["quantization"] == quantization
     engine = ct2.CTranslate2Engine(out)  # "default": the stored type, or the nearest one here
     outputs = engine.search(sources(4), DecodeConfig(max_len_offset=2))
     assert len(outputs) == 4 and all(len(o) <= 15 for o in outputs)
@@ -109,11 +109,11 @@ def test_every_quantization_loads_and_translates(tmp_path: Path, quantization: s
 
 def test_an_unknown_quantization_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^quantization: 'int4' is not one of float32, ") as err:
-        ct2.save_model(tiny_model(), PIECES, tmp_path / "m", "int4")
+        ct2_export.save_model(tiny_model(), PIECES, tmp_path / "m", "int4")
     assert "\n" not in str(err.value)
     # Refused before anything is read or written.
     with pytest.raises(ConfigError, match="^quantization"):
-        ct2.export_ctranslate2(tmp_path / "none.pt", tmp_path, tmp_path / "out", "fp8")
+        ct2_export.export_ctranslate2(tmp_path / "none.pt", tmp_path, tmp_path / "out", "fp8")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -122,7 +122,7 @@ def test_a_compute_type_the_device_lacks_is_one_clear_error(tmp_path: Path) -> N
 
     if "float16" in ctranslate2.get_supported_compute_types("cpu"):
         pytest.skip("this CPU computes in float16")
-    out = ct2.save_model(tiny_model(), PIECES, tmp_path / "m")
+    out = ct2_export.save_model(tiny_model(), PIECES, tmp_path / "m")
     with pytest.raises(ConfigError, match=r"^compute_type: 'float16' on cpu: ") as err:
         ct2.CTranslate2Engine(out, compute_type="float16")
     assert "\n" not in str(err.value)
@@ -130,13 +130,13 @@ def test_a_compute_type_the_device_lacks_is_one_clear_error(tmp_path: Path) -> N
 
 def test_different_key_and_value_widths_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ServingError, match="d_k=8 differs from d_v=16"):
-        ct2.save_model(tiny_model(d_k=8), PIECES, tmp_path / "m")
+        ct2_export.save_model(tiny_model(d_k=8), PIECES, tmp_path / "m")
     assert not (tmp_path / "m").exists()
 
 
 def test_a_vocabulary_of_another_size_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ServingError, match="source vocabulary has 40 ids but the tokenizer 39"):
-        ct2.save_model(tiny_model(), PIECES[:-1], tmp_path / "m")
+        ct2_export.save_model(tiny_model(), PIECES[:-1], tmp_path / "m")
 
 
 def test_saving_again_replaces_the_folder_through_a_temporary_sibling(tmp_path: Path) -> None:
@@ -145,9 +145,9 @@ def test_saving_again_replaces_the_folder_through_a_temporary_sibling(tmp_path: 
     finished = subprocess.Popen(["true"])
     finished.wait()
     (tmp_path / f".m.tmp-{finished.pid}-0badc0de").mkdir()  # what a killed export leaves
-    out = ct2.save_model(tiny_model(seed=1), PIECES, tmp_path / "m", identity={"run": 1})
-    ct2.save_model(tiny_model(seed=2), PIECES, out, identity={"run": 2})
-    assert ct2.read_info(out)["run"] == 2
+    out = ct2_export.save_model(tiny_model(seed=1), PIECES, tmp_path / "m", identity={"run": 1})
+    ct2_export.save_model(tiny_model(seed=2), PIECES, out, identity={"run": 2})
+    assert ct2_export.read_info(out)["run"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary folder left
     assert {p.name for p in out.iterdir()} >= {"model.bin", "config.json", "export.json"}
 
