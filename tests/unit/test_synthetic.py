@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from corpora import synthetic
+from corpora import synthetic, synthetic_lexicon
 
 
 def config(seed: int = 5, train: int = 300, dev: int = 40, test: int = 40) -> dict:
@@ -94,7 +94,7 @@ def synthetic_finite_forms() -> set[str]:
     g = grammar()
     forms = {f for v in g.verbs for f in v.forms.values()}
     forms |= {v.prefix + f for v in g.verbs for f in v.forms.values()}
-    forms |= set(synthetic._HABEN.values()) | set(synthetic._SEIN.values()) | set(synthetic._WERDEN.values())
+    forms |= set(synthetic_lexicon.HABEN.values()) | set(synthetic_lexicon.SEIN.values()) | set(synthetic_lexicon.WERDEN.values())
     return forms
 
 
