@@ -1,0 +1,201 @@
+"""The run config's stage-only sections: where the corpus comes from, averaging, the registry,
+tracking, Ray and parsing. The libraries' sections (``ModelConfig``, ``CleanConfig``,
+``TokenizerConfig``, ``ShardConfig``, ``TrainConfig``, ``DecodeConfig``) live with their
+libraries; ``tasks.config`` composes them all into ``RunConfig``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from corpora import CorpusError
+from corpora.sources import (
+    STANDARD_EVAL,
+    multi30k_eval_set,
+    multi30k_train,
+    split_pair,
+    train_corpora,
+)
+from corpora.synthetic import PAIRS as SYNTHETIC_PAIRS
+from transformer_core.config import ConfigError
+
+__all__ = ["DataConfig", "AverageConfig", "RegisterConfig", "MlflowConfig", "RayConfig", "ParsingConfig"]
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the parallel corpus comes from (download stage)."""
+
+    source: Literal["synthetic", "wmt14", "multi30k", "local", "treebank"] = "synthetic"
+    """synthetic: the offline grammar corpus; wmt14: statmt.org or a mirror; multi30k: Multi30k task 1; local: files on disk; treebank: PTB files."""
+    pair: str = "en-de"
+    """Language pair as src-tgt, e.g. en-de or en-fr (multi30k: two of en, de, fr, cs)."""
+    corpora: tuple[str, ...] = ()
+    """Training corpora names from the source registry; empty means the registry's default set (multi30k: leave empty)."""
+    dev: str | None = None
+    """Development set name; null means the source's standard: newstest2013 (wmt14), val (multi30k)."""
+    test: str | None = None
+    """Test set name; null means the source's standard: newstest2014 (wmt14; release: test_variant), test_2016_flickr (multi30k)."""
+    test_variant: Literal["full", "filtered"] = "full"
+    """newstest2014 release: full (3,003 segments) or filtered (2,737); Multi30k test sets have one (full)."""
+    mirror: str | None = None
+    """A file:// folder or http(s):// base replacing statmt.org (multi30k: the repository root); offline clusters, tests."""
+    local_dir: str | None = None
+    """For source=local: a folder with train/dev/test .<lang> files (or treebank files)."""
+    max_retries: int = 5
+    """Download attempts per file before giving up (exponential backoff between them)."""
+    cache_dir: str | None = None
+    """Where downloaded archives are kept between runs; null means <workdir>/cache/downloads."""
+    lock_file: str | None = None
+    """JSON file pinning each download's sha256 and size when first seen; null means <workdir>/downloads.lock.json."""
+    local_train: tuple[str, ...] = ("train",)
+    """For source=local: training file prefixes in local_dir (each <prefix>.<lang>; the prefix names the corpus)."""
+    local_dev: str = "dev"
+    """For source=local: dev file prefix in local_dir (<prefix>.<lang>)."""
+    local_test: str = "test"
+    """For source=local: test file prefix in local_dir (<prefix>.<lang>)."""
+    synthetic_train: int = 20000
+    """For source=synthetic: number of training pairs."""
+    synthetic_dev: int = 500
+    """For source=synthetic: number of dev pairs."""
+    synthetic_test: int = 500
+    """For source=synthetic: number of test pairs."""
+
+    def __post_init__(self) -> None:
+        try:
+            split_pair(self.pair)
+        except ValueError as exc:
+            raise ConfigError("pair", str(exc)) from None
+        if self.source == "treebank" and self.pair != "words-tree":
+            raise ConfigError("pair", f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)")
+        if self.max_retries < 1:
+            raise ConfigError("max_retries", f"{self.max_retries} must be >= 1")
+        # Sources without named sets (local, synthetic, treebank) keep WMT14's names, as before.
+        # Resolved here, not in each reader, so every stage and fingerprint sees the same names.
+        dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
+        if self.dev is None:
+            object.__setattr__(self, "dev", dev)
+        if self.test is None:
+            object.__setattr__(self, "test", test)
+        if self.source == "multi30k":
+            self._check_multi30k()
+        elif self.source == "synthetic" and self.pair not in SYNTHETIC_PAIRS:
+            raise ConfigError("pair", f"{self.pair!r}: the synthetic corpus is English-German "
+                                      f"({' or '.join(SYNTHETIC_PAIRS)})")
+        elif self.source == "wmt14":
+            try:
+                train_corpora(self.pair, self.corpora)
+            except CorpusError as exc:
+                raise ConfigError("corpora" if "unknown corpus" in str(exc) else "pair", str(exc)) from None
+
+    def _check_multi30k(self) -> None:
+        """The pair's languages and the dev and test sets must be Multi30k's."""
+        if self.corpora:
+            raise ConfigError(
+                "corpora", f"{list(self.corpora)}: Multi30k has one training corpus; leave data.corpora empty"
+            )
+        if self.test_variant != "full":
+            raise ConfigError(
+                "test_variant", f"{self.test_variant!r} is a newstest2014 release; Multi30k test sets have one (full)"
+            )
+        try:
+            multi30k_train(self.pair)
+        except CorpusError as exc:
+            raise ConfigError("pair", str(exc)) from None
+        for key in ("dev", "test"):
+            try:
+                multi30k_eval_set(getattr(self, key), self.pair)
+            except CorpusError as exc:
+                raise ConfigError(key, str(exc)) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AverageConfig:
+    """Checkpoint averaging (paper section 6.1)."""
+
+    last: int = 5
+    """Number of checkpoints averaged (base 5, big 20)."""
+    spacing: Literal["step", "time"] = "step"
+    """Pick the last N by step, or the last N spaced by checkpoint_minutes (the paper's way)."""
+    select: Literal["last", "best"] = "last"
+    """last: average the last N checkpoints (the paper); best: take the best checkpoint by dev
+    BLEU alone (needs train.bleu_sentences; with train.patience the last ones are past it)."""
+
+    def __post_init__(self) -> None:
+        if self.last < 1:
+            raise ConfigError("last", f"{self.last} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegisterConfig:
+    """The MLflow model registry."""
+
+    model_name: str = "transformer-translator"
+    """Registered model name."""
+    metric: str = "bleu_sacre"
+    """Metric that decides whether a new version takes the champion alias."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlflowConfig:
+    """Experiment tracking."""
+
+    tracking_uri: str | None = None
+    """Tracking server; null means MLFLOW_TRACKING_URI if set, else sqlite:///<workdir>/mlflow.db."""
+    experiment: str = "transformer"
+    """Experiment name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    """Where Ray runs."""
+
+    address: str | None = None
+    """Cluster address; null means RAY_ADDRESS or a local Ray started by the stage."""
+    num_cpus: int | None = None
+    """CPUs for a local Ray (null: all)."""
+    dashboard: bool = True
+    """Start the dashboard with a local Ray (on 127.0.0.1): Ray Train's cleanup uses its State API."""
+    loopback: bool = True
+    """A local Ray binds every port it opens to 127.0.0.1; false: to the machine's address."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParsingConfig:
+    """English constituency parsing (paper section 6.3): treebank, splits, target form, decoding."""
+
+    treebank_dir: str | None = None
+    """Treebank root, e.g. a licensed LDC99T42 copy's parsed/mrg/wsj (holding 00/ ... 24/)."""
+    train_files: tuple[str, ...] = ("0[2-9]/*.mrg", "1[0-9]/*.mrg", "2[01]/*.mrg")
+    """Glob patterns under treebank_dir for training trees (default: WSJ sections 02-21)."""
+    dev_files: tuple[str, ...] = ("22/*.mrg",)
+    """Glob patterns for development trees (default: WSJ section 22); empty for none."""
+    test_files: tuple[str, ...] = ("23/*.mrg",)
+    """Glob patterns for test trees (default: WSJ section 23)."""
+    form: Literal["t2t", "vinyals", "words"] = "t2t"
+    """Target form: t2t (tags kept, closing brackets labelled, as the paper), vinyals (tags as XX) or words (each word written before its tag)."""
+    beam_size: int = 21
+    """Beam width for parsing (the paper: 21)."""
+    alpha: float = 0.3
+    """Length penalty exponent for parsing (the paper: 0.3)."""
+    max_len_offset: int = 300
+    """Maximum output length = input length + this (the paper: 300)."""
+    constrained: bool = False
+    """Beam search keeps every hypothesis a well-formed tree with one POS slot per word (needs tokenizer.target_symbols)."""
+    evalb_max_error: int | None = 10
+    """EVALB's MAX_ERROR: parse_score fails, as EVALB gives up, at error sentence number this + 2; null scores them all."""
+    silver_corpus: str | None = None
+    """Semi-supervised setting: a file of extra (silver) trees added to the training split."""
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ConfigError("beam_size", f"{self.beam_size} must be >= 1")
+        if self.alpha < 0:
+            raise ConfigError("alpha", f"{self.alpha} must be >= 0")
+        if self.max_len_offset < 0:
+            raise ConfigError("max_len_offset", f"{self.max_len_offset} must be >= 0")
+        if self.evalb_max_error is not None and self.evalb_max_error < 0:
+            raise ConfigError("evalb_max_error", f"{self.evalb_max_error} must be >= 0 or null")
+        for name in ("train_files", "dev_files", "test_files"):
+            for pattern in getattr(self, name):
+                if not pattern or pattern.startswith("/") or ".." in pattern.split("/"):
+                    raise ConfigError(name, f"{pattern!r} must be a glob relative to treebank_dir")
