@@ -7,12 +7,12 @@ import json
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from corpora import CorpusError
 from parsing.trees import TreebankError
+from pipelines import signals
 from serving import ServingError
 from tasks.config import ConfigError
 from tasks.contract import StageError
@@ -291,79 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-STOP_GRACE = 8.0
-"""Seconds a stopped command gets to end by itself before it exits regardless
-(``stop_on_signals``)."""
-_stopped = threading.Event()
-_stopped_by: list[int] = []
-
-
-def stop_on_signals() -> None:
-    """Ctrl-C (SIGINT, which a terminal sends to the whole process group) and SIGTERM end the
-    command within seconds, in one line, with 130 or 143.
-
-    Each interrupts the main thread (KeyboardInterrupt, or whatever handler a library installed
-    meanwhile: Ray Train's aborts the training run, Ray's exits on SIGTERM), so a stage ends as
-    on any error, training keeping its checkpoints. The same Ctrl-C also ends Prefect's temporary
-    API server, and the flow's exit then waited minutes on it before failing with a
-    ConnectError: ``STOP_GRACE`` seconds after the signal the command exits regardless, and the
-    watchdog ends what it started (the local Ray, the server). The signal is seen through
-    Python's wakeup fd, which every Python-level handler writes to, so a library that replaces
-    the handler does not hide it."""
-    import signal
-    import socket
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
-    reader, writer = socket.socketpair()
-    writer.setblocking(False)
-    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    threading.Thread(target=_watch_signals, args=(reader, writer), daemon=True).start()
-
-
-def _watch_signals(reader: object, writer: object) -> None:
-    """Note the first SIGINT or SIGTERM and exit ``STOP_GRACE`` seconds later (``writer``
-    is held here so that it stays open)."""
-    import signal
-
-    while True:
-        for signum in reader.recv(64):  # type: ignore[attr-defined]
-            if signum in (signal.SIGINT, signal.SIGTERM) and not _stopped_by:
-                _stopped_by.append(signum)
-                _stopped.set()
-                exit_later = threading.Timer(STOP_GRACE, _exit_now, args=(signum,))
-                exit_later.daemon = True
-                exit_later.start()
-
-
-def _stop_line(signum: int) -> str:
-    import signal
-
-    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-    return f"{PROG}: {what}; rerun the same command to continue"
-
-
-def _exit_now(signum: int) -> None:
-    """The stop's one line, then exit at once: no interpreter shutdown, in which Ray's core
-    library aborted the process (SIGABRT, a native stack dump) after a SIGTERM."""
-    sys.stdout.flush()
-    print(_stop_line(signum), file=sys.stderr, flush=True)
-    os._exit(128 + signum)
-
-
-def _stop_signal(wait: float = 0.5) -> int | None:
-    """The signal that stopped the command, if one did (the watcher may note it a moment after
-    the main thread has felt it)."""
-    return _stopped_by[0] if _stopped.wait(wait) else None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.func in (cmd_run, cmd_stage):
-        stop_on_signals()
+        signals.stop_on_signals(PROG)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -381,17 +312,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, SystemExit) as exc:
-        signum = _stop_signal()
+        signum = signals.stop_signal()
         if signum is not None:
-            _exit_now(signum)
+            signals.exit_now(signum)
         if isinstance(exc, SystemExit):
             raise
-        print(_stop_line(2), file=sys.stderr)  # a KeyboardInterrupt of its own: as Ctrl-C
+        print(signals.stop_line(2), file=sys.stderr)  # a KeyboardInterrupt of its own: as Ctrl-C
         return 130
     except Exception as exc:
-        signum = _stop_signal(0.0)
+        signum = signals.stop_signal(0.0)
         if signum is not None:  # what a stop broke on the way out (a server gone with it)
-            _exit_now(signum)
+            signals.exit_now(signum)
         if args.verbose:
             raise
         print(f"{PROG}: {error_line(exc)}", file=sys.stderr)
