@@ -76,7 +76,7 @@ _CONTROL = r"[\x{0}-\x{8}\x{E}-\x{1F}\x{7F}-\x{84}\x{86}-\x{9F}\x{FEFF}\x{200B}]
 # ASCII whitespace, vertical tab, NEL and every Unicode space separator (NBSP, U+2028, ...): one space.
 _SPACE = r"[\s\x{B}\x{85}\p{Z}]+"
 # The lines _SPACE changes: a run of two or more of its characters, or one that is not " ".
-# ([\t-\r] is \s and \x{B} less " "; [^\PZ ] is \p{Z} less " ".) Matching is ~10x cheaper than
+# ([\t-\r] is \s and \x{B} less " "; [^\PZ ] is \p{Z} less " ".) Matching is much cheaper than
 # replacing every single space, and most lines have nothing to collapse.
 _SPACE_TO_FIX = r"[\t-\r\x{85}\p{Z}]{2,}|[\t-\r\x{85}]|[^\PZ ]"
 
@@ -173,7 +173,7 @@ def pair_hashes(src: pa.Array, tgt: pa.Array) -> np.ndarray:
     # Normalised text holds no tab, so "src\ttgt" identifies the pair.
     joined = pc.binary_join_element_wise(src, tgt, "\t")
     # categorize=False: the same values as the default (which hashes the unique strings and maps
-    # them back), without the factorization, five times faster on mostly unique pairs.
+    # them back), without the factorization, which mostly unique pairs make pure overhead.
     return pd.util.hash_array(joined.to_numpy(zero_copy_only=False), categorize=False)
 
 

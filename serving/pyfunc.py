@@ -1,8 +1,9 @@
 """The registered "translator": an MLflow pyfunc around the ``Translator``.
 
 A registered version holds the weights, the tokenizer folder, the model config (checked against
-the checkpoint's own) and the decoding config as artifacts, and carries ``serving`` and
-``transformer_core`` as its code (``code_paths``), nothing else of this project. It is logged as
+the checkpoint's own) and the decoding config as artifacts, and carries ``serving``,
+``transformer_core`` and ``parsing`` (for tree-constrained decoding) as its code
+(``code_paths``), nothing else of this project. It is logged as
 code (``serving/registered_model.py``), so loading it runs that file and unpickles nothing.
 """
 

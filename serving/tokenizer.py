@@ -55,10 +55,6 @@ class Tokenizer:
                 pieces.append(i)
         return self.sp.decode(pieces)
 
-    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        """``decode`` for many id lists."""
-        return [self.decode(ids) for ids in batch]
-
 
 def load(folder: Path) -> Tokenizer:
     """The tokenizer in ``folder`` (the tokenizer stage's output, or a registered model's copy)."""

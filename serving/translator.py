@@ -51,7 +51,8 @@ class DecodeConfig:
     """Ray Data decoding actors of the translate stage."""
     dtype: str = "float32"
     """Engine torch: weights and activations while decoding: float32, or bfloat16 (on GPUs, and
-    on CPUs with AVX512-BF16 or AMX about 2.5x faster than float32; slow on CPUs without them)."""
+    on CPUs with AVX512-BF16 or AMX, faster than float32; slow on CPUs without them:
+    docs/translation.md)."""
     engine: str = "torch"
     """Who runs the search: torch (our beam search) or ctranslate2 (CTranslate2's, same
     settings; the checkpoint is exported once, next to it)."""

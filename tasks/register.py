@@ -3,12 +3,12 @@
 In: ``average``, ``tokenizer``, ``score``. Out: ``registered.json`` (model name, version,
 aliases, the champion decision). Each registration logs the model (``serving.pyfunc``: weights,
 tokenizer, model and decoding configs as artifacts), creates a registry version with lineage
-tags (every upstream stage's fingerprint, the run config, the code version) and its scores, and
+tags (every upstream stage's fingerprint and code fingerprint, the run config, the git commit) and its scores, and
 points the ``candidate`` alias at it; ``champion`` moves as ``evaluation.champion`` decides, and
 the log and ``registered.json`` say why.
 
-The pyfunc carries its own code (``code_paths``: copies of ``serving`` and ``transformer_core``,
-nothing else) rather than a pip requirement on this project: the project is not on a package
+The pyfunc carries its own code (``code_paths``: copies of ``serving``, ``transformer_core`` and
+``parsing``, nothing else) rather than a pip requirement on this project: the project is not on a package
 index, so an environment built from the model's requirements (``mlflow models serve`` with
 virtualenv or conda) could not install it, and the copy pins the exact code that wrote the
 weights. Its ``pip_requirements`` pin what that code imports (torch, sentencepiece, numpy) to

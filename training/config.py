@@ -42,8 +42,8 @@ class TrainConfig:
     """torch.compile the model and the loss (dynamic shapes: one graph for every batch shape)."""
     fused_loss: bool = False
     """The pre-softmax projection and the label-smoothed loss fused, in chunks of rows: the whole
-    (tokens, vocab) logits never exist. Half the peak memory of base on an H100, at 0.94x (base)
-    to 1.0x (big) the speed compiled, 0.91-0.95x eager (docs/benchmarks.md)."""
+    (tokens, vocab) logits never exist: less peak memory for a little speed (measured in
+    docs/benchmarks.md)."""
     fused_adam: bool | None = None
     """Adam's fused kernel; null: fused on GPUs, torch's multi-tensor (foreach) Adam elsewhere."""
     pad_multiple: int = 1
