@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from serving.translator import encode_texts
 
-__all__ = ["plot_attention"]
+__all__ = ["cross_attention_maps", "plot_attention"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def plot_attention(
     axes = fig.subplots(1, len(picked), squeeze=False)[0]
     for ax, (src, tgt) in zip(axes, picked, strict=True):
         tgt_in = [model.config.bos_id] + tgt[:-1]  # the decoder input that predicts tgt
-        maps = model.cross_attention(torch.tensor([src]), torch.tensor([tgt_in]))
+        maps = cross_attention_maps(model, torch.tensor([src]), torch.tensor([tgt_in]))
         w = maps[-1][0].mean(dim=0).numpy()  # (T, S), last layer, mean over heads
         ax.imshow(w, cmap="viridis", aspect="auto", vmin=0.0, vmax=1.0)
         ax.set_xticks(range(len(src)), [tok.sp.id_to_piece(i) for i in src], rotation=90, fontsize=7)
@@ -63,3 +64,31 @@ def plot_attention(
     fig.tight_layout()
     fig.savefig(path, dpi=90, metadata={"Software": None})
     return len(picked)
+
+
+def cross_attention_maps(model: Any, src: Any, tgt_in: Any) -> list[Any]:
+    """Encoder-decoder attention probabilities of a teacher-forced pass of ``model`` (a
+    ``transformer_core`` Transformer), per decoder layer: (B, nh, T, S) each, rows summing to 1
+    over the real source positions. Runs in eval mode and restores the mode after."""
+    import torch
+
+    captured: list[Any] = []
+
+    def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        x, k = args[0], args[1]
+        captured.append(module.weights(x, k, kwargs.get("mask")))
+
+    was_training = model.training
+    handles = [
+        layer.cross_attn.register_forward_hook(hook, with_kwargs=True)
+        for layer in model.decoder_layers
+    ]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(src, tgt_in)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return captured

@@ -2,12 +2,12 @@
 
 Read top to bottom: positional encoding (3.5), multi-head attention (3.2), the position-wise
 feed-forward network (3.3), the residual connection around every sub-layer (5.4), encoder and
-decoder layers (3.1), and the full model with shared embeddings (3.4). Incremental decoding
-lives in ``decoding.py``, search in ``search.py``, the loss in ``loss.py``; parallelism and
-mixed precision are applied by the trainer.
+decoder layers (3.1), and the full model with shared embeddings (3.4). Given an incremental
+state (``decoding.py``: cached keys/values) the decoder runs only new positions; search is in
+``search.py``, the loss in ``loss.py``; the trainer applies parallelism and mixed precision.
 
 Shapes: B batch, S source length, T target length, D d_model, V vocabulary,
-nh heads, hk / hv per-head key / value width.
+nh heads, hk / hv per-head key / value width, g query rows sharing one row of keys/values.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,37 +63,67 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(self.n_heads * self.d_v, config.d_model)
         self.attention_dropout = config.attention_dropout
 
-    def _split_heads(self, x: Tensor, head_dim: int) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, head_dim).transpose(1, 2)  # (B, nh, T, hs)
-
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Project (B, S, D) into per-head keys (B, nh, S, hk) and values (B, nh, S, hv)."""
-        k = self._split_heads(self.k_proj(x), self.d_k)  # (B, nh, S, hk)
-        v = self._split_heads(self.v_proj(x), self.d_v)  # (B, nh, S, hv)
+        B, S, _ = x.shape
+        k = self.k_proj(x).view(B, S, self.n_heads, self.d_k).transpose(1, 2)  # (B, nh, S, hk)
+        v = self.v_proj(x).view(B, S, self.n_heads, self.d_v).transpose(1, 2)  # (B, nh, S, hv)
         return k, v
 
     def forward(
-        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False
+        self,
+        x: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        plain: bool = False,
     ) -> Tensor:
-        """Queries from x (B, T, D) attend to k, v; ``mask`` is True where attention is allowed."""
-        q = self._split_heads(self.q_proj(x), self.d_k)  # (B, nh, T, hk)
-        dropout_p = self.attention_dropout if self.training else 0.0
-        # softmax(q k^T / sqrt(d_k)) v: the default scale of SDPA is 1/sqrt(q.size(-1)) = 1/sqrt(d_k).
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-        )  # (B, nh, T, hv)
-        B, _, T, _ = y.shape
+        """Queries from x (B, T, D) attend to k (B/g, nh, S, hk), v (B/g, nh, S, hv); ``mask``
+        (B/g, 1, T or 1, S) is True where allowed. g consecutive rows of x (a sentence's beams)
+        share a row of k, v and mask. ``plain``: plain matmuls, not SDPA (2x faster for one query
+        per row on CPU), ``mask`` then additive (0 or -inf), no dropout."""
+        B, T, _ = x.shape
+        n = k.size(0)
+        q = self.q_proj(x).view(n, B // n * T, self.n_heads, self.d_k)  # (B/g, g*T, nh, hk)
+        q = q.transpose(1, 2)  # (B/g, nh, g*T, hk)
+        if plain:
+            y = _matmul_attention(q, k, v, mask)  # (B/g, nh, g*T, hv)
+        else:
+            dropout_p = self.attention_dropout if self.training else 0.0
+            # softmax(q k^T / sqrt(d_k)) v: SDPA's default scale is 1/sqrt(q.size(-1)) = 1/sqrt(d_k).
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )  # (B/g, nh, g*T, hv)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, nh*hv)
         return self.out_proj(y)  # (B, T, D)
 
+    def causal_self_attention(self, x: Tensor, state: Any = None) -> Tensor:
+        """Masked self-attention of x (B, T, D): position i sees 0 .. i. With ``state`` (a
+        ``decoding.LayerState``), x follows the cached positions; its keys/values are appended,
+        and the state says how to mask."""
+        k, v = self.keys_values(x)  # (B, nh, T, hk), (B, nh, T, hv)
+        if state is None:
+            return self(x, k, v, is_causal=True)
+        k, v = state.append(k, v)  # (B, nh, t + T, hk), (B, nh, t + T, hv): the cached, then x's
+        return self(x, k, v, state.self_mask, is_causal=state.is_causal, plain=state.plain)
+
     def weights(self, x: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
         """The attention probabilities (B, nh, T, S) that ``forward`` applies (no dropout)."""
-        q = self._split_heads(self.q_proj(x), self.d_k)  # (B, nh, T, hk)
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, nh, T, hk)
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.d_k)  # (B, nh, T, S)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1)
+
+
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(d_k) + bias) v with plain matmuls (no dropout)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.size(-1)))  # (.., Tq, S)
+    if bias is not None:
+        scores.add_(bias)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,9 +179,7 @@ class EncoderLayer(ResidualLayer):
 
 
 class DecoderLayer(ResidualLayer):
-    """Masked self-attention, attention over the encoder output, feed-forward, each inside
-    ``sublayer``; the three blocks take the attention to run so that incremental decoding can
-    attend over its cache with the same norms and residuals."""
+    """Masked self-attention, attention over the encoder output, feed-forward, in ``sublayer``s."""
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
@@ -161,31 +190,28 @@ class DecoderLayer(ResidualLayer):
         self.ffn = FeedForward(config)
         self.norm3 = nn.LayerNorm(config.d_model)
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, memory: Tensor | None, src_mask: Tensor, state: Any = None
+    ) -> Tensor:
         """x (B, T, D) the whole target; memory (B, S, D) the encoder output; src_mask
-        (B, 1, 1, S) True at real source tokens."""
+        (B, 1, 1, S) True at real source tokens. With ``state`` (a ``decoding.LayerState``) x
+        holds only new positions, memory (None) is the state's keys/values, and src_mask is
+        (B/g, 1, 1, S), additive if ``state.plain``."""
+        if state is None:
+            k, v = self.cross_attn.keys_values(memory)  # (B, nh, S, hk), (B, nh, S, hv)
+        else:
+            k, v = state.cross_kv  # (B/g, nh, S, hk), (B/g, nh, S, hv)
 
         # Targets are right-padded, so the causal mask alone keeps real positions from seeing
         # padding; outputs at padded positions are ignored by the loss.
         def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn(h, *self.self_attn.keys_values(h), is_causal=True)
-
-        k, v = self.cross_attn.keys_values(memory)  # (B, nh, S, hk), (B, nh, S, hv)
+            return self.self_attn.causal_self_attention(h, state)
 
         def cross_attention(h: Tensor) -> Tensor:
-            return self.cross_attn(h, k, v, mask=src_mask)
+            return self.cross_attn(h, k, v, mask=src_mask, plain=state is not None and state.plain)
 
-        x = self.self_attn_block(x, self_attention)
-        x = self.cross_attn_block(x, cross_attention)
-        return self.ffn_block(x)
-
-    def self_attn_block(self, x: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
-        return self.sublayer(self.norm1, x, attend)
-
-    def cross_attn_block(self, x: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
-        return self.sublayer(self.norm2, x, attend)
-
-    def ffn_block(self, x: Tensor) -> Tensor:
+        x = self.sublayer(self.norm1, x, self_attention)
+        x = self.sublayer(self.norm2, x, cross_attention)
         return self.sublayer(self.norm3, x, self.ffn)
 
 
@@ -201,10 +227,6 @@ class Memory:
     """(B, S, D) final encoder layer output."""
     src_pad: Tensor
     """(B, S) bool, True at padding."""
-
-    def index_select(self, indices: Tensor) -> Memory:
-        """The rows ``indices`` (used to expand a batch into beams)."""
-        return Memory(self.states.index_select(0, indices), self.src_pad.index_select(0, indices))
 
 
 class Transformer(nn.Module):
@@ -337,18 +359,29 @@ class Transformer(nn.Module):
             x = self.encoder_norm(x)
         return Memory(states=x, src_pad=src_pad)
 
-    def decode(self, tgt_in: Tensor, memory: Memory, project: bool = True) -> Tensor:
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Memory | None,
+        project: bool = True,
+        state: Any = None,
+    ) -> Tensor:
         """Decoder input ids (B, T), the whole target prefix -> logits (B, T, V); without
-        ``project``, the last states (B, T, D) before the pre-softmax projection."""
-        self.check_shape(tgt_in, "tgt_in")
-        if tgt_in.size(0) != memory.src_pad.size(0):
-            raise ValueError(
-                f"tgt_in has batch {tgt_in.size(0)} but the source has {memory.src_pad.size(0)}"
-            )
-        src_mask = ~memory.src_pad[:, None, None, :]  # (B, 1, 1, S)
-        x = self.embed(tgt_in, self.tgt_embed)
-        for layer in self.decoder_layers:
-            x = layer(x, memory.states, src_mask)
+        ``project``, the last states (B, T, D) before the pre-softmax projection. With ``state``
+        (a ``decoding.DecoderState``), only the positions after the ``state.length`` cached
+        ones, whose keys/values go into the state, which holds the source's (memory None)."""
+        if state is None:
+            self.check_shape(tgt_in, "tgt_in")
+            if (B := tgt_in.size(0)) != (n := memory.src_pad.size(0)):
+                raise ValueError(f"tgt_in has batch {B} but the source has {n}")
+            src_mask = ~memory.src_pad[:, None, None, :]  # (B, 1, 1, S)
+            memory_states, layer_states = memory.states, [None] * len(self.decoder_layers)
+        else:
+            src_mask = state.start_step(self, tgt_in)  # (B/g, 1, 1, S); checks tgt_in
+            memory_states, layer_states = None, state.layers
+        x = self.embed(tgt_in, self.tgt_embed, start=0 if state is None else state.length)
+        for layer, layer_state in zip(self.decoder_layers, layer_states, strict=True):
+            x = layer(x, memory_states, src_mask, layer_state)
         if self.config.norm_first:
             x = self.decoder_norm(x)
         return self.generator(x) if project else x  # (B, T, V) or (B, T, D)
@@ -358,31 +391,6 @@ class Transformer(nn.Module):
         ``project``, the decoder's last states (B, T, D), for a loss fused with the projection
         (transformer_core.loss.linear_label_smoothed_nll)."""
         return self.decode(tgt_in, self.encode(src), project)
-
-    @torch.no_grad()
-    def cross_attention(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
-        """Encoder-decoder attention probabilities of a teacher-forced pass, per decoder layer:
-        (B, nh, T, S) each, rows summing to 1 over the real source positions. For looking at
-        (attention maps), not for training: runs in eval mode and restores the mode after."""
-        captured: list[Tensor] = []
-
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
-            x, k = args[0], args[1]
-            captured.append(module.weights(x, k, kwargs.get("mask")))
-
-        was_training = self.training
-        handles = [
-            layer.cross_attn.register_forward_hook(hook, with_kwargs=True)
-            for layer in self.decoder_layers
-        ]
-        try:
-            self.eval()
-            self.forward(src, tgt_in)
-        finally:
-            for handle in handles:
-                handle.remove()
-            self.train(was_training)
-        return captured
 
 
 def count_parameters(model: nn.Module) -> int:

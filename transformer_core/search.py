@@ -4,6 +4,12 @@ Both return, per input row and in input order, the output token ids without BOS 
 The maximum output length of a sentence is its source length (non-pad tokens) plus
 ``max_len_offset``, or ``max_len`` when given; a hypothesis that reaches it ends there.
 Padding and BOS are never produced (their log-probabilities are set to -inf).
+
+Beam search runs in steps, each a function below: ``_start`` (the first expansion, from one row
+per sentence while its k beams are still identical), ``_expand`` (every beam's continuations),
+``_constrain`` (the tree constraint), ``_select`` (the 2k best, which finish, which stay open),
+``_finish`` (record the finished hypotheses), ``_sentences_left`` (termination) and ``_advance``
+(reorder the beams, the decoder state and the constraint for the next step).
 """
 
 from __future__ import annotations
@@ -58,6 +64,16 @@ def _next_log_probs(logits: Tensor, model: Transformer, out: Tensor | None = Non
     return log_probs
 
 
+def _new_state(
+    model: Transformer, memory: Memory, capacity: int, use_cache: bool
+) -> decoding.DecoderState | decoding.RecomputeState:
+    """The decoder state a search steps through: the cache, or (``use_cache=False``, tests and
+    benchmarks only) the reference that recomputes the whole prefix every step."""
+    if use_cache:
+        return decoding.init_state(model, memory, capacity=capacity)
+    return decoding.RecomputeState(memory)
+
+
 class _eval_mode:
     """Eval mode and inference mode (no autograd bookkeeping) for the duration of a search;
     restores the training flag after."""
@@ -88,22 +104,19 @@ def greedy_search(
     max_len: int | None = None,
     use_cache: bool = True,
 ) -> list[list[int]]:
-    """Most probable next token at every step, for a batch of sources (B, S)."""
+    """Most probable next token at every step, for a batch of sources (B, S). ``use_cache=False``
+    runs the uncached reference (tests and benchmarks)."""
     config = model.config
     model.check_values(src=src)
     with _eval_mode(model):
-        memory = model.encode(src)
         B = src.size(0)
         limits = _output_limits(model, src, max_len_offset, max_len).to(src.device)  # (B,)
-        state = decoding.init_state(model, memory, int(limits.max())) if use_cache else None
+        state = _new_state(model, model.encode(src), int(limits.max()), use_cache)
         tokens = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         lengths = limits.clone()  # output length of each row, EOS excluded
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
         for step in range(int(limits.max())):
-            if use_cache:
-                logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (B, V)
-            else:
-                logits = model.decode(tokens, memory)[:, -1]  # (B, V)
+            logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (B, V)
             next_token = _next_log_probs(logits, model).argmax(dim=-1)  # (B,)
             next_token = next_token.masked_fill(done, config.pad_id)
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, step + 2)
@@ -172,6 +185,7 @@ def beam_search_nbest(
     it has k finished hypotheses, when no open one can beat its ``n_best``-th best finished one
     (its score can only fall, and the penalty only grows up to the length limit), or at the
     length limit. Done sentences leave the batch, so later steps cost only what is still open.
+    ``use_cache=False`` runs the uncached reference (tests and benchmarks).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
@@ -179,131 +193,192 @@ def beam_search_nbest(
         raise ValueError(f"n_best must be in [1, beam_size {beam_size}], got {n_best}")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0 (the early stop relies on it), got {alpha}")
-    config = model.config
     model.check_values(src=src)
-    k = beam_size
-    device = src.device
     with _eval_mode(model):
-        B = src.size(0)
         limits = _output_limits(model, src, max_len_offset, max_len)  # (B,) on CPU
-        n_steps = int(limits.max())
-        memory: Memory = model.encode(src)
-        if use_cache:
-            # One row per sentence for the first step (its k beams are still identical); then
-            # the k beams of a sentence share its cross-attention keys/values (state.group).
-            state = decoding.init_state(model, memory, capacity=n_steps)
-        else:
-            state = None
-            beam_rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,)
-            memory = memory.index_select(beam_rows)  # (B*k, S, D)
-        log_prob_buffer = None  # (B*k, V) reused every step: no per-step allocation
-
-        finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-        active = torch.arange(B)  # original sentence index of each open sentence, on CPU
-        # Decoder inputs so far, one row per beam: (n*k, t+1) with n open sentences.
-        tokens = torch.full((B * k, 1), config.bos_id, dtype=torch.long, device=device)
-        # Only the first beam is live at the start, so the first step does not pick k copies.
-        scores = torch.full((B, k), float("-inf"), device=device)  # (n, k) summed log-probs
-        scores[:, 0] = 0.0
-        brackets = None
-        if constraint is not None:
-            constraint = constraint.to(device)
-            per_beam = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,)
-            classes = constraint.word_classes(src)
-            brackets = BracketState(
-                constraint,
-                constraint.words(src)[per_beam],
-                limits.to(device)[per_beam],
-                None if classes is None else classes[per_beam],
-                src[per_beam] if constraint.copy_words else None,
-            )
-
-        for step in range(n_steps):
-            n = active.numel()
-            if use_cache and step == 0:
-                logits = decoding.decode_step(model, tokens[::k, -1:], state)[:, -1]  # (n, V)
-                log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
-                if brackets is not None:  # (n*k, V) -> each sentence's first beam
-                    log_probs.masked_fill_(~brackets.allowed()[::k], float("-inf"))
-                V = log_probs.size(-1)
-                candidates = (scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
-            else:
-                if use_cache:
-                    logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (n*k, V)
-                else:
-                    logits = model.decode(tokens, memory)[:, -1]  # (n*k, V)
-                V = logits.size(-1)
-                if log_prob_buffer is None:
-                    log_prob_buffer = torch.empty(n * k, V, device=device)
-                # In the buffer's leading rows (contiguous), then + scores in place.
-                log_probs = _next_log_probs(logits, model, out=log_prob_buffer[: n * k])
-                if brackets is not None:
-                    brackets.mask(log_probs)
-                candidates = log_probs.add_(scores.view(n * k, 1)).view(n, k * V)  # (n, k*V)
-            top_scores, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
-            top_beam = top_index // V  # (n, 2k) which beam each continuation extends
-            top_token = top_index % V  # (n, 2k)
-
-            length = step + 1  # decoded positions including the new token
-            at_limit = limits[active].le(length)  # (n,) on CPU
-            is_eos = top_token.eq(config.eos_id)
-            in_top_k = torch.arange(top_scores.size(1), device=device) < k  # (2k,)
-            finishing = top_scores.isfinite() & in_top_k & (is_eos | at_limit.to(device)[:, None])
-
-            # Record finished hypotheses (a handful per step; Python lists keep this obvious).
-            ended = finishing.nonzero().tolist()
-            if ended:
-                end_scores, end_beams, end_tokens = (
-                    t.cpu() for t in (top_scores, top_beam, top_token)
-                )
-                prefixes = tokens[:, 1:].cpu()
-                for i, j in ended:
-                    out = prefixes[i * k + int(end_beams[i, j])].tolist()
-                    if int(end_tokens[i, j]) != config.eos_id:  # ended by the length limit
-                        out.append(int(end_tokens[i, j]))
-                    score = float(end_scores[i, j]) / length_penalty(length, alpha)
-                    finished[int(active[i])].append(Hypothesis(out, score))
-
-            # The first k continuations that are not EOS stay open (there are always k: each
-            # beam contributes at most one EOS among the 2k). A stable sort keeps score order.
-            open_pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k]  # (n, k)
-            open_beam = top_beam.gather(1, open_pick)  # (n, k)
-            open_token = top_token.gather(1, open_pick)  # (n, k)
-            open_scores = top_scores.gather(1, open_pick)  # (n, k)
-
-            # Which sentences are done: length limit, k finished, or no open beam can win.
-            best_open = open_scores.max(dim=1).values.cpu()  # (n,)
-            bound = best_open / length_penalty(limits[active].float(), alpha)  # (n,)
-            still_open = []
-            for sentence, limited, bound_i in zip(
-                active.tolist(), at_limit.tolist(), bound.tolist(), strict=True
-            ):
-                hyps = finished[sentence]
-                scores_done = sorted((h.score for h in hyps), reverse=True)
-                nth_done = scores_done[n_best - 1] if len(scores_done) >= n_best else -math.inf
-                done = limited or len(hyps) >= k or nth_done >= bound_i
-                still_open.append(not done)
-            keep = torch.tensor(still_open, dtype=torch.bool)
+        search = _Search(model, beam_size, alpha, n_best, limits, src.size(0), src.device)
+        candidates = _start(search, src, constraint, use_cache)
+        for step in range(int(limits.max())):
+            if step > 0:
+                candidates = _expand(search)
+            top = _select(search, candidates, step + 1)
+            _finish(search, top, step + 1)
+            keep = _sentences_left(search, top)
             if not bool(keep.any()):
                 break
-            keep_all = bool(keep.all())
+            _advance(search, top, keep, first=step == 0)
+        return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in search.finished]
 
-            # Reorder the surviving beams (and drop done sentences) for the next step.
-            keep_dev = keep.to(device)
-            base = (torch.arange(n, device=device) * k)[:, None]  # (n, 1)
-            rows = (base + open_beam)[keep_dev].reshape(-1)  # (n'*k,)
-            tokens = torch.cat([tokens[rows], open_token[keep_dev].reshape(-1, 1)], dim=1)
-            scores = open_scores[keep_dev]  # (n', k)
-            active = active[keep]
-            if brackets is not None:
-                brackets.reorder(rows)
-                brackets.advance(tokens[:, -1])
-            if use_cache:
-                # Rows index the n*k beams; at step 0 the state holds one row per sentence.
-                state_rows = rows if step > 0 else torch.div(rows, k, rounding_mode="floor")
-                groups = None if keep_all else keep.nonzero().view(-1).to(device)
-                state.regroup(state_rows, groups, k)
-            else:
-                memory = memory.index_select(rows)
 
-        return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+class _Search:
+    """What a beam search carries from step to step: n open sentences of k beams each."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        k: int,
+        alpha: float,
+        n_best: int,
+        limits: Tensor,
+        batch: int,
+        device: torch.device,
+    ) -> None:
+        self.model, self.k, self.alpha, self.n_best = model, k, alpha, n_best
+        self.limits: Tensor = limits  # (B,) on CPU: output length limit of each input row
+        self.device: torch.device = device
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+        self.active = torch.arange(batch)  # (n,) input row of each open sentence, on CPU
+        # Decoder inputs so far, one row per beam: (n*k, t+1).
+        bos = model.config.bos_id
+        self.tokens = torch.full((batch * k, 1), bos, dtype=torch.long, device=device)
+        # Only the first beam is live at the start, so the first step does not pick k copies.
+        self.scores = torch.full((batch, k), float("-inf"), device=device)  # (n, k) log-probs
+        self.scores[:, 0] = 0.0
+        self.state: decoding.DecoderState | decoding.RecomputeState
+        self.brackets: BracketState | None = None
+        self.log_prob_buffer: Tensor | None = None  # (n*k, V), reused: no per-step allocation
+
+
+@dataclass
+class _Top:
+    """The 2k best continuations of each open sentence (n, 2k), best first, and the k of them
+    that stay open (n, k)."""
+
+    scores: Tensor
+    beam: Tensor
+    """Which of the sentence's beams each continuation extends."""
+    token: Tensor
+    finishing: Tensor
+    """Continuations that end a hypothesis: EOS or the length limit, among the first k."""
+    at_limit: Tensor
+    """(n,) on CPU: sentences at their length limit."""
+    open_beam: Tensor
+    open_token: Tensor
+    open_scores: Tensor
+
+
+def _start(
+    search: _Search, src: Tensor, constraint: BracketVocab | None, use_cache: bool
+) -> Tensor:
+    """Encode, set up the decoder state and the constraint, and expand the first step from one
+    row per sentence (its k beams are still identical): candidates (B, k*V)."""
+    model, k = search.model, search.k
+    search.state = _new_state(model, model.encode(src), int(search.limits.max()), use_cache)
+    if constraint is not None:
+        constraint = constraint.to(search.device)
+        per_beam = torch.arange(src.size(0), device=search.device).repeat_interleave(k)
+        classes = constraint.word_classes(src)
+        search.brackets = BracketState(
+            constraint,
+            constraint.words(src)[per_beam],
+            search.limits.to(search.device)[per_beam],
+            None if classes is None else classes[per_beam],
+            src[per_beam] if constraint.copy_words else None,
+        )
+    logits = decoding.decode_step(model, search.tokens[::k, -1:], search.state)[:, -1]  # (n, V)
+    log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
+    _constrain(search, log_probs, first=True)
+    n, V = log_probs.shape
+    return (search.scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
+
+
+def _expand(search: _Search) -> Tensor:
+    """Every open beam's continuations, scored: candidates (n, k*V)."""
+    model, k = search.model, search.k
+    logits = decoding.decode_step(model, search.tokens[:, -1:], search.state)[:, -1]  # (n*k, V)
+    n, V = search.active.numel(), logits.size(-1)
+    if search.log_prob_buffer is None:
+        search.log_prob_buffer = torch.empty(n * k, V, device=search.device)
+    # In the buffer's leading rows (contiguous), then + scores in place.
+    log_probs = _next_log_probs(logits, model, out=search.log_prob_buffer[: n * k])
+    _constrain(search, log_probs, first=False)
+    return log_probs.add_(search.scores.view(n * k, 1)).view(n, k * V)  # (n, k*V)
+
+
+def _constrain(search: _Search, log_probs: Tensor, first: bool) -> None:
+    """The tree constraint, in place: disallowed tokens get -inf. ``first``: log_probs holds
+    one row per sentence, for its first beam."""
+    if search.brackets is None:
+        return
+    if first:
+        log_probs.masked_fill_(~search.brackets.allowed()[:: search.k], float("-inf"))
+    else:
+        search.brackets.mask(log_probs)
+
+
+def _select(search: _Search, candidates: Tensor, length: int) -> _Top:
+    """The 2k best of the candidates (n, k*V) and which of them finish at ``length`` decoded
+    positions (the new token included)."""
+    k, V = search.k, candidates.size(1) // search.k
+    top_scores, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
+    top_beam = top_index // V  # (n, 2k) which beam each continuation extends
+    top_token = top_index % V  # (n, 2k)
+    at_limit = search.limits[search.active].le(length)  # (n,) on CPU
+    is_eos = top_token.eq(search.model.config.eos_id)
+    in_top_k = torch.arange(top_scores.size(1), device=search.device) < k  # (2k,)
+    finishing = top_scores.isfinite() & in_top_k & (is_eos | at_limit.to(search.device)[:, None])
+    # The first k continuations that are not EOS stay open (there are always k: each beam
+    # contributes at most one EOS among the 2k). A stable sort keeps score order.
+    open_pick = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k]  # (n, k)
+    open_beam = top_beam.gather(1, open_pick)  # (n, k)
+    open_token = top_token.gather(1, open_pick)  # (n, k)
+    open_scores = top_scores.gather(1, open_pick)  # (n, k)
+    return _Top(
+        top_scores, top_beam, top_token, finishing, at_limit, open_beam, open_token, open_scores
+    )
+
+
+def _finish(search: _Search, top: _Top, length: int) -> None:
+    """Record the finished hypotheses (a handful per step; Python lists keep this obvious)."""
+    ended = top.finishing.nonzero().tolist()
+    if not ended:
+        return
+    k, eos_id = search.k, search.model.config.eos_id
+    end_scores, end_beams, end_tokens = (t.cpu() for t in (top.scores, top.beam, top.token))
+    prefixes = search.tokens[:, 1:].cpu()
+    for i, j in ended:
+        out = prefixes[i * k + int(end_beams[i, j])].tolist()
+        if int(end_tokens[i, j]) != eos_id:  # ended by the length limit
+            out.append(int(end_tokens[i, j]))
+        score = float(end_scores[i, j]) / length_penalty(length, search.alpha)
+        search.finished[int(search.active[i])].append(Hypothesis(out, score))
+
+
+def _sentences_left(search: _Search, top: _Top) -> Tensor:
+    """(n,) bool on CPU: the sentences still open. One is done at its length limit, with k
+    finished hypotheses, or when no open beam can beat its ``n_best``-th finished one."""
+    best_open = top.open_scores.max(dim=1).values.cpu()  # (n,)
+    bound = best_open / length_penalty(search.limits[search.active].float(), search.alpha)
+    still_open = []
+    for sentence, limited, bound_i in zip(
+        search.active.tolist(), top.at_limit.tolist(), bound.tolist(), strict=True
+    ):
+        hyps = search.finished[sentence]
+        scores_done = sorted((h.score for h in hyps), reverse=True)
+        n_best = search.n_best
+        nth_done = scores_done[n_best - 1] if len(scores_done) >= n_best else -math.inf
+        done = limited or len(hyps) >= search.k or nth_done >= bound_i
+        still_open.append(not done)
+    return torch.tensor(still_open, dtype=torch.bool)
+
+
+def _advance(search: _Search, top: _Top, keep: Tensor, first: bool) -> None:
+    """Extend the open beams of the sentences in ``keep`` (n,) by their tokens, and reorder the
+    decoder state and the constraint with them (done sentences drop out). ``first``: the state
+    still holds one row per sentence."""
+    k, device = search.k, search.device
+    keep_all = bool(keep.all())
+    keep_dev = keep.to(device)
+    base = (torch.arange(search.active.numel(), device=device) * k)[:, None]  # (n, 1)
+    rows = (base + top.open_beam)[keep_dev].reshape(-1)  # (n'*k,)
+    new_tokens = top.open_token[keep_dev].reshape(-1, 1)  # (n'*k, 1)
+    search.tokens = torch.cat([search.tokens[rows], new_tokens], dim=1)  # (n'*k, t+2)
+    search.scores = top.open_scores[keep_dev]  # (n', k)
+    search.active = search.active[keep]
+    if search.brackets is not None:
+        search.brackets.reorder(rows)
+        search.brackets.advance(search.tokens[:, -1])
+    # Rows index the n*k beams; at the first step the state holds one row per sentence.
+    state_rows = torch.div(rows, k, rounding_mode="floor") if first else rows
+    groups = None if keep_all else keep.nonzero().view(-1).to(device)
+    search.state.regroup(state_rows, groups, k)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from tiny_models import V, tiny_model, tiny_tokens
 
+from evaluation.attention import cross_attention_maps
 from transformer_core import BOS_ID, PAD_ID, Transformer, count_parameters, presets
 from transformer_core.model import sinusoids
 
@@ -190,7 +191,7 @@ def test_cross_attention_maps_are_the_weights_the_model_applies():
     src = tiny_tokens(2, 6, seed=10)
     src[1, 4:] = PAD_ID
     tgt = tiny_tokens(2, 5, seed=11, first=BOS_ID)
-    maps = model.cross_attention(src, tgt)
+    maps = cross_attention_maps(model, src, tgt)
     assert model.training  # the mode is restored
     assert len(maps) == model.config.n_layers
     for w in maps:

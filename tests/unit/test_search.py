@@ -32,15 +32,12 @@ def _sources(vocab: int = 24, seed: int = 1) -> torch.Tensor:
 
 
 class Rigged(Transformer):
-    """A model whose logits ``edit`` rewrites, in the full decoder pass and in incremental steps
-    alike (the ``rigged_steps`` fixture routes ``decoding.decode_step`` through it)."""
+    """A model whose logits ``edit`` rewrites at every search step, cached or not (the
+    ``rigged_steps`` fixture routes ``decoding.decode_step``, which both go through, via it)."""
 
     def edit(self, logits: torch.Tensor, start: int) -> torch.Tensor:
         """Logits (B, T, V) of positions start .. start + T - 1 -> what the model returns."""
         return logits
-
-    def decode(self, tgt_in, memory):
-        return self.edit(super().decode(tgt_in, memory), 0)
 
 
 @pytest.fixture(autouse=True)
