@@ -2,26 +2,25 @@
 
 Every section is a keyword-only dataclass with a one-line doc per field; the libraries own the
 sections they read (``ModelConfig`` in transformer_core, ``DecodeConfig`` in serving), the
-stage-only ones are in ``tasks.config_sections``. Loading
-checks types, rejects unknown keys, and runs each section's own validation; any failure is one
-``ConfigError`` whose message starts with the dotted key path (``model.n_heads: ...``).
-
-Hand-written rather than pydantic: the whole validator is the ~100 lines of ``_build`` and
-``_coerce`` over the dataclasses' own type hints, and the sections stay plain frozen dataclasses
-that transformer_core (torch, numpy and the standard library only) can define too.
+stage-only ones are in ``tasks.config_sections``. Pydantic checks a file against the
+dataclasses' own type hints, strictly and as JSON (``"3"`` is no integer, ``yes`` no boolean, a
+list is a tuple), refuses unknown keys, and runs each section's ``__post_init__``; any failure
+is one ``ConfigError`` whose message starts with the dotted key path (``model.n_heads: ...``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -42,6 +41,10 @@ from training.config import TrainConfig
 from transformer_core import presets
 from transformer_core.config import ConfigError, ModelConfig
 
+if TYPE_CHECKING:  # pydantic is imported by the first load, not with this module
+    from pydantic import TypeAdapter, ValidationError
+    from pydantic_core import ErrorDetails
+
 __all__ = [
     "ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict", "flatten", "fingerprint",
     "DataConfig", "CleanConfig", "TokenizerConfig", "ShardConfig", "TrainConfig", "AverageConfig",
@@ -57,6 +60,10 @@ store of the last run this process logged to."""
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One run of the pipeline: every stage's settings, the model, and where things go."""
+
+    # Pydantic's settings, for RunConfig and every section in it: unknown keys are an error, and
+    # values are taken as YAML wrote them (no "3" for 3, no "yes" for true).
+    __pydantic_config__ = {"extra": "forbid", "strict": True}
 
     name: str
     """Run name; names the work directory and MLflow runs."""
@@ -130,6 +137,7 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
+
 # ----------------------------------------------------------------------------- loading
 
 
@@ -149,7 +157,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         _set_dotted(data, dotted, value)
     try:
         return config_from_dict(data)
-    except ConfigError as exc:
+    except ConfigError as exc:  # hand-written: only the loader knows which values --set gave
         overrides = overrides or {}
         given = next((k for k in overrides if exc.key == k or exc.key.startswith(f"{k}.")), None)
         where = f"from --set {given}={overrides[given]!r}" if given else f"in {path}"
@@ -170,16 +178,26 @@ def yaml_error(path: Path, exc: yaml.YAMLError) -> str:
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build a RunConfig from plain data (as YAML gives it)."""
-    data = dict(data)
-    model = data.pop("model", None)
-    config = _build(RunConfig, data, "")
-    if model is not None:
-        config = dataclasses.replace(config, model=_build_model(model))
-    return config
+    from pydantic import ValidationError
+
+    written, data = data, dict(data)
+    if data.get("model") is None:
+        data.pop("model", None)
+    elif isinstance(data["model"], dict):
+        data["model"] = _with_preset(data["model"])
+    try:
+        blob = json.dumps(data)
+    except TypeError as exc:
+        raise (_not_json(data) or ConfigError("", str(exc))) from None
+    try:
+        return _adapter().validate_json(blob)
+    except ValidationError as exc:
+        raise _config_error(exc, written) from None
 
 
 def to_dict(obj: Any) -> Any:
     """Plain, JSON-ready data for a config or section (tuples become lists)."""
+    # Hand-written, not pydantic's dump: every stage fingerprint hashes exactly this form.
     if dataclasses.is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
@@ -204,100 +222,131 @@ def fingerprint(data: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _build_model(data: Any) -> ModelConfig:
-    if not isinstance(data, dict):
-        raise ConfigError("model", f"must be a mapping, got {type(data).__name__}")
-    data = dict(data)
-    preset_name = data.pop("preset", "base")
+@functools.cache
+def _adapter() -> TypeAdapter[RunConfig]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RunConfig)  # built at the first load, not at import
+
+
+def _with_preset(model: dict[str, Any]) -> dict[str, Any]:
+    """The model section as ``preset: <name>`` (base if none) with the keys it sets replaced."""
+    # Hand-written: a preset is a function (presets.py), a default no type hint can name.
+    model = dict(model)
     try:
-        preset = presets.get(str(preset_name))
+        preset = presets.get(str(model.pop("preset", "base")))
     except ConfigError as exc:
         raise exc.under("model") from None
-    names = {f.name: f for f in dataclasses.fields(ModelConfig)}
-    hints = typing.get_type_hints(ModelConfig)
-    changes = {}
-    for key, value in data.items():
-        if key not in names:
-            raise ConfigError(f"model.{key}", f"unknown key (known: preset, {', '.join(names)})")
-        changes[key] = _coerce(value, hints[key], f"model.{key}")
-    try:
-        return preset.replace(**changes)
-    except ConfigError as exc:
-        raise exc.under("model") from None
+    return {**dataclasses.asdict(preset), **model}
 
 
-def _build(cls: type, data: Any, path: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(path, f"must be a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in data.items():
-        where = f"{path}.{key}" if path else str(key)
-        if key not in fields:
-            raise ConfigError(where, f"unknown key (known: {', '.join(fields)})")
-        kwargs[key] = _coerce(value, hints[key], where)
-    missing = [
-        name
-        for name, f in fields.items()
-        if name not in kwargs
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        where = f"{path}.{missing[0]}" if path else missing[0]
-        raise ConfigError(where, "is required")
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        raise exc.under(path) if path else exc from None
+def _not_json(value: Any, key: str = "") -> ConfigError | None:
+    """The first value YAML can make but JSON cannot hold (a date, a set, bytes), as an error."""
+    if isinstance(value, dict):
+        inner = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        inner = ((f"{key}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, (str, int, float, type(None))):
+        return None
+    else:
+        return ConfigError(key, f"{value!r} is a YAML {type(value).__name__}, which no setting takes "
+                                "(quote it to give a string)")
+    return next((e for e in (_not_json(v, k) for k, v in inner) if e is not None), None)
 
 
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """Check ``value`` against a type hint, converting lists to tuples and ints to floats."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as exc:
-                errors.append(exc.message)
-        raise ConfigError(where, "; ".join(errors))
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(where, f"{value!r} is not one of {', '.join(map(repr, args))}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(where, f"{value!r} must be a list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise ConfigError(where, f"{value!r} must have {len(args)} items")
-        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(where, f"{value!r} must be true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"{value!r} must be an integer")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, f"{value!r} must be a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(where, f"{value!r} must be a string")
-        return value
-    return value
+_EXPECTED = {"int": "must be an integer", "float": "must be a number", "bool": "must be true or false",
+             "string": "must be a string", "tuple": "must be a list"}
+"""What a value of each kind must be, by the first word of pydantic's error type (``int_type``)."""
+
+
+def _config_error(exc: ValidationError, written: dict[str, Any]) -> ConfigError:
+    """Pydantic's first error in the order the keys were written, as one ConfigError; the
+    errors of a union's branches (``train.num_workers``: an integer or a list) joined by ``;``."""
+    found: dict[str, list[str]] = {}
+    where: dict[str, tuple[int, ...]] = {}
+    for error in exc.errors():
+        one = _explain(error)
+        found.setdefault(one.key, []).append(one.message)
+        where.setdefault(one.key, _position(written, error["loc"]))
+    key = min(found, key=where.__getitem__)
+    return ConfigError(key, "; ".join(found[key]))
+
+
+def _explain(error: ErrorDetails) -> ConfigError:
+    """One pydantic error as a ConfigError, its key path and message from the type hints."""
+    key, hint, outer, in_union = "", RunConfig, None, False
+    for item in error["loc"]:
+        outer = hint = _non_null(hint)
+        if dataclasses.is_dataclass(hint):
+            key = f"{key}.{item}" if key else str(item)
+            hint = _field_types(hint).get(str(item))
+        elif typing.get_origin(hint) is tuple:
+            args = typing.get_args(hint)
+            if not in_union and error["type"] != "missing":
+                key += f"[{item}]"
+            hint = args[0] if args[-1] is Ellipsis else args[item] if item < len(args) else None
+        elif _is_union(hint):  # item is a branch's tag: each branch's error is the union's
+            in_union = True
+            hint = next((a for a in typing.get_args(hint) if item in (getattr(a, "__name__", ""), str(a))), None)
+    if error["type"] == "value_error":
+        return _raised(error, key)
+    return ConfigError(key, _message(error, _non_null(hint), outer))
+
+
+def _message(error: ErrorDetails, hint: Any, outer: Any) -> str:
+    """What was wrong with the value, in the words of the hand-written checks before pydantic."""
+    kind, value = error["type"], error["input"]
+    if kind == "unexpected_keyword_argument":
+        known = ["preset"] * (outer is ModelConfig) + [f.name for f in dataclasses.fields(outer)]
+        return f"unknown key (known: {', '.join(known)})"
+    if kind == "missing" and dataclasses.is_dataclass(outer):
+        return "is required"
+    if kind in ("missing", "too_long", "too_short"):  # a fixed-length tuple (adam_betas)
+        return f"{value!r} must have {len(typing.get_args(outer if kind == 'missing' else hint))} items"
+    if kind == "literal_error":
+        return f"{value!r} is not one of {', '.join(map(repr, typing.get_args(hint)))}"
+    if kind == "dataclass_type":
+        return f"must be a mapping, got {type(value).__name__}"
+    expected = _EXPECTED.get(kind.split("_")[0])
+    return f"{value!r} {expected}" if expected else f"{value!r}: {error['msg']}"
+
+
+def _raised(error: ErrorDetails, key: str) -> ConfigError:
+    """A section's own check (its ``__post_init__``) that failed, under the section's key."""
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause.under(key) if key else cause
+    return ConfigError(key, str(cause or error["msg"]))
+
+
+def _position(data: Any, loc: tuple[int | str, ...]) -> tuple[int, ...]:
+    """Where the value at ``loc`` was written: each key's index in its mapping (a key not
+    written, a missing ``name``, after every written one)."""
+    at: list[int] = []
+    for item in loc:
+        if not isinstance(data, dict):
+            break
+        keys = [str(k) for k in data]
+        if str(item) not in keys:
+            return (*at, sys.maxsize)
+        at.append(keys.index(str(item)))
+        data = list(data.values())[at[-1]]
+    return tuple(at)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _non_null(hint: Any) -> Any:
+    """``X`` for ``X | None`` (pydantic checks it as X, allowing null); any other hint as it is."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if _is_union(hint) else []
+    return args[0] if len(args) == 1 else hint
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

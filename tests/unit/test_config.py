@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tasks.config import ConfigError, RunConfig, config_from_dict, load_config, to_dict
+from tasks.config import ConfigError, RunConfig, config_from_dict, fingerprint, load_config, to_dict
 from transformer_core import presets
 from transformer_core.config import ModelConfig
 
@@ -157,3 +158,51 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         load_config(path, {"train.steps": "many"})
     with pytest.raises(ConfigError, match=rf"\(in {path}\)"):
         load_config(_write(tmp_path, {"name": "x", "train": {"steps": "many"}}), {"seed": 3})
+    with pytest.raises(ConfigError, match=r"^train.stepz: unknown key .*\(from --set train.stepz=3\)$"):
+        load_config(_write(tmp_path, {"name": "x"}), {"train.stepz": 3})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"train": {"steps": "3"}}, "train.steps: '3' must be an integer"),
+        ({"train": {"steps": 1.5}}, "train.steps: 1.5 must be an integer"),
+        ({"train": {"use_gpu": 1}}, "train.use_gpu: 1 must be true or false"),
+        ({"train": {"lr_scale": "x"}}, "train.lr_scale: 'x' must be a number"),
+        ({"train": {"clip_norm": True}}, "train.clip_norm: True must be a number"),
+        ({"register": {"model_name": 5}}, "register.model_name: 5 must be a string"),
+        ({"data": {"corpora": "europarl-v7"}}, "data.corpora: 'europarl-v7' must be a list"),
+        ({"data": {"corpora": ["europarl-v7", 2]}}, "data.corpora[1]: 2 must be a string"),
+        ({"train": {"adam_betas": [0.9, 0.98, 0.9]}}, "train.adam_betas: [0.9, 0.98, 0.9] must have 2 items"),
+        ({"train": {"num_workers": "x"}}, "train.num_workers: 'x' must be an integer; 'x' must be a list"),
+        ({"tokenizer": {"kind": "chars"}}, "tokenizer.kind: 'chars' is not one of 'bpe', 'wordpiece'"),
+        ({"train": 5}, "train: must be a mapping, got int"),
+        ({"train": {"stepz": 3}}, "train.stepz: unknown key (known: steps, tokens_per_step, "),
+        ({"model": {"nheads": 8}}, "model.nheads: unknown key (known: preset, n_layers, "),
+        ({"model": {"preset": "debug", "d_k": 0}}, "model.d_k: 0 must be a positive integer or null"),
+        # YAML reads an unquoted date as a date, which JSON (and so no setting) holds.
+        ({"data": {"dev": datetime.date(2013, 1, 1)}}, "data.dev: datetime.date(2013, 1, 1) is a YAML date"),
+    ],
+)
+def test_a_bad_value_says_what_was_expected_in_one_line(tmp_path: Path, data: dict, message: str):
+    path = _write(tmp_path, {"name": "x", **data})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(message)
+    assert str(err.value).endswith(f"(in {path})") and "\n" not in str(err.value)
+
+
+def test_of_several_bad_keys_the_first_written_is_reported():
+    for train, key in [({"stepz": 1, "steps": "many"}, "train.stepz"), ({"steps": "many", "stepz": 1}, "train.steps")]:
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({"name": "x", "train": train})
+        assert err.value.key == key
+
+
+def test_values_take_their_fields_types_so_fingerprints_do_not_depend_on_spelling():
+    # Stage fingerprints hash the config's dict form: 2 and 2.0 for a float must give one hash.
+    spelled = config_from_dict({"name": "r", "train": {"lr_scale": 2, "adam_betas": [1, 0.98]}})
+    typed = config_from_dict({"name": "r", "train": {"lr_scale": 2.0, "adam_betas": (1.0, 0.98)}})
+    assert type(spelled.train.lr_scale) is float and spelled.train.adam_betas == (1.0, 0.98)
+    assert type(spelled.train.adam_betas[0]) is float and spelled == typed
+    assert fingerprint(spelled) == fingerprint(typed)
