@@ -237,6 +237,22 @@ def check(folder: Path, identity: Mapping[str, Any], *, full: bool = False) -> S
     return Status("up to date", f"fingerprint {expected[:12]} {how}")
 
 
+def freshness(
+    folder: Path,
+    identity: Mapping[str, Any],
+    *,
+    outdated: Callable[[Path], str | None] | None = None,
+    full: bool = False,
+) -> Status:
+    """Whether ``folder`` is up to date for ``identity`` (``check``), which ``outdated(folder)``
+    can overrule for a reason outside the folder (a registry version that is gone). What
+    ``run_stage`` skips on and ``tfm status`` shows: one decision."""
+    status = check(folder, identity, full=full)
+    if status.up_to_date and outdated is not None and (why := outdated(folder)) is not None:
+        return Status("stale", why)
+    return status
+
+
 def accept(stage: str, out_dir: Path, config: Any, inputs: Mapping[str, Path]) -> StageResult:
     """Keep ``out_dir`` as the output for the current config, inputs and code, without running
     the stage: its manifest records the acceptance (when, what had changed, the fingerprint it
@@ -305,12 +321,8 @@ def run_stage(
     input_fps = dict(input_fps) if input_fps is not None else input_fingerprints(inputs)
     identity = stage_identity(stage, config, input_fps)
     fp = fingerprint(identity)
-    status = check(out_dir, identity)
+    status = freshness(out_dir, identity, outdated=None if force else outdated)
     reason = (force if isinstance(force, str) else "forced") if force else status.reason
-    if status.up_to_date and not force and outdated is not None:
-        stale = outdated(out_dir)
-        if stale is not None:
-            status, reason = Status("stale", stale), stale
     if status.up_to_date and not force:
         log.info("stage %s: up to date, skipped (%s)", stage, out_dir)
         stats = (read_manifest(out_dir) or {}).get("stats", {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from tasks.contract import (
     StageResult,
     Status,
     accept,
-    check,
+    freshness,
     read_manifest,
     stage_identity,
 )
@@ -153,10 +154,9 @@ def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]
             input_fps = {
                 role: read_manifest(path)["fingerprint"] for role, path in inputs_of(config, s).items()
             }
-            st = check(folder, stage_identity(s.name, s.stage_config(config), input_fps), full=full)
-            why = s.outdated(config, folder) if st.up_to_date and s.outdated else None
-            if why is not None:
-                st = Status("stale", why)
+            outdated = partial(s.outdated, config) if s.outdated else None
+            identity = stage_identity(s.name, s.stage_config(config), input_fps)
+            st = freshness(folder, identity, outdated=outdated, full=full)
         fresh[s.name] = st.up_to_date
         result.append((s.name, st))
     return result
