@@ -6,8 +6,9 @@ module level or inside a function, transitively, found by reading the sources (`
 by importing them. Each module counts by a digest of its syntax tree without docstrings, so only
 what Python executes counts. Two kinds of edge are not followed:
 
-- into the stage plumbing (``PLUMBING``): how a stage is configured, recorded and logged, not
-  what it computes; the config's values are fingerprinted themselves.
+- into the stage plumbing (``PLUMBING``, neither counted nor followed): how a stage is
+  configured, recorded and logged, not what it computes; the config's values are fingerprinted
+  themselves, so a refactor of the config loader or of MLflow logging reruns nothing.
 - into a package's ``__init__`` re-exports: importing ``transformer_core.config`` runs
   ``transformer_core/__init__.py``, whose own imports (the model) count only for a module that
   imports a name from the package itself.
@@ -28,9 +29,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("transformer_core", "corpora", "parsing", "training", "evaluation", "serving", "tasks")
 """The project's packages; imports of anything else (torch, ray, the standard library) do not count."""
-PLUMBING = frozenset({"tasks", "tasks.config", "tasks.contract", "tasks.runtime", "tasks.graph",
-                      "tasks.code_fingerprint"})
-"""Modules counted themselves when a stage imports them, but not followed: see the module doc."""
+PLUMBING = frozenset({
+    "tasks", "tasks.config", "tasks.config_sections", "tasks.contract", "tasks.runtime",
+    "tasks.tracking", "tasks.graph", "tasks.code_fingerprint", "tasks.content",
+})
+"""Modules a stage's code never includes: see the module doc."""
 
 
 def module_file(name: str, root: Path | None = None) -> Path | None:
@@ -89,7 +92,7 @@ def _closure(name: str, root: Path, mtimes: tuple[int, ...]) -> frozenset[str]:
         seen.update(p for p in _parents(module) if module_file(p, root))  # counted, not followed
         if module not in PLUMBING:
             follow.extend(imported(module, root))
-    return frozenset(seen)
+    return frozenset(seen - PLUMBING)
 
 
 def modules_of(stage_module: str) -> list[str]:
