@@ -91,33 +91,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
-        for name in (
-            "steps",
-            "tokens_per_step",
-            "max_tokens_per_batch",
-            "pad_multiple",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
-        if self.min_workers < 1:
-            raise ConfigError("num_workers", f"{self.num_workers} must be >= 1")
-        if self.min_workers > self.max_workers:
-            raise ConfigError("num_workers", f"{list(self.num_workers)}: min exceeds max")
-        if self.elastic and self.max_workers > self.step_batches:
-            raise ConfigError(
-                "num_workers",
-                f"at most {self.step_batches} elastic workers: every worker needs one of the "
-                f"{self.step_batches} micro-batches of a step (tokens_per_step / "
-                "max_tokens_per_batch, rounded up)",
-            )
-        if self.elastic_check_seconds < 0:
-            raise ConfigError("elastic_check_seconds", f"{self.elastic_check_seconds} must be >= 0")
-        if self.warmup_steps < 1:
-            raise ConfigError("warmup_steps", f"{self.warmup_steps} must be >= 1")
+        self._at_least(1, "steps", "tokens_per_step", "max_tokens_per_batch", "pad_multiple")
+        self._check_workers()
+        self._at_least(0, "elastic_check_seconds")
+        self._at_least(1, "warmup_steps")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError("torch_threads", f"{self.torch_threads} must be >= 1 or null")
-        if self.prefetch < 0:
-            raise ConfigError("prefetch", f"{self.prefetch} must be >= 0")
+        self._at_least(0, "prefetch")
         if self.pad_multiple > self.max_tokens_per_batch:
             raise ConfigError(
                 "pad_multiple",
@@ -130,18 +110,33 @@ class TrainConfig:
                 "placement_strategy",
                 f"{self.placement_strategy!r} is not one of {', '.join(PLACEMENT_STRATEGIES)}",
             )
-        if self.bleu_sentences < 0:
-            raise ConfigError("bleu_sentences", f"{self.bleu_sentences} must be >= 0")
+        self._at_least(0, "bleu_sentences")
         if self.patience is not None and (self.patience < 1 or not self.bleu_sentences):
             raise ConfigError(
                 "patience", f"{self.patience} needs bleu_sentences > 0 and must be >= 1 or null"
             )
-        for name in ("eval_every", "log_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
+        self._at_least(1, "eval_every", "log_every", "keep_checkpoints")
         if self.checkpoint_every < 0 or self.checkpoint_minutes < 0:
             raise ConfigError(
                 "checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0"
+            )
+
+    def _at_least(self, minimum: int, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) < minimum:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= {minimum}")
+
+    def _check_workers(self) -> None:
+        if self.min_workers < 1:
+            raise ConfigError("num_workers", f"{self.num_workers} must be >= 1")
+        if self.min_workers > self.max_workers:
+            raise ConfigError("num_workers", f"{list(self.num_workers)}: min exceeds max")
+        if self.elastic and self.max_workers > self.step_batches:
+            raise ConfigError(
+                "num_workers",
+                f"at most {self.step_batches} elastic workers: every worker needs one of the "
+                f"{self.step_batches} micro-batches of a step (tokens_per_step / "
+                "max_tokens_per_batch, rounded up)",
             )
 
     @property
