@@ -85,21 +85,23 @@ def ray_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, w
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from training.worker import train_loop_per_worker
+    from training.job import TrainJob
+    from training.worker import JOB_KEY, train_loop_per_worker
 
     with tempfile.TemporaryDirectory() as storage:
         tc = train_settings(args, warm)
+        job = TrainJob(
+            model=presets.get(size),
+            train=tc,
+            seed=SEED,
+            vocab_size=vocab,
+            shard_dir=str(shard_dir),
+            storage_path=storage,
+            run_name="bench",
+        )
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={
-                "model": presets.get(size),
-                "train": tc,
-                "seed": SEED,
-                "vocab_size": vocab,
-                "shard_dir": str(shard_dir),
-                "tracking_uri": None,
-                "mlflow_run_id": None,
-            },
+            train_loop_config={JOB_KEY: job},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=1,
                 use_gpu=tc.use_gpu,

@@ -165,10 +165,13 @@ class RecordMemory:
 def measured_loop(cfg: dict[str, Any]) -> dict[str, Any]:
     """``train_loop_per_worker`` with this worker's memory recorded before the data is read and
     after the last step."""
-    from training.worker import train_loop_per_worker
+    from dataclasses import replace
+
+    from training.worker import JOB_KEY, train_loop_per_worker
 
     start = memory()
-    return train_loop_per_worker({**cfg, "callbacks": [RecordMemory(cfg["record_dir"], start)]})
+    job = replace(cfg[JOB_KEY], callbacks=(RecordMemory(cfg["record_dir"], start),))
+    return train_loop_per_worker({JOB_KEY: job})
 
 
 def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> list[dict]:
@@ -192,19 +195,22 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
         checkpoint_minutes=0.0,
         log_every=warm,
     )
+    from training.job import TrainJob
+    from training.worker import JOB_KEY
+
     with tempfile.TemporaryDirectory() as storage, tempfile.TemporaryDirectory() as records:
+        job = TrainJob(
+            model=presets.get("debug"),
+            train=tc,
+            seed=SEED,
+            vocab_size=vocab,
+            shard_dir=str(shards),
+            storage_path=storage,
+            run_name="bench",
+        )
         trainer = TorchTrainer(
             measured_loop,
-            train_loop_config={
-                "model": presets.get("debug"),
-                "train": tc,
-                "seed": SEED,
-                "vocab_size": vocab,
-                "shard_dir": str(shards),
-                "tracking_uri": None,
-                "mlflow_run_id": None,
-                "record_dir": records,
-            },
+            train_loop_config={JOB_KEY: job, "record_dir": records},
             scaling_config=ray.train.ScalingConfig(
                 num_workers=workers, resources_per_worker={"CPU": tc.cpus_per_worker}
             ),

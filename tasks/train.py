@@ -6,8 +6,9 @@ Resume: Ray Train's storage lives outside the stage folder, at a stable place ke
 ``stop_after``). Rerunning the same config, or one that only raises ``steps`` or drops
 ``stop_after``, continues from the latest checkpoint at the exact step and batch, logging into
 the same MLflow run. The stage folder is written at the end: weights-only copies of the kept
-checkpoints, ``final/model.pt`` and ``checkpoints.json``. The work is ``training``'s: the
-``Trainer`` and the per-worker loop that drives it under Ray Train.
+checkpoints, ``final/model.pt`` and ``checkpoints.json``. The work is ``training``'s: this stage
+checks its inputs, builds a ``training.job.TrainJob`` and hands it to ``run_job`` (Ray Train,
+the ``Trainer`` on every worker, the export into the stage folder).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +27,20 @@ from tasks.contract import (
     StageError,
     StageResult,
     code_version,
-    input_fingerprint,
+    input_fingerprints,
     read_manifest,
     run_stage,
     stage_fingerprint,
 )
 from tasks.runtime import ensure_ray
 from training.data import open_fs, shard_files
+from training.job import CHECKPOINTS_JSON, JobError, TrainJob, run_job
 from training.tracking import learning_curve, log_params
 from training.trainer import Callback
-from training.worker import MODEL_FILE, train_loop_per_worker
-from transformer_core import checkpoint as ckpt
-from transformer_core.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 STAGE = "train"
-CHECKPOINTS_JSON = "checkpoints.json"
 # TrainConfig fields that change neither the weights nor the data order of the steps they share.
 NOT_IN_RESUME_KEY = (
     "steps",
@@ -77,10 +75,10 @@ def resume_key(config: RunConfig, input_fps: Mapping[str, str]) -> str:
     return stage_fingerprint(STAGE, cfg, input_fps, code=code_version())
 
 
-def storage_location(config: RunConfig, inputs: Mapping[str, Path]) -> tuple[str, str]:
-    """``(storage_path, run name)`` for Ray Train's ``RunConfig``; the run folder is their join."""
-    fps = {name: input_fingerprint(Path(p), name) for name, p in inputs.items()}
-    key = resume_key(config, fps)[:12]
+def storage_location(config: RunConfig, input_fps: Mapping[str, str]) -> tuple[str, str]:
+    """``(storage_path, run name)`` for Ray Train's ``RunConfig``, from the inputs' fingerprints
+    (``input_fingerprints``); the run folder is their join."""
+    key = resume_key(config, input_fps)[:12]
     if config.train.storage_path:
         storage = config.train.storage_path
         if "://" not in storage:
@@ -104,13 +102,15 @@ def run_with_callbacks(
     """``run``, with ``callbacks(trainer)`` called after every step in every worker (the tests
     kill a worker this way). They are not fingerprinted: they must not change what is trained."""
     inputs = {name: Path(inputs[name]) for name in ("shard", "tokenizer")}
+    input_fps = input_fingerprints(inputs)  # checked once: the stage's identity and Ray's folder
     return run_stage(
         STAGE,
         config.root / STAGE,
         stage_config(config),
         inputs,
-        lambda tmp: _train(config, inputs, callbacks, tmp),
+        lambda tmp: _train(config, inputs, input_fps, callbacks, tmp),
         force=force,
+        input_fps=input_fps,
     )
 
 
@@ -143,7 +143,7 @@ def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int
             raise StageError(f"empty shards: {shard / split} holds 0 rows")
         check_lengths(config, shard / split, longest_row(stats.get(split, {}), metas))
         counts[f"{split}_rows"] = rows
-    counts["vocab_size"] = vocab_size(config, inputs)
+    counts["vocab_size"] = vocab_size(config, inputs, stats)
     counts["tgt_vocab_size"] = target_vocab_size(config, inputs)
     return counts
 
@@ -178,20 +178,21 @@ def check_lengths(config: RunConfig, folder: Path, longest: int | None) -> None:
             )
 
 
-def vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int:
-    """The model's vocabulary: the tokenizer's piece count, checked against the shard manifest
-    (``stats.vocab_size``) and against ``tokenizer.vocab_size`` in the config."""
+def vocab_size(
+    config: RunConfig, inputs: Mapping[str, Path], shard_stats: Mapping[str, Any]
+) -> int:
+    """The model's vocabulary: the tokenizer's piece count, checked against the shard manifest's
+    ``shard_stats`` (``vocab_size``) and against ``tokenizer.vocab_size`` in the config."""
     spm_file = Path(inputs["tokenizer"]) / "spm.model"
     if not spm_file.is_file():
         raise StageError(f"tokenizer model {spm_file} does not exist")
     import sentencepiece
 
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(spm_file)).get_piece_size()
-    stats = (read_manifest(Path(inputs["shard"])) or {}).get("stats", {})
-    if "vocab_size" in stats and int(stats["vocab_size"]) != pieces:
+    if "vocab_size" in shard_stats and int(shard_stats["vocab_size"]) != pieces:
         raise StageError(
             f"vocabulary mismatch: {inputs['shard']}/manifest.json says vocab_size "
-            f"{stats['vocab_size']} but the tokenizer {spm_file} has {pieces} pieces"
+            f"{shard_stats['vocab_size']} but the tokenizer {spm_file} has {pieces} pieces"
         )
     if config.tokenizer.vocab_size != pieces:
         raise StageError(
@@ -248,170 +249,53 @@ def check_resources(config: RunConfig) -> None:
 
 
 def _train(
-    config: RunConfig, inputs: Mapping[str, Path], callbacks: Sequence[Callback], tmp: Path
+    config: RunConfig,
+    inputs: Mapping[str, Path],
+    input_fps: Mapping[str, str],
+    callbacks: Sequence[Callback],
+    tmp: Path,
 ) -> dict[str, Any]:
-    import ray.train
     from mlflow.tracking import MlflowClient
-    from ray.train.torch import TorchTrainer
 
-    from training.process_group import NodeBoundTorchConfig
-
-    tc = config.train
     counts = check_inputs(config, inputs)
     ensure_ray(config.ray)
     check_resources(config)
-    storage, name = storage_location(config, inputs)
-    run_dir = f"{storage.rstrip('/')}/{name}"
-    per_step = tc.batches_per_step(tc.max_workers)  # elastic: the same for every worker count
-    if tc.elastic:
-        world: int | str = f"{tc.min_workers}..{tc.max_workers}"
-        accum: int | str = f"{-(-per_step // tc.max_workers)}..{-(-per_step // tc.min_workers)}"
-    else:
-        world, accum = tc.num_workers, per_step // tc.num_workers
-
+    job = make_job(config, inputs, input_fps, counts, callbacks)
     (tmp / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
-    with tracking.training_run(config, STAGE, run_dir) as (tracking_uri, run_id):
+    with tracking.training_run(config, STAGE, job.run_dir) as (tracking_uri, run_id):
         client = MlflowClient(tracking_uri)
-        log_params(
-            client,
-            run_id,
-            {
-                **flatten(to_dict(config)),
-                "world_size": world,
-                "accumulation": accum,
-                "tokens_per_step": per_step * tc.max_tokens_per_batch,
-                "vocab_size": counts["vocab_size"],
-                "train_rows": counts["train_rows"],
-                "ray_run_dir": run_dir,
-            },
-        )
+        params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}
+        log_params(client, run_id, {**flatten(to_dict(config)), **job.scaling(), **params})
         client.log_artifact(run_id, str(tmp / "config.json"))
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={
-                "model": config.model,
-                "train": tc,
-                "seed": config.seed,
-                "vocab_size": counts["vocab_size"],
-                "tgt_vocab_size": counts["tgt_vocab_size"],
-                "shard_dir": str(Path(inputs["shard"]).resolve()),
-                "tokenizer_file": str((Path(inputs["tokenizer"]) / "spm.model").resolve()),
-                "best_path": best_path(run_dir),
-                "tracking_uri": tracking_uri,
-                "mlflow_run_id": run_id,
-                "callbacks": list(callbacks),
-            },
-            # gloo/NCCL on the interface of each node's Ray address, the store on rank 0's
-            # address only (training/process_group.py).
-            torch_config=NodeBoundTorchConfig(),
-            scaling_config=ray.train.ScalingConfig(
-                num_workers=tc.num_workers,
-                elastic_resize_monitor_interval_s=tc.elastic_check_seconds,
-                use_gpu=tc.use_gpu,
-                resources_per_worker={
-                    "CPU": tc.cpus_per_worker,
-                    **({"GPU": 1} if tc.use_gpu else {}),
-                },
-                placement_strategy=tc.placement_strategy,
-            ),
-            run_config=ray.train.RunConfig(
-                name=name,
-                storage_path=storage,
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=tc.keep_checkpoints),
-                failure_config=ray.train.FailureConfig(max_failures=tc.max_failures),
-            ),
-        )
         try:
-            result = trainer.fit()
-        except ray.train.TrainingFailedError as exc:
-            raise StageError(
-                f"training failed (Ray Train run folder {run_dir}; rerun the same config to "
-                f"resume from its latest checkpoint): {exc}"
-            ) from exc
-        summary = result.return_value or {}
-        stats = export(result, tmp, best_path(run_dir) if tc.bleu_sentences else None)
+            outcome = run_job(replace(job, tracking_uri=tracking_uri, mlflow_run_id=run_id), tmp)
+        except JobError as exc:
+            raise StageError(str(exc)) from exc
         if learning_curve(client, run_id, tmp / "learning_curve.png"):
             client.log_artifact(run_id, str(tmp / "learning_curve.png"))
         client.log_artifact(run_id, str(tmp / CHECKPOINTS_JSON))
-
-    last = stats["step"]
-    return {
-        **counts,
-        **stats,
-        "complete": last >= tc.steps or bool(summary.get("stopped_early")),
-        "stopped_early": bool(summary.get("stopped_early")),
-        "resumed_from_step": summary.get("start_step", last),
-        "world_size": summary.get("world_size", world),  # the last worker group's
-        "accumulation": summary.get("accumulation", accum),
-        "n_parameters": summary.get("n_parameters"),
-        "tokens_per_s": summary.get("tokens_per_s"),
-        "loop_seconds": summary.get("loop_seconds"),
-        "torch_threads": summary.get("torch_threads"),
-        "torch_interop_threads": summary.get("torch_interop_threads"),
-        "mlflow_run_id": run_id,
-        "tracking_uri": tracking_uri,
-        "ray_run_dir": run_dir,
-    }
+    return {**counts, **outcome.stats, "mlflow_run_id": run_id, "tracking_uri": tracking_uri}
 
 
-def best_path(run_dir: str) -> str:
-    """Where the workers keep the best checkpoint by ``val_bleu`` (beside Ray's checkpoints)."""
-    return f"{run_dir}/best/{MODEL_FILE}"
-
-
-def export(result: Any, tmp: Path, best: str | None = None) -> dict[str, Any]:
-    """Weights-only copies of the kept checkpoints, ``final/model.pt``, ``best/model.pt`` (the
-    best by ``val_bleu``, from ``best``, when training measured it) and ``checkpoints.json``."""
-    if result.checkpoint is None:
-        raise StageError("training reported no checkpoint")
-    kept = sorted(result.best_checkpoints or [], key=lambda cm: cm[1]["step"])
-    entries = []
-    final_metrics: dict[str, Any] = {}
-    for checkpoint, metrics in kept:
-        step = int(metrics["step"])
-        rel = f"checkpoints/step-{step:09d}/{MODEL_FILE}"
-        with checkpoint.as_directory() as d:
-            state = ckpt.load(Path(d) / MODEL_FILE)
-        ckpt.save(
-            tmp / rel,
-            state["model"],
-            ModelConfig.from_dict(state["config"]),
-            vocab_size=state["vocab_size"],
-            tgt_vocab_size=state.get("tgt_vocab_size"),
-            step=step,
-            time=float(metrics["time"]),
-        )
-        entries.append(
-            {"step": step, "time": float(metrics["time"]), "path": rel, "source": checkpoint.path}
-        )
-        final_metrics = metrics
-    (tmp / "final").mkdir()
-    shutil.copyfile(tmp / entries[-1]["path"], tmp / "final" / MODEL_FILE)  # the latest one
-    listing: dict[str, Any] = {"checkpoints": entries, "final": f"final/{MODEL_FILE}"}
-    stats: dict[str, Any] = {}
-    if best is not None:
-        import pyarrow.fs as pafs
-
-        fs, path = open_fs(best)
-        if fs.get_file_info(path).type != pafs.FileType.File:
-            raise StageError(f"training measured val_bleu but left no best checkpoint {best}")
-        (tmp / "best").mkdir()
-        pafs.copy_files(path, str(tmp / "best" / MODEL_FILE), source_filesystem=fs)
-        state = ckpt.load(tmp / "best" / MODEL_FILE)
-        listing["best"] = {
-            "path": f"best/{MODEL_FILE}",
-            "step": int(state["step"]),
-            "val_bleu": float(state["val_bleu"]),
-        }
-        stats = {"best_step": listing["best"]["step"], "best_val_bleu": listing["best"]["val_bleu"]}
-    (tmp / CHECKPOINTS_JSON).write_text(json.dumps(listing, indent=2) + "\n")
-    return {
-        "step": int(final_metrics["step"]),
-        "checkpoints": len(entries),
-        **stats,
-        **{
-            k: final_metrics[k]
-            for k in ("val_loss", "val_ppl", "val_bleu", "loss")
-            if k in final_metrics
-        },
-    }
+def make_job(
+    config: RunConfig,
+    inputs: Mapping[str, Path],
+    input_fps: Mapping[str, str],
+    counts: Mapping[str, Any],
+    callbacks: Sequence[Callback],
+) -> TrainJob:
+    """The training job of ``config`` on the checked inputs (``check_inputs``'s ``counts``), in
+    the Ray Train run folder their fingerprints name (``storage_location``)."""
+    storage, name = storage_location(config, input_fps)
+    return TrainJob(
+        model=config.model,
+        train=config.train,
+        seed=config.seed,
+        vocab_size=counts["vocab_size"],
+        tgt_vocab_size=counts["tgt_vocab_size"],
+        shard_dir=str(Path(inputs["shard"]).resolve()),
+        tokenizer_file=str((Path(inputs["tokenizer"]) / "spm.model").resolve()),
+        storage_path=storage,
+        run_name=name,
+        callbacks=tuple(callbacks),
+    )

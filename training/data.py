@@ -14,6 +14,7 @@ or on a remote filesystem, are read from Parquet into each worker's memory, with
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from functools import cached_property
@@ -246,4 +247,11 @@ class BatchStream:
 
     @property
     def position(self) -> dict[str, int]:
+        """The cursor: the epoch and the index in its plan of the next batch."""
         return {"epoch": self.epoch, "index": self.index}
+
+    def at(self, epoch: int, index: int) -> BatchStream:
+        """The same stream with a cursor of its own at ``(epoch, index)`` (its plan made afresh)."""
+        stream = copy.copy(self)
+        stream.epoch, stream.index, stream._plan = epoch, index, None
+        return stream

@@ -23,12 +23,14 @@ import torch
 from torch import nn
 from torch.nn.attention import sdpa_kernel
 
+from training.best import BestCheckpoint
 from training.config import TrainConfig
 from training.data import BatchStream, TokenData
 from training.dev_bleu import DevBleu
 from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
 from training.prefetch import Prefetcher
-from transformer_core.batching import plan_batches
+from training.throughput import ThroughputMeter
+from training.validation import Validation
 from transformer_core.config import ConfigError
 from transformer_core.flops import peak_flops, train_flops
 from transformer_core.loss import (
@@ -36,11 +38,21 @@ from transformer_core.loss import (
     label_smoothed_nll,
     linear_label_smoothed_nll,
 )
-from transformer_core.model import NO_CUDNN, Memory, Transformer
+from transformer_core.model import NO_CUDNN, Transformer
 from transformer_core.schedule import make_optimizer, make_scheduler
 
 Callback = Callable[["Trainer"], None]
 """Called with the Trainer after every ``train_step``, on every rank."""
+
+
+class Listener:
+    """What ``Trainer.fit`` reports as it goes, on every rank; this one ignores it all."""
+
+    def logged(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        """After every step: its metrics on logging steps, else ``{}``."""
+
+    def validated(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        """After a validation, with its metrics (``trainer.best`` has counted it)."""
 
 
 class Trainer:
@@ -62,77 +74,46 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         dev_bleu: DevBleu | None = None,
     ):
+        check_pad_multiple(config, train, module.config.max_len)
         self.module, self.model = module, model if model is not None else module
-        self.dev_bleu = dev_bleu
-        self.best: dict[str, Any] = {}  # step and val_bleu of the best validation so far
-        self.since_best = 0  # validations since then
-        self.improved = False  # the last validation set a new best
-        self.config, self.train_data, self.dev_data = config, train, dev
+        self.config, self.train_data = config, train
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.callbacks = list(callbacks)
         self.device = next(module.parameters()).device
         self.params = [p for p in module.parameters() if p.requires_grad]
-        mc = module.config
-        longest = max(int(train.src_lens.max()), int(train.tgt_lens.max()), 1)
-        if -(-longest // config.pad_multiple) * config.pad_multiple > mc.max_len:
-            raise ConfigError(
-                "train.pad_multiple",
-                f"{config.pad_multiple} pads the longest row ({longest}) past model.max_len "
-                f"{mc.max_len}; use a divisor of max_len",
-            )
         fused = self.device.type == "cuda" if config.fused_adam is None else config.fused_adam
         self.optimizer = make_optimizer(
             module, tuple(config.adam_betas), config.adam_eps, fused=fused
         )
         self.scheduler = make_scheduler(
-            self.optimizer, mc.d_model, config.warmup_steps, config.lr_scale
+            self.optimizer, module.config.d_model, config.warmup_steps, config.lr_scale
         )
         self.per_step = config.batches_per_step(world_size)  # micro-batches, all ranks
         self.accumulation = -(-self.per_step // world_size)  # the most a rank takes
-        self.stream = BatchStream(
-            train, config.max_tokens_per_batch, seed, pad_multiple=config.pad_multiple
+        self.prefetcher = Prefetcher(
+            BatchStream(train, config.max_tokens_per_batch, seed, pad_multiple=config.pad_multiple),
+            per_step=self.per_step,
+            mine=slice(rank, None, world_size),
+            collate=self._collate,
+            depth=config.prefetch,
+            pin=self.device.type == "cuda",
         )
-        self._prefetcher: Prefetcher | None = None  # started by the first step
-        self.dev_batches = plan_batches(
-            dev.src_lens,
-            dev.tgt_lens,
-            config.max_tokens_per_batch,
-            seed=seed,
-            shuffle=False,
-            pad_multiple=config.pad_multiple,
-        )[rank::world_size]
+        self.validation = Validation(dev, config, seed, rank, world_size, dev_bleu)
         # The wrapper's no_sync (DDP's), looked up before compiling hides it.
         self._no_sync = getattr(self.model, "no_sync", None)
         # Dynamic shapes: token-budget batches vary in both dimensions, so one graph serves all
         # of them instead of a recompilation per shape.
         self._forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
         self.fused_loss = config.fused_loss
-        if self.fused_loss:
-            chunk = torch.compile(chunk_loss_and_grad, dynamic=True) if config.compile else None
-            self._loss = functools.partial(
-                linear_label_smoothed_nll,
-                weight=module.generator.weight,
-                # The loss runs outside the autocast region: the projection's dtype is explicit.
-                dtype=torch.bfloat16 if self.device.type == "cuda" else None,
-                **({"chunk_fn": chunk} if chunk is not None else {}),
-            )
-        else:
-            self._loss = (
-                torch.compile(label_smoothed_nll, dynamic=True)
-                if config.compile
-                else label_smoothed_nll
-            )
-        self.peak_flops = (
-            peak_flops(torch.cuda.get_device_name(self.device))
-            if self.device.type == "cuda"
-            else None
+        self._loss = loss_function(config, module, self.device)
+        cuda = self.device.type == "cuda"
+        self.meter = ThroughputMeter(
+            world_size, peak_flops(torch.cuda.get_device_name(self.device)) if cuda else None
         )
+        self.best = BestCheckpoint(config.patience)
         self.step = self.start_step = 0
         self.train_seconds = 0.0  # summed step times, across resumes
         self.latest: dict[str, Any] = {}  # the last logged and validation metrics
-        self.timed_tokens, self.timed_seconds = 0, 0.0  # throughput after the first interval
-        # (start, tokens, target tokens, model FLOPs) since the last sync
-        self._interval: tuple[float, int, int, float] | None = None
         self._sums: list[torch.Tensor] | None = None  # loss, nll, tokens since the last log
         self._last_checkpoint = time.time()
         seed_all(seed, rank)  # dropout differs by rank
@@ -141,18 +122,18 @@ class Trainer:
     # -------------------------------------------------------------------------- state
 
     def state_dict(self) -> dict[str, Any]:
-        """Weights, optimizer, schedule, step, data position, this rank's RNG states, train seconds."""
+        """Weights, optimizer, schedule, step, data position, this rank's RNG states, train
+        seconds, the best validation and the validations since."""
         return {
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
-            "data": self.stream.position,
+            "data": dict(self.prefetcher.position),
             "rng": rng_state(),
             "world_size": self.world_size,
             "train_seconds": self.train_seconds,
-            "best": dict(self.best),
-            "since_best": self.since_best,
+            **self.best.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -162,25 +143,18 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = self.start_step = int(state["step"])
-        self.stream = BatchStream(
-            self.train_data,
-            self.config.max_tokens_per_batch,
-            self.seed,
-            **state["data"],
-            pad_multiple=self.config.pad_multiple,
-        )
-        self.close()  # a running prefetcher reads from the old position
-        self._sums = self._interval = None  # logged intervals start afresh
+        self.prefetcher.seek(state["data"])
+        self._sums = None  # logged intervals start afresh
+        self.meter.reset()
         self.train_seconds = float(state.get("train_seconds", 0.0))
-        self.best = dict(state.get("best") or {})
-        self.since_best = int(state.get("since_best", 0))
+        self.best.load_state_dict(state)
         same_world = int(state.get("world_size", self.world_size)) == self.world_size
         if state.get("rng") is not None and same_world:
             set_rng_state(state["rng"])
         else:
             seed_all(self.seed + self.step, self.rank)
 
-    # -------------------------------------------------------------------------- steps
+    # -------------------------------------------------------------------------- the loop
 
     @property
     def last_step(self) -> int:
@@ -191,8 +165,34 @@ class Trainer:
     def done(self) -> bool:
         """At the last step, or out of patience (``patience`` validations without a better
         ``val_bleu``): the same answer on every rank, as the BLEU is summed over all of them."""
-        patience = self.config.patience
-        return self.step >= self.last_step or (patience is not None and self.since_best >= patience)
+        return self.step >= self.last_step or self.best.out_of_patience
+
+    def fit(self, save: Callable[[dict[str, Any]], None], listener: Listener | None = None) -> None:
+        """Step until ``done``: validate and checkpoint (``save``) when due (``maybe_evaluate``,
+        ``maybe_checkpoint``), telling ``listener`` what was logged and validated. The prefetch
+        thread is stopped at the end, however it ends."""
+        listener = listener or Listener()
+        try:
+            while not self.done:
+                listener.logged(self, self.train_step())
+                validation = self.maybe_evaluate()
+                if validation:
+                    listener.validated(self, validation)
+                self.maybe_checkpoint(save)
+        finally:
+            self.close()
+
+    @property
+    def timed_tokens(self) -> int:
+        """Tokens trained on in the timed intervals (all but the first after each start)."""
+        return self.meter.timed_tokens
+
+    @property
+    def timed_seconds(self) -> float:
+        """Wall seconds of the timed intervals."""
+        return self.meter.timed_seconds
+
+    # -------------------------------------------------------------------------- steps
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast on CUDA, nothing on CPU."""
@@ -210,56 +210,37 @@ class Trainer:
         mc = self.module.config
         return self.train_data.batch(rows, mc.pad_id, mc.bos_id, self.config.pad_multiple)
 
-    def _host_batches(self) -> tuple[list[np.ndarray], list[tuple[torch.Tensor, ...]]]:
-        """The step's batches (all ranks') and this rank's collated micro-batches."""
-        W, position = self.world_size, self.stream.position
-        batches = self.stream.take(self.per_step)
-        if not self.config.prefetch:
-            return batches, [self._collate(rows) for rows in batches[self.rank :: W]]
-        if self._prefetcher is None:
-            ahead = BatchStream(
-                self.train_data,
-                self.config.max_tokens_per_batch,
-                self.seed,
-                **position,
-                pad_multiple=self.config.pad_multiple,
-            )
-            self._prefetcher = Prefetcher(
-                ahead,
-                per_step=len(batches),
-                mine=slice(self.rank, None, W),
-                collate=self._collate,
-                depth=self.config.prefetch,
-                pin=self.device.type == "cuda",
-            )
-        ahead_batches, host = self._prefetcher.next()
-        if not all(np.array_equal(a, b) for a, b in zip(ahead_batches, batches, strict=True)):
-            raise RuntimeError("the prefetcher's batches left the stream's order")  # a bug
-        return batches, host
-
     def train_step(self) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches (gradients all-reduced on the last
         only). On logging steps, the step's metrics over all ranks; else ``{}`` and no host sync."""
         started = time.time()
-        start, tokens, targets_seen, flops = self._interval or (started, 0, 0, 0.0)
         self.step += 1
-        W, mc, data = self.world_size, self.module.config, self.train_data
-        batches, host = self._host_batches()
+        batches, host = self.prefetcher.next()
         rows = np.concatenate(batches)
-        src_lens, tgt_lens = data.src_lens[rows], data.tgt_lens[rows]
+        src_lens, tgt_lens = self.train_data.src_lens[rows], self.train_data.tgt_lens[rows]
         targets = int(tgt_lens.sum())
-        self._interval = (
-            start,
-            tokens + targets + int(src_lens.sum()),
-            targets_seen + targets,
-            flops + train_flops(mc, self.module.tgt_vocab_size, src_lens, tgt_lens),
-        )
-        scale = W / targets  # DDP averages over ranks; this makes it a per-token mean
+        flops = train_flops(self.module.config, self.module.tgt_vocab_size, src_lens, tgt_lens)
+        self.meter.add(started, targets + int(src_lens.sum()), targets, flops)
         lr = self.scheduler.get_last_lr()[0]
-        if self._sums is None:  # loss, nll, tokens since the last log, summed on the device
+        # DDP averages over ranks; this makes the gradient a per-token mean over all of them.
+        self._forward_backward(host, scale=self.world_size / targets)
+        logging = self.step % self.config.log_every == 0 or self.step == self.last_step
+        grad_norm = self._grad_norm(logging)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.train_seconds += time.time() - started
+        metrics = self._log(lr, grad_norm) if logging else {}
+        for callback in self.callbacks:
+            callback(self)
+        return metrics
+
+    def _forward_backward(self, host: list[tuple[torch.Tensor, ...]], scale: float) -> None:
+        """Gradients of this rank's micro-batches (synced on the last), their loss, NLL and
+        target tokens added to the sums since the last log, on the device."""
+        if self._sums is None:
             self._sums = [torch.zeros((), device=self.device) for _ in range(3)]
-        sums = self._sums
-        no_sync = self._no_sync
+        sums, no_sync, mc = self._sums, self._no_sync, self.module.config
         for i, tensors in enumerate(host):
             src, tgt_in, tgt_out = (t.to(self.device, non_blocking=True) for t in tensors)
             last = i == len(host) - 1
@@ -273,16 +254,6 @@ class Trainer:
                 (loss * scale).backward()
             for total, value in zip(sums, (loss.detach(), nll.detach(), n), strict=True):
                 total += value
-        logging = self.step % self.config.log_every == 0 or self.step == self.last_step
-        grad_norm = self._grad_norm(logging)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.train_seconds += time.time() - started
-        metrics = self._log(lr, grad_norm) if logging else {}
-        for callback in self.callbacks:
-            callback(self)
-        return metrics
 
     def _grad_norm(self, logging: bool) -> torch.Tensor | None:
         """Clip to ``clip_norm`` if set; without clipping the norm is computed on logging steps."""
@@ -295,38 +266,28 @@ class Trainer:
     def _log(self, lr: float, grad_norm: Any) -> dict[str, float]:
         """Loss, NLL and perplexity per target token over every step since the last log (one
         step's batch alone swings with its sentence lengths), lr and throughput."""
+        assert self._sums is not None
         loss, nll, n = all_reduce_sum(self._sums, self.device)
         self._sums = None
-        start, tokens, targets, flops = self._interval
-        seconds = time.time() - start  # the all-reduce above waited for the device
-        if self.step > self.start_step + self.config.log_every or self.step == self.last_step:
-            self.timed_tokens += tokens  # the first interval after a (re)start is warm-up
-            self.timed_seconds += seconds
-        self._interval = None
-        tokens_per_s = tokens / seconds if seconds > 0 else 0.0
-        flops_per_s = flops / seconds / self.world_size if seconds > 0 else 0.0  # per worker
+        # The first interval after a (re)start is warm-up; the all-reduce waited for the device.
+        timed = self.step > self.start_step + self.config.log_every or self.step == self.last_step
+        rates = self.meter.read(time.time(), timed)
         self.latest = {
             "loss": loss / n,
             "nll": nll / n,
             "ppl": math.exp(min(nll / n, 50.0)),
             "lr": lr,
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_worker": tokens_per_s / self.world_size,
-            "target_tokens_per_s": targets / seconds if seconds > 0 else 0.0,
-            "tflops_per_worker": flops_per_s / 1e12,
-            "mfu": flops_per_s / self.peak_flops if self.peak_flops else None,
+            **rates,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "memory_gb": memory_gb(self.device),
-            "epoch": self.stream.epoch,
-            "batch_index": self.stream.index,
+            "epoch": self.prefetcher.position["epoch"],
+            "batch_index": self.prefetcher.position["index"],
         }
         return dict(self.latest)
 
     def close(self) -> None:
         """Stop the prefetch thread (a new one starts with the next step)."""
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
+        self.prefetcher.close()
 
     # -------------------------------------------------------------------------- evaluation
 
@@ -339,44 +300,13 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Validation loss/NLL per target token and perplexity over every rank's share of the dev
-        batches, ``val_encoder_spread`` (see ``encoder_spread``) on each rank's first batch and,
-        with ``dev_bleu``, ``val_bleu``: sacreBLEU of greedy translations of the dev subset
-        (``improved`` says whether it is the best so far)."""
-        module, mc = self.module, self.module.config
-        module.eval()
-        totals = [torch.zeros((), device=self.device) for _ in range(5)]
-        for i, rows in enumerate(self.dev_batches):
-            src, tgt_in, tgt_out = (
-                t.to(self.device) for t in self.dev_data.batch(rows, mc.pad_id, mc.bos_id)
-            )
-            with self.autocast():
-                memory = module.encode(src)  # module(src, tgt_in), with the encoder output kept
-                logits = module.decode(tgt_in, memory)
-                if i == 0:
-                    totals[3] += encoder_spread(memory)
-                    totals[4] += 1
-            loss, nll, n = label_smoothed_nll(logits, tgt_out, mc.label_smoothing, mc.pad_id)
-            totals[0] += loss
-            totals[1] += nll
-            totals[2] += n
-        loss, nll, n, spread, ranks = all_reduce_sum(totals, self.device)
-        module.train()
-        n = max(n, 1.0)
-        val = {
-            "val_loss": loss / n,
-            "val_nll": nll / n,
-            "val_ppl": math.exp(min(nll / n, 50.0)),
-            "val_encoder_spread": spread / max(ranks, 1.0),
-        }
-        if self.dev_bleu is not None:
-            val["val_bleu"] = self.dev_bleu.score(module, self.device)
-            self.improved = val["val_bleu"] > self.best.get("val_bleu", -1.0)
-            if self.improved:
-                self.best, self.since_best = {"step": self.step, "val_bleu": val["val_bleu"]}, 0
-            else:
-                self.since_best += 1
+        batches, ``val_encoder_spread`` and, with ``dev_bleu``, ``val_bleu`` (counted by
+        ``best``): ``Validation.run``."""
+        val = self.validation.run(self.module, self.device, self.autocast)
+        if "val_bleu" in val:
+            self.best.update(self.step, val["val_bleu"])
         self.latest.update(val)
-        self._interval = None  # time training only
+        self.meter.reset()  # time training only
         return val
 
     # -------------------------------------------------------------------------- checkpoints
@@ -398,27 +328,42 @@ class Trainer:
                 "step": self.step,
                 "time": time.time(),
                 "train_seconds": self.train_seconds,
-                **self.stream.position,
+                **self.prefetcher.position,
                 **{k: v for k, v in self.latest.items() if v is not None},
             }
         )
         self._last_checkpoint = time.time()
-        self._interval = None
+        self.meter.reset()
         return True
 
 
-def encoder_spread(memory: Memory) -> torch.Tensor:
-    """How much the encoder's output differs between the positions of a sentence: the mean
-    distance of each real position's state from its sentence's mean state, over the mean state
-    norm. About 0.5 at initialisation and for a model that reads its source; near 0 when the
-    encoder has collapsed to a source-independent output (the decoder then parses or
-    translates from its own prefix alone)."""
-    states = memory.states.float()  # (B, S, D)
-    real = (~memory.src_pad).unsqueeze(-1).float()  # (B, S, 1)
-    mean = (states * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1)
-    spread = ((states - mean).norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
-    scale = (states.norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
-    return spread / scale.clamp(min=1e-12)
+def check_pad_multiple(config: TrainConfig, train: TokenData, max_len: int) -> None:
+    """``train.pad_multiple`` must not pad the longest row past the model's positions."""
+    longest = max(int(train.src_lens.max()), int(train.tgt_lens.max()), 1)
+    if -(-longest // config.pad_multiple) * config.pad_multiple > max_len:
+        raise ConfigError(
+            "train.pad_multiple",
+            f"{config.pad_multiple} pads the longest row ({longest}) past model.max_len "
+            f"{max_len}; use a divisor of max_len",
+        )
+
+
+def loss_function(config: TrainConfig, module: Transformer, device: torch.device) -> Callable:
+    """The training loss on the model's output: label-smoothed NLL of the logits or, with
+    ``fused_loss``, of the states through the output projection in chunks; compiled with
+    ``compile``."""
+    if not config.fused_loss:
+        if config.compile:
+            return torch.compile(label_smoothed_nll, dynamic=True)
+        return label_smoothed_nll
+    chunk = torch.compile(chunk_loss_and_grad, dynamic=True) if config.compile else None
+    return functools.partial(
+        linear_label_smoothed_nll,
+        weight=module.generator.weight,
+        # The loss runs outside the autocast region: the projection's dtype is explicit.
+        dtype=torch.bfloat16 if device.type == "cuda" else None,
+        **({"chunk_fn": chunk} if chunk is not None else {}),
+    )
 
 
 def memory_gb(device: torch.device) -> float:

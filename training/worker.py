@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,36 +23,66 @@ from training.data import TokenData, open_fs
 from training.dev_bleu import DevBleu
 from training.progress import Progress
 from training.tracking import Tracker
-from training.trainer import Trainer
+from training.trainer import Listener, Trainer
 from transformer_core import checkpoint as ckpt
 from transformer_core.checkpoint import MODEL_FILE
+from transformer_core.config import ModelConfig
 from transformer_core.model import Transformer, count_parameters
 
+JOB_KEY = "job"
+"""``train_loop_config``'s one key, holding the run's ``training.job.TrainJob`` (Ray Train's run
+state wants a dict there; the job module imports this one, so it is not named by type here)."""
 SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 
 
-def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Ray Train's per-worker function. ``cfg`` (``train_loop_config``): ``model``
-    (``ModelConfig``), ``train`` (``TrainConfig``), ``seed``, ``vocab_size``, optionally
-    ``tgt_vocab_size`` (a decoder vocabulary of the first ids only), ``shard_dir``,
-    ``tokenizer_file``, ``best_path`` (where the best checkpoint by ``val_bleu`` goes),
-    ``tracking_uri``, ``mlflow_run_id`` and ``callbacks`` (the Trainer's). Returns a summary."""
+def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Ray Train's per-worker function: ``config[JOB_KEY]`` (a ``training.job.TrainJob``)
+    trained on this rank from Ray's latest checkpoint, if any. Returns ``summary``."""
     import ray.train
-    import ray.train.torch
 
+    job = config[JOB_KEY]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    mc, tc, seed, vocab_size = cfg["model"], cfg["train"], cfg["seed"], cfg["vocab_size"]
-    threads = tc.torch_threads or worker_threads(ctx.get_local_world_size())
+    set_threads(job.train.torch_threads or worker_threads(ctx.get_local_world_size()))
+    trainer = make_trainer(job, rank, world)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            trainer.load_state_dict(read_state(Path(d), rank))
+    tracker = Tracker(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
+    tracker.param("n_parameters", count_parameters(trainer.module))
+    started = time.time()
+    progress = Progress(
+        trainer.last_step,
+        trainer.start_step,
+        enabled=rank == 0,
+        spread_floor=job.train.warn_encoder_spread,
+    )
+    progress.resumed(world)
+    saver = Saver(trainer, job.model, job.vocab_size, job.tgt_vocab_size)
+    trainer.fit(saver.report, WorkerListener(tracker, progress, job.best_path, job.vocab_size))
+    return summary(trainer, time.time() - started)
+
+
+def set_threads(threads: int) -> None:
+    """Intra-op and inter-op threads (independent ops run side by side) get the same share."""
     torch.set_num_threads(threads)
-    try:  # inter-op threads (independent ops run side by side) get the same share of cores
+    try:
         torch.set_num_interop_threads(threads)
     except RuntimeError:  # settable once per process, before any inter-op work: a reused worker
         pass
-    train = TokenData.read(f"{cfg['shard_dir']}/train", vocab_size)
-    dev = TokenData.read(f"{cfg['shard_dir']}/dev", vocab_size)
+
+
+def make_trainer(job: Any, rank: int, world: int) -> Trainer:
+    """The Trainer of this rank for ``job`` (a ``TrainJob``): the shards memory-mapped, the
+    model initialised alike on every rank and wrapped in DDP, dev BLEU with ``bleu_sentences``."""
+    import ray.train.torch
+
+    tc, seed, vocab_size = job.train, job.seed, job.vocab_size
+    train = TokenData.read(f"{job.shard_dir}/train", vocab_size)
+    dev = TokenData.read(f"{job.shard_dir}/dev", vocab_size)
     torch.manual_seed(seed)  # the same initial weights on every rank
-    module = Transformer(mc, vocab_size, cfg.get("tgt_vocab_size"))
+    module = Transformer(job.model, vocab_size, job.tgt_vocab_size)
     # The only buffer is the fixed sinusoid table: broadcasting it every forward is waste.
     model = ray.train.torch.prepare_model(
         module, parallel_strategy_kwargs={"broadcast_buffers": False}
@@ -60,7 +91,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     if tc.bleu_sentences:
         import sentencepiece
 
-        tokenizer = sentencepiece.SentencePieceProcessor(model_file=cfg["tokenizer_file"])
+        tokenizer = sentencepiece.SentencePieceProcessor(model_file=job.tokenizer_file)
         dev_bleu = DevBleu(
             dev,
             tokenizer.decode,
@@ -69,7 +100,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             world_size=world,
             max_tokens=tc.max_tokens_per_batch,
         )
-    trainer = Trainer(
+    return Trainer(
         module,
         tc,
         train,
@@ -78,28 +109,37 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         rank=rank,
         world_size=world,
         model=model,
+        callbacks=job.callbacks,
         dev_bleu=dev_bleu,
     )
-    trainer.callbacks.extend(cfg.get("callbacks", ()))
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            trainer.load_state_dict(read_state(Path(d), rank))
-    tracker = Tracker(cfg.get("tracking_uri"), cfg.get("mlflow_run_id"), enabled=rank == 0)
-    tracker.param("n_parameters", count_parameters(module))
 
-    def save(metrics: dict[str, Any]) -> None:
+
+class Saver:
+    """Reports a checkpoint to Ray Train (a barrier on every rank): rank 0 writes ``model.pt``
+    (the Trainer's state in ``transformer_core.checkpoint`` format), every rank its RNG states."""
+
+    def __init__(
+        self, trainer: Trainer, mc: ModelConfig, vocab_size: int, tgt_vocab_size: int | None
+    ):
+        self.trainer, self.mc = trainer, mc
+        self.vocab_size, self.tgt_vocab_size = vocab_size, tgt_vocab_size
+
+    def report(self, metrics: dict[str, Any]) -> None:
+        """``Trainer.maybe_checkpoint``'s ``save``: the checkpoint and ``metrics`` to Ray."""
+        import ray.train
+
+        trainer, rank = self.trainer, self.trainer.rank
         with tempfile.TemporaryDirectory() as d:
             state = trainer.state_dict()
             if rank == 0:
-                weights, when = state.pop("model"), metrics["time"]
+                weights = state.pop("model")
                 ckpt.save(
                     Path(d) / MODEL_FILE,
                     weights,
-                    mc,
-                    vocab_size=vocab_size,
-                    tgt_vocab_size=cfg.get("tgt_vocab_size"),
-                    time=when,
+                    self.mc,
+                    vocab_size=self.vocab_size,
+                    tgt_vocab_size=self.tgt_vocab_size,
+                    time=metrics["time"],
                     **state,
                 )
             torch.save(state["rng"], Path(d) / f"rng-rank-{rank:05d}.pt")
@@ -109,44 +149,45 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> dict[str, Any]:
                 checkpoint_dir_name=f"step-{trainer.step:09d}",
             )
 
-    started = time.time()
-    progress = Progress(
-        trainer.last_step,
-        trainer.start_step,
-        enabled=rank == 0,
-        spread_floor=tc.warn_encoder_spread,
-    )
-    progress.resumed(world)
-    try:
-        while not trainer.done:
-            metrics = trainer.train_step()
-            tracker.metrics(metrics, trainer.step)
-            progress.step(trainer.step, metrics)
-            validation = trainer.maybe_evaluate()
-            tracker.metrics(validation, trainer.step)
-            if progress.validated(trainer.step, validation):
-                spread = validation["val_encoder_spread"]
-                tracker.tag("warning.encoder_collapse", f"step {trainer.step}: spread {spread:.3f}")
-            if validation and trainer.improved and rank == 0:
-                save_best(cfg["best_path"], module, trainer.best, vocab_size)
-            trainer.maybe_checkpoint(save)
-    finally:
-        trainer.close()
-    timed = trainer.timed_seconds
+
+class WorkerListener(Listener):
+    """Rank 0's metrics to MLflow and its lines to the console; the best weights by ``val_bleu``
+    to ``best_path`` when a validation improves on it."""
+
+    def __init__(self, tracker: Tracker, progress: Progress, best_path: str, vocab_size: int):
+        self.tracker, self.progress = tracker, progress
+        self.best_path, self.vocab_size = best_path, vocab_size
+
+    def logged(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        self.tracker.metrics(metrics, trainer.step)
+        self.progress.step(trainer.step, metrics)
+
+    def validated(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        self.tracker.metrics(metrics, trainer.step)
+        if self.progress.validated(trainer.step, metrics):
+            spread = metrics["val_encoder_spread"]
+            warning = f"step {trainer.step}: spread {spread:.3f}"
+            self.tracker.tag("warning.encoder_collapse", warning)
+        if trainer.best.improved and trainer.rank == 0:
+            save_best(self.best_path, trainer.module, trainer.best.record, self.vocab_size)
+
+
+def summary(trainer: Trainer, loop_seconds: float) -> dict[str, Any]:
+    """What the worker returns (rank 0's reaches the driver): steps, throughput, threads, best."""
     return {
-        "rank": rank,
+        "rank": trainer.rank,
         "start_step": trainer.start_step,
         "step": trainer.step,
-        "n_parameters": count_parameters(module),
+        "n_parameters": count_parameters(trainer.module),
         "accumulation": trainer.accumulation,
-        "world_size": world,
-        "tokens_per_s": trainer.timed_tokens / timed if timed > 0 else None,
+        "world_size": trainer.world_size,
+        "tokens_per_s": trainer.meter.tokens_per_s,
         "timed_tokens": trainer.timed_tokens,
-        "timed_seconds": timed,
-        "loop_seconds": time.time() - started,
+        "timed_seconds": trainer.timed_seconds,
+        "loop_seconds": loop_seconds,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
-        "best": trainer.best,
+        "best": dict(trainer.best.record),
         "stopped_early": trainer.step < trainer.last_step,
         **{k: v for k, v in trainer.latest.items() if k in SUMMARY_METRICS},
     }

@@ -18,7 +18,7 @@ from test_train import make_inputs, tiny_config
 from test_train_resume import assert_same_weights, final_weights, traces
 
 from tasks.config import RayConfig
-from tasks.contract import read_manifest
+from tasks.contract import input_fingerprints, read_manifest
 
 # Slow (a cluster of four raylets and two Ray Train runs, ~2 min): `make test-slow`.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -111,7 +111,7 @@ def test_a_lost_node_resumes_on_the_cluster_and_ends_bit_identical(cluster, tmp_
     where.mkdir()
     config = cluster_config(root, tracking, cluster.address, max_failures=1)
     inputs = make_inputs(root)
-    run_dir = Path("/".join(train.storage_location(config, inputs)))
+    run_dir = Path("/".join(train.storage_location(config, input_fingerprints(inputs))))
     done = threading.Event()
     killed = kill_when_stopped(workers, where, run_dir, done)
     try:

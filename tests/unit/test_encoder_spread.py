@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from training.trainer import encoder_spread
+from training.validation import encoder_spread
 from transformer_core import PAD_ID, Transformer, presets
 
 

@@ -177,9 +177,12 @@ def test_a_collate_error_in_the_prefetch_thread_is_raised_by_the_step():
 
 
 def test_padded_batches_are_multiples_of_pad_multiple_within_the_token_budget():
+    from training.data import BatchStream
+
     trainer = make_trainer(settings(pad_multiple=8, max_tokens_per_batch=96))
     run(trainer, 1)
-    for rows in trainer.stream._current():
+    stream = BatchStream(trainer.train_data, 96, SEED, pad_multiple=8)
+    for rows in stream.take(len(trainer.train_data)):  # more than an epoch's batches
         src, tgt_in, tgt_out = trainer._collate(rows)
         assert src.shape[1] % 8 == 0 and tgt_in.shape[1] % 8 == 0
         assert src.numel() <= 96 and tgt_out.numel() <= 96
@@ -256,7 +259,9 @@ def test_compiled_training_takes_the_same_steps_as_eager_on_cpu(fused_loss):
     for a, b in zip(compiled, eager, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
 
-    batches = trainer().stream.take(16)  # the 8 steps' batches
+    from training.data import BatchStream
+
+    batches = BatchStream(reversal(96, 1), 80, SEED, pad_multiple=2).take(16)  # 8 steps' batches
     shapes = {compiled_trainer._collate(rows)[0].shape for rows in batches}
     # Dynamic shapes: the graphs do not grow with the shapes. Model and loss (or the fused loss's
     # chunk function) each compile for the first batch, again when two sizes that were equal
@@ -289,17 +294,17 @@ def test_val_bleu_keeps_the_best_validation_and_patience_stops_the_run():
         validation = trainer.maybe_evaluate()
         if validation:
             bleus[trainer.step] = validation["val_bleu"]
-            assert trainer.improved == (trainer.best["step"] == trainer.step)
+            assert trainer.best.improved == (trainer.best.record["step"] == trainer.step)
     assert max(bleus[4], bleus[8]) > 0, bleus  # it matched something before being spoiled
     best_step = max((4, 8), key=lambda s: (bleus[s], -s))  # the first of equals
-    assert trainer.best == {"step": best_step, "val_bleu": bleus[best_step]}
+    assert trainer.best.record == {"step": best_step, "val_bleu": bleus[best_step]}
     # Patience 2: two validations without a better BLEU, then a stop (not at step 40).
-    assert trainer.step == best_step + 2 * 4 and trainer.since_best == 2
+    assert trainer.step == best_step + 2 * 4 and trainer.best.since_best == 2
     assert all(bleus[s] == 0.0 for s in bleus if s > 8), bleus
     # The state carries it: a resumed run is still done.
     resumed = make_trainer(settings(steps=40, patience=2, bleu_sentences=16))
     resumed.load_state_dict(as_checkpoint(trainer.state_dict()))
-    assert resumed.done and resumed.best == trainer.best
+    assert resumed.done and resumed.best.record == trainer.best.record
 
 
 def test_logged_loss_is_the_token_weighted_mean_since_the_last_log():

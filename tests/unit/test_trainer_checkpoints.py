@@ -14,6 +14,7 @@ import torch
 from test_trainer import SEED, as_checkpoint, make_trainer, settings
 
 import training.trainer as trainer_module
+from training.data import BatchStream
 from training.distributed import seed_all
 
 
@@ -77,11 +78,9 @@ def consumed(trainer, steps: int) -> list[np.ndarray]:
     """The global batches (every rank's) of the next ``steps`` steps, from the Trainer's stream."""
     batches: list[np.ndarray] = []
     for _ in range(steps):
-        before = trainer.stream.position
+        before = trainer.prefetcher.position
         trainer.train_step()
-        replay = type(trainer.stream)(
-            trainer.train_data, trainer.config.max_tokens_per_batch, SEED, **before
-        )
+        replay = BatchStream(trainer.train_data, trainer.config.max_tokens_per_batch, SEED, **before)
         batches += replay.take(trainer.per_step)
     return batches
 

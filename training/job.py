@@ -1,0 +1,231 @@
+"""A training run as one typed job: ``TrainJob`` (what every Ray Train worker is given, the one
+``train_loop_config`` value) and ``run_job``, which runs it under ``TorchTrainer`` (DDP) with
+Ray Train's storage and checkpointing, and exports the checkpoints it kept into a folder.
+
+Ray Train keeps its checkpoints in ``run_dir`` (``storage_path/run_name``), which outlives a
+run: a job with the same ``run_dir`` continues from its latest checkpoint. The folder ``run_job``
+writes holds weights-only copies of the kept checkpoints
+(``checkpoints/step-000000006/model.pt``), ``final/model.pt`` (the latest), ``best/model.pt``
+(the best by ``val_bleu``, when measured) and ``checkpoints.json`` listing them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.config import TrainConfig
+from training.data import open_fs
+from training.trainer import Callback
+from training.worker import JOB_KEY, train_loop_per_worker
+from transformer_core import checkpoint as ckpt
+from transformer_core.checkpoint import MODEL_FILE
+from transformer_core.config import ModelConfig
+
+CHECKPOINTS_JSON = "checkpoints.json"
+
+
+class JobError(RuntimeError):
+    """Training failed or left nothing to export; the message says where its checkpoints are."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """Everything a worker needs to train (or resume) one run."""
+
+    model: ModelConfig
+    """The architecture."""
+    train: TrainConfig
+    """The recipe and its scaling."""
+    seed: int
+    """Initial weights, batch order and dropout derive from it."""
+    vocab_size: int
+    """The (source, or joint) vocabulary: the tokenizer's piece count."""
+    tgt_vocab_size: int | None = None
+    """A decoder vocabulary of the first ids only; None: joint."""
+    shard_dir: str
+    """The shard stage's folder (absolute): ``train/`` and ``dev/`` splits."""
+    tokenizer_file: str | None = None
+    """The sentencepiece model that detokenizes dev BLEU's translations (``bleu_sentences``)."""
+    storage_path: str
+    """Ray Train's storage (a local folder or a URI)."""
+    run_name: str
+    """Ray Train's run folder in ``storage_path``: what a rerun resumes from."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI rank 0 logs to; None: no logging."""
+    mlflow_run_id: str | None = None
+    """The MLflow run rank 0 logs to."""
+    callbacks: tuple[Callback, ...] = ()
+    """Called with the Trainer after every step on every rank (tests inject failures); not part
+    of what is trained."""
+
+    @property
+    def run_dir(self) -> str:
+        """Ray Train's run folder: its checkpoints, the MLflow run record, the best weights."""
+        return f"{self.storage_path.rstrip('/')}/{self.run_name}"
+
+    @property
+    def best_path(self) -> str:
+        """Where rank 0 keeps the best weights by ``val_bleu`` (beside Ray's checkpoints, which
+        it keeps by recency), and where ``run_job`` exports them from."""
+        return f"{self.run_dir}/best/{MODEL_FILE}"
+
+    def scaling(self) -> dict[str, Any]:
+        """Workers and accumulation (``min..max`` ranges when elastic: the same batches per step
+        for every count), tokens per step and the run folder: MLflow params."""
+        tc = self.train
+        per_step = tc.batches_per_step(tc.max_workers)  # elastic: the same for every worker count
+        if tc.elastic:
+            world: int | str = f"{tc.min_workers}..{tc.max_workers}"
+            accum: int | str = f"{-(-per_step // tc.max_workers)}..{-(-per_step // tc.min_workers)}"
+        else:
+            world, accum = tc.num_workers, per_step // tc.num_workers
+        return {
+            "world_size": world,
+            "accumulation": accum,
+            "tokens_per_step": per_step * tc.max_tokens_per_batch,
+            "ray_run_dir": self.run_dir,
+        }
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What a finished ``run_job`` did."""
+
+    stats: dict[str, Any]
+    """The last checkpoint's step and metrics, the checkpoints exported, the best by
+    ``val_bleu``, whether the run is complete and the last worker group's summary."""
+    summary: dict[str, Any]
+    """Rank 0's return value (``training.worker.summary``)."""
+
+
+def run_job(job: TrainJob, out: Path) -> TrainOutcome:
+    """Train ``job`` on Ray Train (continuing ``job.run_dir``'s latest checkpoint, if any) and
+    export its checkpoints into ``out``; a JobError if training failed."""
+    import ray.train
+
+    try:
+        result = torch_trainer(job).fit()
+    except ray.train.TrainingFailedError as exc:
+        raise JobError(
+            f"training failed (Ray Train run folder {job.run_dir}; rerun the same config to "
+            f"resume from its latest checkpoint): {exc}"
+        ) from exc
+    summary = result.return_value or {}
+    exported = export(result, out, job.best_path if job.train.bleu_sentences else None)
+    tc, last = job.train, exported["step"]
+    scaling = job.scaling()
+    stats = {
+        **exported,
+        "complete": last >= tc.steps or bool(summary.get("stopped_early")),
+        "stopped_early": bool(summary.get("stopped_early")),
+        "resumed_from_step": summary.get("start_step", last),
+        "world_size": summary.get("world_size", scaling["world_size"]),  # the last group's
+        "accumulation": summary.get("accumulation", scaling["accumulation"]),
+        **{k: summary.get(k) for k in SUMMARY_STATS},
+        "ray_run_dir": job.run_dir,
+    }
+    return TrainOutcome(stats=stats, summary=summary)
+
+
+SUMMARY_STATS = (
+    "n_parameters",
+    "tokens_per_s",
+    "loop_seconds",
+    "torch_threads",
+    "torch_interop_threads",
+)
+"""Rank 0's summary values a finished job reports as they are (None if absent)."""
+
+
+def torch_trainer(job: TrainJob) -> Any:
+    """The ``TorchTrainer`` of ``job``: its workers, checkpoints kept and failures retried."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from training.process_group import NodeBoundTorchConfig
+
+    tc = job.train
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={JOB_KEY: job},
+        # gloo/NCCL on the interface of each node's Ray address, the store on rank 0's
+        # address only (training/process_group.py).
+        torch_config=NodeBoundTorchConfig(),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=tc.num_workers,
+            elastic_resize_monitor_interval_s=tc.elastic_check_seconds,
+            use_gpu=tc.use_gpu,
+            resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": 1} if tc.use_gpu else {})},
+            placement_strategy=tc.placement_strategy,
+        ),
+        run_config=ray.train.RunConfig(
+            name=job.run_name,
+            storage_path=job.storage_path,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=tc.keep_checkpoints),
+            failure_config=ray.train.FailureConfig(max_failures=tc.max_failures),
+        ),
+    )
+
+
+def export(result: Any, out: Path, best: str | None = None) -> dict[str, Any]:
+    """Weights-only copies of the kept checkpoints, ``final/model.pt``, ``best/model.pt`` (the
+    best by ``val_bleu``, from ``best``, when training measured it) and ``checkpoints.json``."""
+    if result.checkpoint is None:
+        raise JobError("training reported no checkpoint")
+    kept = sorted(result.best_checkpoints or [], key=lambda cm: cm[1]["step"])
+    entries = []
+    final_metrics: dict[str, Any] = {}
+    for checkpoint, metrics in kept:
+        step = int(metrics["step"])
+        rel = f"checkpoints/step-{step:09d}/{MODEL_FILE}"
+        with checkpoint.as_directory() as d:
+            state = ckpt.load(Path(d) / MODEL_FILE)
+        ckpt.save(
+            out / rel,
+            state["model"],
+            ModelConfig.from_dict(state["config"]),
+            vocab_size=state["vocab_size"],
+            tgt_vocab_size=state.get("tgt_vocab_size"),
+            step=step,
+            time=float(metrics["time"]),
+        )
+        entries.append(
+            {"step": step, "time": float(metrics["time"]), "path": rel, "source": checkpoint.path}
+        )
+        final_metrics = metrics
+    (out / "final").mkdir()
+    shutil.copyfile(out / entries[-1]["path"], out / "final" / MODEL_FILE)  # the latest one
+    listing: dict[str, Any] = {"checkpoints": entries, "final": f"final/{MODEL_FILE}"}
+    stats: dict[str, Any] = {}
+    if best is not None:
+        listing["best"] = export_best(best, out)
+        stats = {"best_step": listing["best"]["step"], "best_val_bleu": listing["best"]["val_bleu"]}
+    (out / CHECKPOINTS_JSON).write_text(json.dumps(listing, indent=2) + "\n")
+    return {
+        "step": int(final_metrics["step"]),
+        "checkpoints": len(entries),
+        **stats,
+        **{
+            k: final_metrics[k]
+            for k in ("val_loss", "val_ppl", "val_bleu", "loss")
+            if k in final_metrics
+        },
+    }
+
+
+def export_best(best: str, out: Path) -> dict[str, Any]:
+    """``best`` (local or a URI) copied to ``out/best/model.pt``; its listing entry."""
+    import pyarrow.fs as pafs
+
+    fs, path = open_fs(best)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        raise JobError(f"training measured val_bleu but left no best checkpoint {best}")
+    (out / "best").mkdir()
+    pafs.copy_files(path, str(out / "best" / MODEL_FILE), source_filesystem=fs)
+    state = ckpt.load(out / "best" / MODEL_FILE)
+    step, val_bleu = int(state["step"]), float(state["val_bleu"])
+    return {"path": f"best/{MODEL_FILE}", "step": step, "val_bleu": val_bleu}
