@@ -254,7 +254,9 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = Fa
     inputs = {"average": average, "tokenizer": tokenizer_dir, "score": score}
 
     def build(tmp: Path) -> dict[str, Any]:
-        weights = average / "model.pt"
+        from transformer_core.checkpoint import MODEL_FILE
+
+        weights = average / MODEL_FILE
         if not weights.is_file():
             raise StageError(
                 f"register: no checkpoint at {weights} (run `tfm stage average` first)"
