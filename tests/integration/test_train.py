@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from stage_folders import tokenizer_folder
 
+from tasks import contract
 from tasks.config import RunConfig, config_from_dict
 from tasks.contract import StageError, read_manifest, run_stage
 
@@ -148,6 +149,15 @@ def trained_and_sockets(ray_local, tmp_path_factory):
     inputs = make_inputs(root)
     config = tiny_config(root, bleu_sentences=24)
     outcome: list = []
+    checked: list[str] = []  # the input folders whose fingerprint (and damage) was checked
+    check = contract.input_fingerprint
+
+    def counted(folder: Path, name: str) -> str:
+        checked.append(name)
+        return check(folder, name)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(contract, "input_fingerprint", counted)
     thread = threading.Thread(target=lambda: outcome.append(_attempt(train.run, config, inputs)))
     thread.start()
     me, sockets = psutil.Process(), set()
@@ -163,9 +173,12 @@ def trained_and_sockets(ray_local, tmp_path_factory):
                 sockets.add((name, conn.laddr.ip, conn.laddr.port))
         time.sleep(0.2)
     thread.join()
+    patch.undo()
     result = outcome[0]
     if isinstance(result, BaseException):
         raise result
+    # The stage checks each input once: its identity and Ray's run folder share the fingerprints.
+    assert sorted(checked) == ["shard", "tokenizer"], checked
     return (config, inputs, result.path), sockets
 
 
