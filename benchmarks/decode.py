@@ -41,12 +41,11 @@ def no_eos(decode):
 
 
 class NoEOS(Transformer):
-    """The model with EOS masked out of the full pass (search without the cache)."""
-
-    decode = no_eos(Transformer.decode)
+    """The model, with EOS masked out of every search step by the ``decode_step`` below."""
 
 
-# And out of the incremental step (search with the cache), which search looks up on the module.
+# Every search step goes through decoding.decode_step, cached or not (decoding.RecomputeState),
+# and search looks it up on the module.
 decoding.decode_step = no_eos(decoding.decode_step)
 
 

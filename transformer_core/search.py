@@ -265,21 +265,26 @@ def _start(
     model, k = search.model, search.k
     search.state = _new_state(model, model.encode(src), int(search.limits.max()), use_cache)
     if constraint is not None:
-        constraint = constraint.to(search.device)
-        per_beam = torch.arange(src.size(0), device=search.device).repeat_interleave(k)
-        classes = constraint.word_classes(src)
-        search.brackets = BracketState(
-            constraint,
-            constraint.words(src)[per_beam],
-            search.limits.to(search.device)[per_beam],
-            None if classes is None else classes[per_beam],
-            src[per_beam] if constraint.copy_words else None,
-        )
+        search.brackets = _tree_state(constraint, src, search.limits, k)
     logits = decoding.decode_step(model, search.tokens[::k, -1:], search.state)[:, -1]  # (n, V)
     log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
     _constrain(search, log_probs, first=True)
     n, V = log_probs.shape
     return (search.scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
+
+
+def _tree_state(constraint: BracketVocab, src: Tensor, limits: Tensor, k: int) -> BracketState:
+    """The tree constraint's state of every beam (B*k rows) of the sources (B, S)."""
+    constraint = constraint.to(src.device)
+    per_beam = torch.arange(src.size(0), device=src.device).repeat_interleave(k)  # (B*k,)
+    classes = constraint.word_classes(src)
+    return BracketState(
+        constraint,
+        constraint.words(src)[per_beam],
+        limits.to(src.device)[per_beam],
+        None if classes is None else classes[per_beam],
+        src[per_beam] if constraint.copy_words else None,
+    )
 
 
 def _expand(search: _Search) -> Tensor:

@@ -106,3 +106,23 @@ def test_distinct_key_and_value_widths_match_naive(d_k, d_v):
     want = _naive(x, mem, attn, allowed[:, 0])  # (B, 1, S) for per-head (B, T, S) logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
+
+
+def test_beams_sharing_keys_and_values_equal_a_copy_per_beam():
+    # Beam search's layout: g consecutive query rows (a sentence's beams) share one row of keys,
+    # values and mask; the plain-matmul path (additive mask) computes the same.
+    ours, _ = _pair(seed=5)
+    x, mem = torch.randn(6, 2, D), torch.randn(3, 5, D)  # 3 sentences x 2 beams, 2 queries each
+    pad = torch.zeros(3, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    pad[2, 1:] = True
+    k, v = ours.keys_values(mem)  # (3, nh, 5, hk)
+    mask = ~pad[:, None, None, :]
+    beams = torch.arange(3).repeat_interleave(2)
+    with torch.no_grad():
+        shared = ours(x, k, v, mask=mask)
+        copied = ours(x, k[beams], v[beams], mask=mask[beams])
+        additive = torch.zeros(3, 1, 1, 5).masked_fill(pad[:, None, None, :], float("-inf"))
+        plain = ours(x, k, v, mask=additive, plain=True)
+    torch.testing.assert_close(shared, copied, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain, copied, atol=1e-5, rtol=1e-5)

@@ -7,7 +7,14 @@ import torch
 from tiny_models import tiny_model, tiny_tokens
 
 from transformer_core import BOS_ID, PAD_ID
-from transformer_core.decoding import causal_mask, chunked_logits, decode_step, init_state
+from transformer_core.decoding import (
+    LayerState,
+    RecomputeState,
+    causal_mask,
+    chunked_logits,
+    decode_step,
+    init_state,
+)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -131,3 +138,60 @@ def test_causal_mask_with_past_is_the_tail_of_the_full_mask():
     full = torch.ones(7, 7, dtype=torch.bool).tril()
     torch.testing.assert_close(causal_mask(3, 4, torch.device("cpu")), full[4:, :])
     assert causal_mask(1, 5, torch.device("cpu")) is None  # one new position sees everything
+
+
+def test_layer_state_reorder_gathers_the_cached_rows():
+    # Rows 0..2 hold distinct keys/values; reorder permutes, duplicates and drops them, in and
+    # out of the preallocated buffers, and the cross-attention rows follow their own indices.
+    keys = torch.arange(3 * 2 * 4 * 5, dtype=torch.float32).view(3, 2, 4, 5)  # (B, nh, T, hk)
+    cross = (torch.randn(3, 2, 6, 5), torch.randn(3, 2, 6, 5))
+    layer = LayerState((keys[:, :, :0], keys[:, :, :0]), cross, capacity=2)
+    layer.reorder(torch.tensor([2, 0, 1]))  # before any append: a plain gather of nothing
+    assert layer.length == 0 and layer.self_kv[0].shape == (3, 2, 0, 5)
+    k, v = layer.append(keys[:, :, :3], -keys[:, :, :3])
+    assert layer.length == 3
+    torch.testing.assert_close(k, keys[:, :, :3], rtol=0, atol=0)
+    order = torch.tensor([2, 0, 0, 1])
+    layer.reorder(order, sources=torch.tensor([1, 1, 0, 2]))
+    torch.testing.assert_close(layer.self_kv[0], keys[order, :, :3], rtol=0, atol=0)
+    torch.testing.assert_close(layer.self_kv[1], -keys[order, :, :3], rtol=0, atol=0)
+    torch.testing.assert_close(layer.cross_kv[0], cross[0][torch.tensor([1, 1, 0, 2])])
+    k, _ = layer.append(keys[order, :, 3:], -keys[order, :, 3:])  # written after the gathered
+    torch.testing.assert_close(k, keys[order], rtol=0, atol=0)
+    layer.reorder(torch.tensor([3]))  # drop rows
+    torch.testing.assert_close(layer.self_kv[0], keys[torch.tensor([1])], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_cached_steps_equal_the_uncached_reference_through_regroups(chunk):
+    # The reference (RecomputeState) reruns the full forward pass each step; the cache must
+    # give the same logits through beam search's layout changes.
+    model = tiny_model(seed=14)
+    src = tiny_tokens(2, 6, seed=15)
+    src[1, 3:] = PAD_ID
+    tgt = tiny_tokens(4, 7, seed=16, first=BOS_ID)  # 2 sentences x 2 beams
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cached, reference = init_state(model, memory), RecomputeState(memory)
+        outs = {id(s): [] for s in (cached, reference)}
+        for state in (cached, reference):
+            outs[id(state)].append(decode_step(model, tgt[::2, :1], state))
+            state.regroup(torch.tensor([0, 0, 1, 1]), None, 2)
+            for t in range(1, 5, chunk):
+                outs[id(state)].append(decode_step(model, tgt[:, t : t + chunk], state))
+            state.regroup(torch.tensor([1, 0]), torch.tensor([0]), 2)  # sentence 1 ends
+            outs[id(state)].append(decode_step(model, tgt[torch.tensor([1, 0]), 5:7], state))
+    assert cached.length == reference.length == 7
+    for a, b in zip(outs[id(cached)], outs[id(reference)], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_model_decode_with_a_state_is_the_incremental_pass():
+    # Transformer.decode itself takes the state: decode_step only adds the chunked projection.
+    model = tiny_model(seed=17)
+    src, tgt = tiny_tokens(2, 5, seed=18), tiny_tokens(2, 4, seed=19, first=BOS_ID)
+    with torch.inference_mode():
+        full = model.decode(tgt, model.encode(src))
+        state = init_state(model, model.encode(src))
+        steps = [model.decode(tgt[:, t : t + 1], None, state=state) for t in range(4)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
