@@ -56,6 +56,7 @@ test-gpu:
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

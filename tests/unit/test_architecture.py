@@ -1,0 +1,79 @@
+"""The code's shape as rules that fail: the import contracts of docs/contracts.md (import-linter,
+configured in pyproject.toml) and the size limits on production code."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("transformer_core", "corpora", "parsing", "training", "evaluation", "serving", "tasks", "pipelines")
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 400
+DATA_TABLES = {
+    # word lists and inflection tables of the synthetic English-German grammar
+    "corpora/synthetic_lexicon.py",
+}
+
+
+def production_modules() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` on the packages under ``root`` (first on the path), with our contracts."""
+    script = (
+        "import sys; from importlinter.cli import lint_imports; "
+        "sys.exit(lint_imports(config_filename='pyproject.toml', no_logo=True, cache_dir=None))"
+    )
+    return subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+
+
+def test_import_contracts_hold():
+    """Layers, forbidden runtimes per package, and no import cycles inside a package."""
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "contract"),
+    [
+        ("transformer_core/_probe.py", "import tasks.graph\n", "Layers"),
+        ("transformer_core/_probe.py", "import ray\n", "The model library"),
+        ("serving/_probe.py", "import prefect\n", "Prefect"),
+        ("serving/ct2.py", "import serving.translator\n", "No import cycles"),
+    ],
+)
+def test_import_contracts_catch_a_broken_rule(tmp_path, module, source, contract):
+    """The contracts are live: a copy of the code with one bad import breaks the named one."""
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    target = tmp_path / module
+    target.write_text((target.read_text() if target.exists() else "") + source)
+    done = lint_imports(tmp_path)
+    assert done.returncode != 0
+    broken = done.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken, done.stdout
+
+
+@pytest.mark.parametrize("path", production_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_production_functions_and_modules_stay_small(path: Path):
+    rel = str(path.relative_to(ROOT))
+    source = path.read_text(encoding="utf-8")
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{rel}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+    if rel not in DATA_TABLES:
+        lines = source.count("\n")
+        assert lines <= MAX_MODULE_LINES, f"{rel}: {lines} lines (limit {MAX_MODULE_LINES})"
