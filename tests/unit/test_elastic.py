@@ -49,7 +49,7 @@ def test_every_worker_count_takes_the_same_batches_each_step():
         ranks = [make_trainer(settings(**ELASTIC), rank=r, world_size=world) for r in range(world)]
         assert {t.per_step for t in ranks} == {3}
         # the three micro-batches dealt round-robin: 3 on one rank, 2 + 1 on two, 1 each on three
-        shares = [len(t._host_batches()[1]) for t in ranks]
+        shares = [len(t.prefetcher.next()[1]) for t in ranks]
         assert shares == {1: [3], 2: [2, 1], 3: [1, 1, 1]}[world]
         sequences.append(consumed(make_trainer(settings(**ELASTIC), world_size=world), 6))
     for other in sequences[1:]:
