@@ -266,8 +266,7 @@ def accept(stage: str, out_dir: Path, config: Any, inputs: Mapping[str, Path]) -
     problem = damage(out_dir, manifest, full=True)
     if problem is not None:
         raise StageError(f"{out_dir} cannot be accepted: {problem}; rerun the stage instead")
-    input_fps = {name: input_fingerprint(Path(path), name) for name, path in inputs.items()}
-    identity = stage_identity(stage, config, input_fps)
+    identity = stage_identity(stage, config, input_fingerprints(inputs))
     status = check(out_dir, identity)
     if status.up_to_date:
         return StageResult(stage, out_dir, False, status.reason, manifest.get("stats", {}),
