@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from corpora import CorpusError
 from corpora.parquet import ParquetShardWriter, part_files
+from corpora.pretokenize import Pretokenizer
 from corpora.text import read_lines
 from transformer_core.config import EOS_ID, ConfigError
 
@@ -85,10 +86,13 @@ def encode_column(sp: Any, texts: list[str]) -> tuple[pa.Array, np.ndarray]:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=_IDS), lengths
 
 
-def encode_table(sp: Any, table: pa.Table) -> pa.Table:
-    """A (src, tgt) table as shard rows."""
-    src_ids, src_len = encode_column(sp, table.column("src").to_pylist())
-    tgt_ids, tgt_len = encode_column(sp, table.column("tgt").to_pylist())
+def encode_table(sp: Any, table: pa.Table, pretokenizer: Pretokenizer | None = None) -> pa.Table:
+    """A (src, tgt) table as shard rows (each side pretokenized first, if ``pretokenizer``)."""
+    src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
+    if pretokenizer:
+        src, tgt = pretokenizer.prepare(src, 0), pretokenizer.prepare(tgt, 1)
+    src_ids, src_len = encode_column(sp, src)
+    tgt_ids, tgt_len = encode_column(sp, tgt)
     return pa.Table.from_arrays([src_ids, tgt_ids, pa.array(src_len), pa.array(tgt_len)], schema=SHARD_SCHEMA)
 
 
@@ -155,8 +159,9 @@ class RangeEncoder:
     """Ray Data actor: loads the tokenizer once, then reads ranges of clean row groups and
     encodes them (reading inside the actor: only encoded rows cross the object store)."""
 
-    def __init__(self, model_file: str):
+    def __init__(self, model_file: str, pretokenizer: Pretokenizer | None = None):
         self.sp = _processor(model_file)
+        self.pretokenizer = pretokenizer
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> pa.Table:
         import pyarrow.parquet as pq
@@ -166,11 +171,13 @@ class RangeEncoder:
             table = pq.ParquetFile(str(path)).read_row_groups([int(g) for g in groups], columns=["src", "tgt"])
             if table.num_rows != int(rows):  # pragma: no cover - the file changed under us
                 raise CorpusError(f"{path} changed while it was being read")
-            tables.append(encode_table(self.sp, table))
+            tables.append(encode_table(self.sp, table, self.pretokenizer))
         return pa.concat_tables(tables)
 
 
-def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> Iterator[pa.Table]:
+def _encode_train(
+    files: list[Path], model_file: Path, config: ShardConfig, pretokenizer: Pretokenizer | None
+) -> Iterator[pa.Table]:
     """Encode the clean training files in an actor pool; the shard rows in input order, batch by batch.
 
     Each input row names a range of consecutive row groups (about 16k rows); ``num_actors``
@@ -184,7 +191,7 @@ def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> I
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         RangeEncoder,
-        fn_constructor_kwargs={"model_file": str(model_file)},
+        fn_constructor_kwargs={"model_file": str(model_file), "pretokenizer": pretokenizer},
         batch_size=1,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
@@ -195,9 +202,9 @@ def _encode_train(files: list[Path], model_file: Path, config: ShardConfig) -> I
     yield from ds.iter_batches(batch_size=config.batch_size, batch_format="pyarrow")
 
 
-def _encode_eval(model_file: str, table: pa.Table) -> pa.Table:
+def _encode_eval(model_file: str, table: pa.Table, pretokenizer: Pretokenizer | None) -> pa.Table:
     """A Ray task: dev and test (small) encoded in one go."""
-    return encode_table(_processor(model_file), table)
+    return encode_table(_processor(model_file), table, pretokenizer)
 
 
 def _processor(model_file: str | Path) -> Any:
@@ -250,10 +257,18 @@ def plot_lengths(hists: dict[str, np.ndarray], path: Path) -> None:
 
 
 def shard_corpus(
-    clean: Path, model_file: Path, out: Path, config: ShardConfig, src: str, tgt: str, *, max_len: int
+    clean: Path,
+    model_file: Path,
+    out: Path,
+    config: ShardConfig,
+    src: str,
+    tgt: str,
+    *,
+    max_len: int,
+    pretokenizer: Pretokenizer | None = None,
 ) -> dict[str, Any]:
     """Encode the clean folder (``train/part-*.parquet``, ``dev.*``, ``test.*``) with the
-    sentencepiece ``model_file`` into ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
+    sentencepiece ``model_file`` (after ``pretokenizer``, if given) into ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
     ``out/arrow/{train,dev,test}/part-*.arrow``, dropping train and
     dev rows over ``max_len`` pieces; the stats per split and ``lengths.png``. Needs a running Ray."""
     import ray
@@ -264,10 +279,10 @@ def shard_corpus(
     # dev and test together, in one task that runs beside the training split; split again by row count
     evals = {split: _read_eval(clean, split, src, tgt) for split in ("dev", "test")}
     eval_ref = ray.remote(num_cpus=min(1.0, config.cpus_per_actor))(_encode_eval).remote(
-        str(model_file), pa.concat_tables(list(evals.values()))
+        str(model_file), pa.concat_tables(list(evals.values())), pretokenizer
     )
     train_lengths, files, over = _write(
-        _encode_train(train_files, model_file, config), out / "train", config, max_len, drop=True
+        _encode_train(train_files, model_file, config, pretokenizer), out / "train", config, max_len, drop=True
     )
     stats["train"] = {**train_lengths.stats(files), "dropped_too_long": over}
     if train_lengths.rows == 0 and over:

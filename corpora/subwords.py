@@ -77,15 +77,25 @@ class TokenizerConfig:
     """Share of characters covered by the model."""
     target_symbols: bool = False
     """Every distinct token of the training targets is one piece (parsing: labels and tags; a closed set)."""
+    lowercase: bool = False
+    """Lowercase all text before the subword model (``corpora.pretokenize``; the case is not restored)."""
+    moses: bool = False
+    """Moses-tokenize all text before the subword model, detokenize the model's output (``corpora.pretokenize``)."""
 
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
             raise ConfigError("vocab_size", f"{self.vocab_size} is too small")
 
 
-def sample_sentences(files: Sequence[Path], sample_size: int, seed: int) -> Iterator[str]:
+def sample_sentences(
+    files: Sequence[Path],
+    sample_size: int,
+    seed: int,
+    prepare: Callable[[list[str], int], list[str]] | None = None,
+) -> Iterator[str]:
     """A seeded sample of ``sample_size`` sentences from both sides of the (src, tgt) Parquet
-    ``files``, in corpus order (all of them if there are fewer)."""
+    ``files``, in corpus order (all of them if there are fewer), each passed through
+    ``prepare(texts, side)`` (side 0 source, 1 target; ``Pretokenizer.prepare``) if given."""
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     total = 2 * rows  # sentence 2*i is row i's source, 2*i+1 its target
     if sample_size >= total:
@@ -99,6 +109,8 @@ def sample_sentences(files: Sequence[Path], sample_size: int, seed: int) -> Iter
             src, tgt = batch.column(0).to_pylist(), batch.column(1).to_pylist()
             n = len(src)
             if chosen is None:
+                if prepare:
+                    src, tgt = prepare(src, 0), prepare(tgt, 1)
                 for s, t in zip(src, tgt, strict=True):
                     yield s
                     yield t
@@ -106,7 +118,8 @@ def sample_sentences(files: Sequence[Path], sample_size: int, seed: int) -> Iter
                 lo, hi = np.searchsorted(chosen, [2 * offset, 2 * (offset + n)])
                 for k in chosen[lo:hi].tolist():
                     row, side = divmod(k - 2 * offset, 2)
-                    yield tgt[row] if side else src[row]
+                    text = tgt[row] if side else src[row]
+                    yield prepare([text], side)[0] if prepare else text
             offset += n
 
 

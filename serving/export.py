@@ -45,7 +45,21 @@ def export(target: str, checkpoint: Path, tokenizer_dir: Path, out: Path, quanti
     if target == "marian":
         if quantization != "float32":
             raise ServingError(f"--quantization {quantization}: a Marian export is float32")
+        _check_marian_tokenizer(tokenizer_dir)
         from serving.marian import export_marian
 
         return export_marian(checkpoint, tokenizer_dir, out)
     raise ServingError(f"export target {target!r} is not one of {', '.join(TARGETS)}")
+
+
+def _check_marian_tokenizer(tokenizer_dir: Path) -> None:
+    """MarianTokenizer applies the sentencepiece model only: a folder that also lowercases or
+    Moses-tokenizes (``corpora.pretokenize``) would be served different text than it was trained on."""
+    from serving.tokenizer import load
+
+    pretokenizer = load(Path(tokenizer_dir)).pretokenizer
+    if pretokenizer:
+        raise ServingError(
+            f"{tokenizer_dir} pretokenizes its text ({pretokenizer.description}), which MarianTokenizer "
+            "cannot: export --target ctranslate2, or serve the registered MLflow model"
+        )

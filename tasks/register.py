@@ -115,7 +115,7 @@ def _stage_model_files(
     tok = staging / "tokenizer"
     tok.mkdir()
     tokenizer.load(tokenizer_dir)  # a clear error if there is none
-    for name in (tokenizer.MODEL_FILE, tokenizer.VOCAB_FILE):
+    for name in tokenizer.FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copy2(tokenizer_dir / name, tok / name)
     model_config = checkpoint.load(weights)["config"]

@@ -50,7 +50,9 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = Fa
         tok = tokenizer.load(tokenizer_dir)  # fails early and clearly if the model is missing
         ensure_ray(config.ray)
         limit = max_pieces(config)
-        stats = shard_corpus(clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit)
+        stats = shard_corpus(
+            clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit, pretokenizer=tok.pretokenizer
+        )
         log.info("shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
                  stats["train"]["rows"], stats["train"]["shards"], stats["train"]["dropped_too_long"],
                  stats["dev"]["dropped_too_long"], limit)

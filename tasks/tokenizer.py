@@ -1,7 +1,9 @@
 """Stage tokenizer: a joint sentencepiece model trained on a seeded sample of the clean corpus.
 
 In: ``clean`` (``train/part-*.parquet``). Out: ``spm.model`` and ``spm.vocab`` (pieces and
-scores, for people to read). With ``tokenizer.target_symbols`` (the parsing configs) every
+scores, for people to read), and ``pretokenize.json`` when ``tokenizer.lowercase`` or
+``tokenizer.moses`` is on (``corpora.pretokenize``: the text is lowercased and Moses-tokenized
+before the subword model, here and wherever the folder is read). With ``tokenizer.target_symbols`` (the parsing configs) every
 distinct training-target token is one piece. The choices (identity normalisation, determinism,
 an exact vocabulary size) are explained in ``corpora.subwords``.
 """
@@ -30,14 +32,18 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = Fa
     """``inputs["clean"]`` -> ``<root>/tokenizer``."""
     from corpora import subwords
     from corpora.parquet import part_files
+    from corpora.pretokenize import Pretokenizer
     from serving.tokenizer import MODEL_FILE, VOCAB_FILE, Tokenizer
 
     clean = Path(inputs["clean"])
     tok = config.tokenizer
 
+    pretokenizer = Pretokenizer(config.languages, moses=tok.moses, lowercase=tok.lowercase)
+
     def build(tmp: Path) -> dict[str, Any]:
         files = part_files(clean / "train")
-        sentences = subwords.sample_sentences(files, tok.sample_size, config.seed)
+        prepare = pretokenizer.prepare if pretokenizer.active else None
+        sentences = subwords.sample_sentences(files, tok.sample_size, config.seed, prepare)
         symbols = []
         if tok.target_symbols:
             tgt = config.languages[1]
@@ -48,6 +54,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = Fa
         model = subwords.train(sentences, tok, symbols)
         (tmp / MODEL_FILE).write_bytes(model.proto)
         (tmp / VOCAB_FILE).write_text(model.vocab_listing(), encoding="utf-8")
+        pretokenizer.save(tmp)  # every reader of the folder applies the same step
         vocab_size = Tokenizer(tmp / MODEL_FILE).vocab_size  # and the ids the pipeline expects
         log.info("tokenizer: %s, %d pieces from %d sentences", tok.kind, vocab_size, model.sentences)
         return {
@@ -56,6 +63,7 @@ def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = Fa
             "vocab_size": vocab_size,
             "sentences": model.sentences,
             "normalization": subwords.NORMALIZATION,
+            "pretokenize": pretokenizer.description,
             "target_symbols": len(symbols),
         }
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sacremoses import MosesTokenizer
 
 from corpora import CorpusError, synthetic
 from corpora.encoding import SHARD_SCHEMA
@@ -313,3 +314,30 @@ def test_overlong_rows_are_dropped_and_counted(tmp_path):
     assert train.check_inputs(config, inputs)["train_rows"] == stats["train"]["rows"]
     with pytest.raises(StageError, match=f"train.max_tokens_per_batch is {longest - 1}"):
         train.check_inputs(tight, inputs)
+
+
+def test_moses_lowercase_pretokenization_reaches_the_vocabulary_shards_and_decoding(tmp_path):
+    config = make_config(
+        tmp_path, tokenizer=TokenizerConfig(vocab_size=400, sample_size=2000, threads=1, moses=True, lowercase=True)
+    )
+    folders = run_chain(config)
+    assert read_manifest(folders["tokenizer"])["stats"]["pretokenize"] == "moses+lowercase"
+    pieces = [line.split("\t")[0] for line in (folders["tokenizer"] / "spm.vocab").read_text().splitlines()]
+    specials = {"<pad>", "<unk>", "<s>", "</s>"}
+    assert all(p == p.lower() for p in pieces if p not in specials)  # trained on lowercased text
+    # no piece glues a word to the punctuation after it: Moses split it off before BPE
+    assert not [p for p in pieces if len(p) > 1 and p[-1] in ",." and p.strip("\u2581,.")]
+
+    # the shards hold the pieces of sacremoses' tokenization of the lowercased text
+    table = pq.read_table(folders["shard"] / "train" / "part-00000.parquet")
+    clean_rows = pq.read_table(folders["clean"] / "train").slice(0, 500)
+    tok = load_tokenizer(folders["tokenizer"])
+    moses = {lang: MosesTokenizer(lang=lang) for lang in ("en", "de")}
+    for i in (0, 1, 250, 499):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            ids = table[f"{side}_ids"][i].as_py()
+            text = clean_rows[side][i].as_py()
+            assert tok.sp.decode(ids[:-1]) == moses[lang].tokenize(text.lower(), escape=False, return_str=True)
+    # the folder's reader (translate, the registered model) applies the same step and undoes Moses
+    assert tok.encode("Ein Mann, der läuft.", side=1) == tok.encode("ein mann , der läuft .", side=1)
+    assert tok.decode(tok.encode("Ein Hund, der läuft.", side=1)) == "ein hund, der läuft."

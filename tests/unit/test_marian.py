@@ -171,6 +171,20 @@ def test_refuses_a_tokenizer_of_another_size(tmp_path, tokenizer_dir, tok):
     assert not (tmp_path / "hf").exists()
 
 
+def test_refuses_a_tokenizer_that_pretokenizes(tmp_path, tokenizer_dir, tok):
+    import shutil
+
+    from corpora.pretokenize import Pretokenizer
+    from serving.export import export
+
+    folder = shutil.copytree(tokenizer_dir, tmp_path / "tokenizer")
+    Pretokenizer(("en", "de"), moses=True, lowercase=True).save(folder)
+    ckpt = save_checkpoint(make_model(tok.vocab_size), tmp_path / "ckpt")
+    with pytest.raises(ServingError, match="pretokenizes its text .moses.lowercase., which MarianTokenizer cannot"):
+        export("marian", ckpt, folder, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_export_replaces_an_existing_folder(tmp_path, tokenizer_dir, tok):
     out = tmp_path / "hf"
     out.mkdir()
