@@ -1,6 +1,6 @@
 """Parsing recipes on the NLTK WSJ sample without Ray: one short training, dev F1 along the way.
 
-For comparing recipes quickly (a lent GPU runs several side by side); `benchmarks/parsing.py`
+For comparing recipes quickly (a lent GPU runs several side by side); `benchmarks/parsing_f1.py`
 runs the real pipeline and gives the reported numbers. The pipeline's stages prepare the data
 (treebank, linearize, tokenizer with the config's target symbols), then this trains
 transformer_core directly: the model (with the train stage's target vocabulary), the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def parse_overrides(items: list[str]) -> dict[str, object]:
-    """``key.path=value`` pairs, values read as YAML (as benchmarks/parsing.py's ``--set``)."""
+    """``key.path=value`` pairs, values read as YAML (as benchmarks/parsing_f1.py's ``--set``)."""
     import yaml
 
     pairs = [item.partition("=") for item in items]
