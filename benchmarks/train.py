@@ -10,6 +10,8 @@ With CUDA: bf16 autocast, tokens/s per GPU and model-FLOPs utilisation (MFU) for
 
     python benchmarks/train.py                       # debug on CPU (or base,big with CUDA)
     python benchmarks/train.py --sizes base --steps 40 --json out.json
+    python benchmarks/train.py --model d_model=128 --model d_ff=256 --model n_layers=4 \
+        --vocab 10000 --max-tokens 8192 --tokens-per-step 8192   # the Multi30k tiny shape
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report, vocab_for  # noqa: E402
@@ -31,6 +34,7 @@ from training.config import TrainConfig  # noqa: E402
 from training.data import TokenData  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 from transformer_core import presets  # noqa: E402
+from transformer_core.config import ModelConfig  # noqa: E402
 from transformer_core.model import Transformer, count_parameters  # noqa: E402
 
 SEED = 1234
@@ -80,6 +84,15 @@ def train_settings(args: argparse.Namespace, warm: int) -> TrainConfig:
     )
 
 
+def model_config(size: str, args: argparse.Namespace) -> ModelConfig:
+    """The preset ``size`` with the ``--model KEY=VALUE`` changes (values read as YAML)."""
+    changes = {}
+    for item in args.model:
+        key, _, value = item.partition("=")
+        changes[key] = yaml.safe_load(value)
+    return presets.get(size).replace(**changes)
+
+
 def ray_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, warm: int) -> dict:
     """tokens/s as measured by the Trainer in a Ray Train worker (after its first logging interval)."""
     import ray.train
@@ -91,7 +104,7 @@ def ray_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, w
     with tempfile.TemporaryDirectory() as storage:
         tc = train_settings(args, warm)
         job = TrainJob(
-            model=presets.get(size),
+            model=model_config(size, args),
             train=tc,
             seed=SEED,
             vocab_size=vocab,
@@ -126,7 +139,7 @@ def plain_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace,
     train = TokenData.read(str(shard_dir / "train"), vocab)
     dev = TokenData.read(str(shard_dir / "dev"), vocab)
     torch.manual_seed(SEED)
-    module = Transformer(presets.get(size), vocab).to(device)
+    module = Transformer(model_config(size, args), vocab).to(device)
     trainer = Trainer(module, train_settings(args, warm), train, dev, seed=SEED)
     while trainer.step < trainer.last_step:
         trainer.train_step()
@@ -138,10 +151,10 @@ def plain_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace,
     }
 
 
-def flops_per_token(size: str, vocab: int, mean_len: float) -> float:
+def flops_per_token(size: str, args: argparse.Namespace, vocab: int, mean_len: float) -> float:
     """Training FLOPs per real token (source and target alike, both about ``mean_len`` long):
     6 x the matmul weights a token passes through, plus attention scores and sums."""
-    mc = presets.get(size)
+    mc = model_config(size, args)
     d, ff, n = mc.d_model, mc.d_ff, mc.n_layers
     enc = n * (4 * d * d + 2 * d * ff)  # self-attention projections + FFN, per source token
     dec = n * (8 * d * d + 2 * d * ff) + d * vocab  # + cross-attention and the output layer
@@ -166,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens-per-step", type=int, default=25_000 if cuda else 4096)
     parser.add_argument("--rows", type=int, default=40_000 if cuda else 4_000)
     parser.add_argument("--repeats", type=int, default=1 if cuda else 3, help="best of N")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="change the preset's model config, e.g. d_model=128 (repeatable)")
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: by preset)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     warm = args.warm or max(args.steps // 4, 2)
@@ -176,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     try:
         for size in args.sizes.split(","):
-            vocab = vocab_for(size)
+            vocab = args.vocab or vocab_for(size)
             with tempfile.TemporaryDirectory() as tmp:
                 write_shards(Path(tmp), args.rows, vocab)
                 # Interleaved repeats, best of each: other load on the machine only slows a run.
@@ -188,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                     rays.append(ray_loop(size, Path(tmp), vocab, args, warm))
                 plain = max(plains, key=lambda r: r["tokens_per_s"])
                 via_ray = max(rays, key=lambda r: r["tokens_per_s"])
-            fpt = flops_per_token(size, vocab, mean_len=36.0)
+            fpt = flops_per_token(size, args, vocab, mean_len=36.0)
             peak = peak_flops()
             for path, r in (("plain", plain), ("ray_train", via_ray)):
                 rows.append(
