@@ -54,3 +54,14 @@ def _format(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """``--set key.path=value`` pairs, values read as YAML (``3`` an int, ``true`` a bool), as ``tfm --set``."""
+    import yaml
+
+    pairs = [item.partition("=") for item in items]
+    bad = [item for item, (_, sep, _) in zip(items, pairs, strict=True) if not sep]
+    if bad:
+        raise SystemExit(f"--set {bad[0]!r}: expected key.path=value")
+    return {key: yaml.safe_load(value) for key, _, value in pairs}

@@ -30,26 +30,15 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
-from common import report  # noqa: E402
+from common import parse_overrides, report  # noqa: E402
 
 DATA_STAGES = ("treebank", "linearize", "tokenizer", "shard")
 MODEL_STAGES = ("train", "average", "translate", "parse_score")
 
 
-def parse_overrides(items: list[str]) -> dict[str, object]:
-    """``key.path=value`` pairs; values are read as YAML (``3`` is an int, ``true`` a bool)."""
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected key.path=value")
-        overrides[key] = yaml.safe_load(value)
-    return overrides
 
 
 def stats(folder: Path) -> dict:

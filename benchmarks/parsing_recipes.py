@@ -23,17 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def parse_overrides(items: list[str]) -> dict[str, object]:
-    """``key.path=value`` pairs, values read as YAML (as benchmarks/parsing_f1.py's ``--set``)."""
-    import yaml
-
-    pairs = [item.partition("=") for item in items]
-    bad = [item for item, (_, sep, _) in zip(items, pairs, strict=True) if not sep]
-    if bad:
-        raise SystemExit(f"--set {bad[0]!r}: expected key.path=value")
-    return {key: yaml.safe_load(value) for key, _, value in pairs}
+from common import parse_overrides  # noqa: E402  (the script's own folder is first on sys.path)
 
 
 def prepare(config):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import report  # noqa: E402
+from common import parse_overrides, report  # noqa: E402
 
 
 def run_pipeline(config: str, workdir: Path, overrides: list[str]) -> tuple[float, float]:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = args.overrides + ([f"data.mirror={args.mirror}"] if args.mirror else [])
     workdir = Path(args.workdir).resolve()
     started, ended = run_pipeline(args.config, workdir, overrides)
-    config = load_config(args.config, dict(o.split("=", 1) for o in overrides))
+    config = load_config(args.config, parse_overrides(overrides))
     scores = json.loads((workdir / "score" / "scores.json").read_text())
     by_step: dict[int, dict] = {}
     for row in dev_bleu(workdir) + checkpoint_test_bleu(workdir, config.data.pair):

@@ -12,11 +12,16 @@ With CUDA: bf16 autocast, tokens/s per GPU and model-FLOPs utilisation (MFU) for
     python benchmarks/train.py --sizes base --steps 40 --json out.json
     python benchmarks/train.py --model d_model=128 --model d_ff=256 --model n_layers=4 \
         --vocab 10000 --max-tokens 8192 --tokens-per-step 8192   # the Multi30k tiny shape
+    python benchmarks/train.py --shards runs/multi30k_en_de/shard --model ...  # real batches
+
+With ``--shards`` (a shard stage's folder) both paths train on its real batches and vocabulary
+instead of random ids.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -182,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
                         help="change the preset's model config, e.g. d_model=128 (repeatable)")
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: by preset)")
+    parser.add_argument("--shards", default=None, help="a shard stage's folder: train on its real batches")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     warm = args.warm or max(args.steps // 4, 2)
@@ -194,14 +200,18 @@ def main(argv: list[str] | None = None) -> None:
         for size in args.sizes.split(","):
             vocab = args.vocab or vocab_for(size)
             with tempfile.TemporaryDirectory() as tmp:
-                write_shards(Path(tmp), args.rows, vocab)
+                shard_dir = Path(args.shards).resolve() if args.shards else Path(tmp)
+                if args.shards:
+                    vocab = json.loads((shard_dir / "manifest.json").read_text())["stats"]["vocab_size"]
+                else:
+                    write_shards(shard_dir, args.rows, vocab)
                 # Interleaved repeats, best of each: other load on the machine only slows a run.
                 plains, rays = [], []
                 for _ in range(args.repeats):
-                    plains.append(plain_loop(size, Path(tmp), vocab, args, warm))
+                    plains.append(plain_loop(size, shard_dir, vocab, args, warm))
                     if cuda:
                         torch.cuda.empty_cache()
-                    rays.append(ray_loop(size, Path(tmp), vocab, args, warm))
+                    rays.append(ray_loop(size, shard_dir, vocab, args, warm))
                 plain = max(plains, key=lambda r: r["tokens_per_s"])
                 via_ray = max(rays, key=lambda r: r["tokens_per_s"])
             fpt = flops_per_token(size, args, vocab, mean_len=36.0)
