@@ -30,10 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import report, vocab_for  # noqa: E402
+from common import parse_overrides, report, vocab_for  # noqa: E402
 
 from training.config import TrainConfig  # noqa: E402
 from training.data import TokenData  # noqa: E402
@@ -91,11 +90,7 @@ def train_settings(args: argparse.Namespace, warm: int) -> TrainConfig:
 
 def model_config(size: str, args: argparse.Namespace) -> ModelConfig:
     """The preset ``size`` with the ``--model KEY=VALUE`` changes (values read as YAML)."""
-    changes = {}
-    for item in args.model:
-        key, _, value = item.partition("=")
-        changes[key] = yaml.safe_load(value)
-    return presets.get(size).replace(**changes)
+    return presets.get(size).replace(**parse_overrides(args.model))
 
 
 def ray_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, warm: int) -> dict:
