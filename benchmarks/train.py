@@ -26,6 +26,7 @@ import math
 import os
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -229,22 +230,25 @@ def main(argv: list[str] | None = None) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 shard_dir = Path(args.shards).resolve() if args.shards else Path(tmp)
                 if args.shards:
-                    vocab = json.loads((shard_dir / "manifest.json").read_text())["stats"][
-                        "vocab_size"
-                    ]
+                    manifest = json.loads((shard_dir / "manifest.json").read_text())
+                    vocab = manifest["stats"]["vocab_size"]
                 else:
                     write_shards(shard_dir, args.rows, vocab)
-                # Interleaved repeats, best of each: other load on the machine only slows a run.
-                runs: dict[str, list[dict]] = {"plain": [], "ray_train": []}
+                loop_args = (size, shard_dir, vocab, args, warm)
+                paths = {
+                    "plain": partial(plain_loop, *loop_args),
+                    "ray_train": partial(ray_loop, *loop_args),
+                }
                 if args.niceness is not None:
-                    runs[f"ray_train nice {args.niceness}"] = []
+                    paths[f"ray_train nice {args.niceness}"] = partial(
+                        ray_loop, *loop_args, niceness=args.niceness
+                    )
+                # Interleaved repeats: other load on the machine only slows a run, so the best of
+                # each path is its figure; the medians show how far the runs scatter.
+                runs: dict[str, list[dict]] = {path: [] for path in paths}
                 for _ in range(args.repeats):
-                    for path, results in runs.items():
-                        if path == "plain":
-                            results.append(plain_loop(size, shard_dir, vocab, args, warm))
-                        else:
-                            niceness = args.niceness if path != "ray_train" else None
-                            results.append(ray_loop(size, shard_dir, vocab, args, warm, niceness))
+                    for path, run in paths.items():
+                        runs[path].append(run())
                         if cuda:
                             torch.cuda.empty_cache()
                 best = {
@@ -269,7 +273,6 @@ def main(argv: list[str] | None = None) -> None:
                         "tokens_per_s_per_gpu": r["tokens_per_s"] if cuda else None,
                         "mfu": r["tokens_per_s"] * fpt / peak if peak else None,
                         "vs_plain": r["tokens_per_s"] / plain["tokens_per_s"],
-                        # Best of N hides the spread between runs, which is this ratio's noise.
                         "median_vs_plain": medians[path] / medians["plain"],
                         "timed_s": r["seconds"],
                     }
