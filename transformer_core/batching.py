@@ -2,10 +2,14 @@
 
 A row's size is ``max(src_len, tgt_len)``: a batch of ``n`` rows whose largest size is ``L``
 pads both its source and its target to at most ``L`` columns, so ``n * L`` bounds the padded
-size of either side and is what ``max_tokens`` limits. Rows are grouped into buckets of
-``bucket_width`` consecutive sizes; each bucket is cut into batches of
-``max_tokens // (largest size in the bucket)`` rows, so batches never span buckets. Planning is
-vectorised numpy: a few seconds for millions of rows.
+size of either side and is what ``max_tokens`` limits. Rows are ordered by bucket (``bucket_width``
+consecutive sizes, shuffled within) and that order is cut greedily: each batch takes rows until
+one more would break the budget, so batches run across buckets and every batch but the last is
+full, as fairseq's ``batch_by_size`` fills them. (Cutting each bucket on its own, as this did
+before, left a partial batch per size: on Multi30k at 8,192 tokens, 87 batches an epoch of 5,009
+target tokens on average, some of a single sentence, against 58 of 7,513 filled; an optimizer
+step on nine tokens at the recipe's peak learning rate.) Planning is numpy plus one short Python
+loop per batch: well under a second for millions of rows.
 
 A row larger than ``max_tokens`` is an error: it could never fit, and silently giving it a batch
 of its own would break the memory bound the budget promises.
@@ -13,6 +17,7 @@ of its own would break the memory bound the budget promises.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,22 +74,29 @@ def plan_batches(
     bucket = size // bucket_width
     order = order[np.argsort(bucket[order], kind="stable")]  # by bucket, shuffled within
 
-    sorted_bucket = bucket[order]
-    starts = np.flatnonzero(np.r_[True, sorted_bucket[1:] != sorted_bucket[:-1]])
-    counts = np.diff(np.r_[starts, n])
-    bucket_max = np.maximum.reduceat(size[order], starts)
-    rows_per_batch = max_tokens // bucket_max
-    if max_sentences is not None:
-        rows_per_batch = np.minimum(rows_per_batch, max_sentences)
-
-    position = np.arange(n) - np.repeat(starts, counts)  # index within the bucket
-    batches_per_bucket = -(-counts // rows_per_batch)
-    first_batch = np.r_[0, np.cumsum(batches_per_bucket)[:-1]]
-    batch_id = np.repeat(first_batch, counts) + position // np.repeat(rows_per_batch, counts)
-    batches = np.split(order, np.flatnonzero(np.diff(batch_id)) + 1)
+    cuts = _fill(np.maximum.accumulate(size[order]), max_tokens, max_sentences)
+    batches = np.split(order, cuts)
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
+
+
+def _fill(width: np.ndarray, max_tokens: int, max_sentences: int | None) -> list[int]:
+    """Where to cut rows ``0 .. n-1`` into batches, greedily, given ``width[j]``: the running
+    maximum of the sizes in planning order. ``width`` never decreases, so rows ``i .. j-1`` fit
+    when ``(j - i) * width[j - 1] <= max_tokens`` (exact for ``bucket_width`` 1; otherwise
+    an upper bound within one bucket's width of the batch's true largest size)."""
+    # A Python loop because each cut depends on the one before; it runs once per batch, not per
+    # row, and finds the cut by bisection: (j - i) * width[j - 1] grows with j.
+    w = width.tolist()
+    n, cap = len(w), max_sentences or len(w)
+    cuts, i = [], 0
+    while i < n:
+        ends = range(i + 1, min(n, i + cap, i + max_tokens // w[i]) + 1)  # row i always fits
+        k = bisect.bisect_right(ends, max_tokens, key=lambda j, i=i: (j - i) * w[j - 1])
+        i = ends[k - 1]
+        cuts.append(i)
+    return cuts[:-1]
 
 
 def padding_efficiency(

@@ -1,5 +1,7 @@
 """Token-budget batch planning, padding efficiency, and collation."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -26,6 +28,20 @@ def test_budget_respected_and_every_row_once(lens, bucket_width):
     assert all(_max_padded(b, src, tgt) <= 1000 for b in batches)
     rows = np.concatenate(batches)
     assert np.array_equal(np.sort(rows), np.arange(len(src)))
+
+
+@pytest.mark.parametrize("max_sentences", [None, 9])
+def test_batches_are_full_across_lengths(lens, max_sentences):
+    # Every batch but the last takes rows until the next one would break the budget (or the
+    # sentence cap), whatever its length: no partial batch left behind at each size.
+    src, tgt = lens
+    size = np.maximum(src, tgt)
+    batches = plan_batches(src, tgt, 1000, seed=0, shuffle=False, max_sentences=max_sentences)
+    for batch, following in itertools.pairwise(batches):
+        grown = np.r_[batch, following[0]]
+        assert len(grown) * size[grown].max() > 1000 or len(grown) > (max_sentences or len(src))
+    full = sum(len(b) * size[b].max() for b in batches[:-1]) / (len(batches) - 1)
+    assert full > 0.9 * 1000 if max_sentences is None else full > 0
 
 
 def test_max_sentences(lens):
