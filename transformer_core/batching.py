@@ -5,11 +5,9 @@ pads both its source and its target to at most ``L`` columns, so ``n * L`` bound
 size of either side and is what ``max_tokens`` limits. Rows are ordered by bucket (``bucket_width``
 consecutive sizes, shuffled within) and that order is cut greedily: each batch takes rows until
 one more would break the budget, so batches run across buckets and every batch but the last is
-full, as fairseq's ``batch_by_size`` fills them. (Cutting each bucket on its own, as this did
-before, left a partial batch per size: on Multi30k at 8,192 tokens, 87 batches an epoch of 5,009
-target tokens on average, some of a single sentence, against 58 of 7,513 filled; an optimizer
-step on nine tokens at the recipe's peak learning rate.) Planning is numpy plus one short Python
-loop per batch: well under a second for millions of rows.
+full, as fairseq's ``batch_by_size`` fills them: cutting each bucket on its own would leave a
+partial batch, down to one sentence, at every size (docs/multi30k.md, "the batches"). Planning
+is numpy plus one short Python loop per batch: well under a second for millions of rows.
 
 A row larger than ``max_tokens`` is an error: it could never fit, and silently giving it a batch
 of its own would break the memory bound the budget promises.
