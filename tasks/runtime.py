@@ -11,6 +11,11 @@ from tasks.contract import StageError
 
 log = logging.getLogger(__name__)
 
+DASHBOARD_PORT = 8265
+"""Ray's default dashboard port, which a local Ray takes when it is free."""
+API_SERVER_VAR = "RAY_API_SERVER_ADDRESS"
+"""Where Ray's State API clients look first for the API server (ray 2.60, before RAY_ADDRESS)."""
+
 
 def ensure_ray(config: RayConfig | None = None) -> None:
     """Connect to ``config.address`` / ``RAY_ADDRESS``, or start a local Ray; no-op if connected."""
@@ -21,6 +26,8 @@ def ensure_ray(config: RayConfig | None = None) -> None:
     config = config or RayConfig()
     address = config.address or os.environ.get("RAY_ADDRESS")
     if address:
+        if os.environ.get(API_SERVER_VAR, "").startswith("http://127.0.0.1:"):
+            del os.environ[API_SERVER_VAR]  # pinned for an earlier local Ray of this process
         connect_to_cluster(address)
         return
     if config.loopback:
@@ -28,10 +35,12 @@ def ensure_ray(config: RayConfig | None = None) -> None:
     # A local Ray with quiet logs. The dashboard process also serves the State API, which Ray
     # Train's placement-group cleaner polls (without it: a warning every second and placement
     # groups of a dead controller never freed).
+    port = pin_state_api() if config.dashboard else None
     ray.init(
         num_cpus=config.num_cpus,
         include_dashboard=config.dashboard,
         dashboard_host="127.0.0.1",
+        dashboard_port=port,
         log_to_driver=True,
         logging_level=logging.WARNING,
         configure_logging=True,
@@ -103,6 +112,29 @@ def local_addresses() -> set[str]:
         for entry in entries
         if entry.family in (socket.AF_INET, socket.AF_INET6)
     }
+
+
+def pin_state_api() -> int:
+    """A port for the next local Ray's dashboard (Ray's 8265 if free, else any free one), which
+    serves the State API, named to every process that Ray starts (they inherit this
+    environment) as the API server to use.
+
+    Ray's processes otherwise find the State API by looking for a running Ray on the machine;
+    with a second one running (another ``tfm run``) that fails ("Found multiple active Ray
+    instances"), and Ray Train's placement-group cleaner prints that traceback into the run's
+    log, then a warning at every look."""
+    import socket
+
+    for port in (DASHBOARD_PORT, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+            break
+    os.environ[API_SERVER_VAR] = f"http://127.0.0.1:{port}"
+    return port
 
 
 def bind_ray_to_loopback() -> None:

@@ -57,6 +57,51 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
+ANOTHER_RAY = (
+    "import sys, ray\n"
+    "from tasks.config import RayConfig\n"
+    "from tasks.runtime import ensure_ray\n"
+    "ensure_ray(RayConfig(num_cpus=1, dashboard=False))\n"
+    "print('up', flush=True)\n"
+    "sys.stdin.read()\n"
+    "ray.shutdown()\n"
+)
+
+
+def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
+    """Two runs on one machine: Ray Train's placement-group cleaner asks the State API, from an
+    actor, whether its controller lives; it must ask this run's Ray, not fail on finding two."""
+    import ray
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", ANOTHER_RAY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout.readline().strip() == "up"
+
+        @ray.remote
+        class Probe:
+            def ping(self) -> int:
+                return 1
+
+        @ray.remote
+        def state_of(actor_id: str) -> str | None:
+            from ray.util.state import get_actor
+
+            found = get_actor(actor_id, timeout=30)
+            return found.state if found else None
+
+        probe = Probe.remote()
+        ray.get(probe.ping.remote())
+        assert ray.get(state_of.remote(probe._actor_id.hex())) == "ALIVE"
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+
+
 def _wait_gone(processes: list[psutil.Process], seconds: float) -> list[psutil.Process]:
     deadline = time.time() + seconds
     while time.time() < deadline:
