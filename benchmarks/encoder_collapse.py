@@ -134,11 +134,26 @@ def ours_fairseq_init(config: ModelConfig, vocab_size: int) -> Transformer:
     return model
 
 
+def ours_fairseq_fork_init(config: ModelConfig, vocab_size: int) -> Transformer:
+    """The init of the fairseq fork behind Multi30k's published tiny Transformer
+    (LividWo/Revisit-MMT, fairseq ~0.9): Xavier (gain 1) and zero biases on the feed-forward
+    and attention-output layers, query/key/value Xavier at gain 1/sqrt(2) with nn.Linear's
+    default biases."""
+    model = ours_xavier(config, vocab_size)
+    for name, module in model.named_modules():
+        if name.endswith(("q_proj", "k_proj", "v_proj")):
+            nn.init.xavier_uniform_(module.weight, gain=2**-0.5)
+            bound = module.in_features**-0.5
+            nn.init.uniform_(module.bias, -bound, bound)
+    return model
+
+
 MODELS = {
     "ours": Transformer,  # PyTorch's Transformer layers' init (the default since 2026-11-23)
     "ours-xavier": ours_xavier,
     "ours-xavier-ffn-default": ours_xavier_ffn_default,
     "ours-fairseq-init": ours_fairseq_init,
+    "ours-fairseq-fork-init": ours_fairseq_fork_init,
     "reference": ReferenceTransformer,
     "reference-residual-dropout": reference_residual_dropout,
 }
