@@ -26,8 +26,6 @@ def ensure_ray(config: RayConfig | None = None) -> None:
     config = config or RayConfig()
     address = config.address or os.environ.get("RAY_ADDRESS")
     if address:
-        if os.environ.get(API_SERVER_VAR, "").startswith("http://127.0.0.1:"):
-            del os.environ[API_SERVER_VAR]  # pinned for an earlier local Ray of this process
         connect_to_cluster(address)
         return
     if config.loopback:
@@ -35,12 +33,18 @@ def ensure_ray(config: RayConfig | None = None) -> None:
     # A local Ray with quiet logs. The dashboard process also serves the State API, which Ray
     # Train's placement-group cleaner polls (without it: a warning every second and placement
     # groups of a dead controller never freed).
-    port = pin_state_api() if config.dashboard else None
+    port = dashboard_port() if config.dashboard else None
     ray.init(
         num_cpus=config.num_cpus,
         include_dashboard=config.dashboard,
         dashboard_host="127.0.0.1",
         dashboard_port=port,
+        # Ray's processes otherwise find the State API by searching for a running Ray on the
+        # machine; with a second one running (another `tfm run`) that fails ("Found multiple
+        # active Ray instances"), and Ray Train's placement-group cleaner prints that traceback
+        # into the run's log, then a warning at every look. Every task and actor of this job
+        # (Ray merges env_vars into theirs) is told where this Ray's API server is.
+        runtime_env={"env_vars": {API_SERVER_VAR: f"http://127.0.0.1:{port}"}} if port else None,
         log_to_driver=True,
         logging_level=logging.WARNING,
         configure_logging=True,
@@ -114,15 +118,9 @@ def local_addresses() -> set[str]:
     }
 
 
-def pin_state_api() -> int:
-    """A port for the next local Ray's dashboard (Ray's 8265 if free, else any free one), which
-    serves the State API, named to every process that Ray starts (they inherit this
-    environment) as the API server to use.
-
-    Ray's processes otherwise find the State API by looking for a running Ray on the machine;
-    with a second one running (another ``tfm run``) that fails ("Found multiple active Ray
-    instances"), and Ray Train's placement-group cleaner prints that traceback into the run's
-    log, then a warning at every look."""
+def dashboard_port() -> int:
+    """A port for the next local Ray's dashboard, which serves the State API: Ray's 8265 if it
+    is free, else any free one (a second run on the machine)."""
     import socket
 
     for port in (DASHBOARD_PORT, 0):
@@ -131,10 +129,8 @@ def pin_state_api() -> int:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            port = s.getsockname()[1]
-            break
-    os.environ[API_SERVER_VAR] = f"http://127.0.0.1:{port}"
-    return port
+            return s.getsockname()[1]
+    raise StageError("no free port on 127.0.0.1 for Ray's dashboard")
 
 
 def bind_ray_to_loopback() -> None:
