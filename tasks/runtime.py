@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from unittest import mock
 
 from tasks.config import RayConfig
 from tasks.contract import StageError
@@ -32,23 +33,23 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         bind_ray_to_loopback()
     # A local Ray with quiet logs. The dashboard process also serves the State API, which Ray
     # Train's placement-group cleaner polls (without it: a warning every second and placement
-    # groups of a dead controller never freed).
+    # groups of a dead controller never freed). Every process ray.init starts (the raylet, which
+    # starts every worker) inherits where it is: without that they search the machine for a
+    # running Ray, and with a second one there (another `tfm run`) the cleaner prints "Found
+    # multiple active Ray instances" into the run's log, then a warning at every look. This
+    # process's environment is put back after (a job-level runtime_env costs ~2 s more a run).
     port = dashboard_port() if config.dashboard else None
-    ray.init(
-        num_cpus=config.num_cpus,
-        include_dashboard=config.dashboard,
-        dashboard_host="127.0.0.1",
-        dashboard_port=port,
-        # Ray's processes otherwise find the State API by searching for a running Ray on the
-        # machine; with a second one running (another `tfm run`) that fails ("Found multiple
-        # active Ray instances"), and Ray Train's placement-group cleaner prints that traceback
-        # into the run's log, then a warning at every look. Every task and actor of this job
-        # (Ray merges env_vars into theirs) is told where this Ray's API server is.
-        runtime_env={"env_vars": {API_SERVER_VAR: f"http://127.0.0.1:{port}"}} if port else None,
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-        configure_logging=True,
-    )
+    state_api = {API_SERVER_VAR: f"http://127.0.0.1:{port}"} if port else {}
+    with mock.patch.dict(os.environ, state_api):
+        ray.init(
+            num_cpus=config.num_cpus,
+            include_dashboard=config.dashboard,
+            dashboard_host="127.0.0.1",
+            dashboard_port=port,
+            log_to_driver=True,
+            logging_level=logging.WARNING,
+            configure_logging=True,
+        )
     try:
         from ray.data import DataContext
 
