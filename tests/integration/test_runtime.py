@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -75,6 +76,7 @@ def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
 
     other = subprocess.Popen(
         [sys.executable, "-c", ANOTHER_RAY],
+        cwd=Path(__file__).resolve().parents[2],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -84,8 +86,8 @@ def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
 
         @ray.remote
         class Probe:
-            def ping(self) -> int:
-                return 1
+            def actor_id(self) -> str:
+                return ray.get_runtime_context().get_actor_id()
 
         @ray.remote
         def state_of(actor_id: str) -> str | None:
@@ -95,8 +97,7 @@ def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
             return found.state if found else None
 
         probe = Probe.remote()
-        ray.get(probe.ping.remote())
-        assert ray.get(state_of.remote(probe._actor_id.hex())) == "ALIVE"
+        assert ray.get(state_of.remote(ray.get(probe.actor_id.remote()))) == "ALIVE"
     finally:
         other.stdin.close()
         other.wait(timeout=60)
