@@ -124,13 +124,17 @@ def ours_xavier_ffn_default(config: ModelConfig, vocab_size: int) -> Transformer
     return model
 
 
+def _qkv(model: Transformer) -> list[nn.Linear]:
+    """Every attention's query, key and value projections."""
+    return [m for n, m in model.named_modules() if n.endswith(("q_proj", "k_proj", "v_proj"))]
+
+
 def ours_fairseq_init(config: ModelConfig, vocab_size: int) -> Transformer:
     """fairseq's Transformer init: query/key/value Xavier with gain 1/sqrt(2), the attention
     output Xavier, the feed-forward layers nn.Linear's default."""
     model = ours_xavier_ffn_default(config, vocab_size)
-    for name, module in model.named_modules():
-        if name.endswith(("q_proj", "k_proj", "v_proj")):
-            nn.init.xavier_uniform_(module.weight, gain=2**-0.5)
+    for proj in _qkv(model):
+        nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
     return model
 
 
@@ -140,11 +144,10 @@ def ours_fairseq_fork_init(config: ModelConfig, vocab_size: int) -> Transformer:
     and attention-output layers, query/key/value Xavier at gain 1/sqrt(2) with nn.Linear's
     default biases."""
     model = ours_xavier(config, vocab_size)
-    for name, module in model.named_modules():
-        if name.endswith(("q_proj", "k_proj", "v_proj")):
-            nn.init.xavier_uniform_(module.weight, gain=2**-0.5)
-            bound = module.in_features**-0.5
-            nn.init.uniform_(module.bias, -bound, bound)
+    for proj in _qkv(model):
+        nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
+        bound = proj.in_features**-0.5
+        nn.init.uniform_(proj.bias, -bound, bound)
     return model
 
 

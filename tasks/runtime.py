@@ -124,14 +124,12 @@ def dashboard_port() -> int:
     is free, else any free one (a second run on the machine)."""
     import socket
 
-    for port in (DASHBOARD_PORT, 0):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise StageError("no free port on 127.0.0.1 for Ray's dashboard")
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", DASHBOARD_PORT))
+        except OSError:  # held by another run's dashboard
+            s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def bind_ray_to_loopback() -> None:
