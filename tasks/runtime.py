@@ -3,9 +3,10 @@ lifetime is ``tasks.tracking``'s."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from unittest import mock
+from collections.abc import Iterator
 
 from tasks.config import RayConfig
 from tasks.contract import StageError
@@ -36,11 +37,11 @@ def ensure_ray(config: RayConfig | None = None) -> None:
     # groups of a dead controller never freed). Every process ray.init starts (the raylet, which
     # starts every worker) inherits where it is: without that they search the machine for a
     # running Ray, and with a second one there (another `tfm run`) the cleaner prints "Found
-    # multiple active Ray instances" into the run's log, then a warning at every look. This
-    # process's environment is put back after (a job-level runtime_env costs ~2 s more a run).
+    # multiple active Ray instances" into the run's log, then a warning at every look. The
+    # variable leaves this process's environment after (clusters it starts later have their own
+    # dashboard; a job-level runtime_env costs ~2 s more a run); what ray.init sets there stays.
     port = dashboard_port() if config.dashboard else None
-    state_api = {API_SERVER_VAR: f"http://127.0.0.1:{port}"} if port else {}
-    with mock.patch.dict(os.environ, state_api):
+    with environ_set(API_SERVER_VAR, f"http://127.0.0.1:{port}" if port else None):
         ray.init(
             num_cpus=config.num_cpus,
             include_dashboard=config.dashboard,
@@ -117,6 +118,26 @@ def local_addresses() -> set[str]:
         for entry in entries
         if entry.family in (socket.AF_INET, socket.AF_INET6)
     }
+
+
+@contextlib.contextmanager
+def environ_set(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` (unless None) for the block, then that one key as it was.
+
+    Hand-written because ``mock.patch.dict`` restores the whole environment, which would drop
+    what ``ray.init`` itself sets there for the processes started later (``RAY_AUTH_MODE``)."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def dashboard_port() -> int:

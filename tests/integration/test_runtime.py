@@ -103,6 +103,44 @@ def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
         other.wait(timeout=60)
 
 
+LOCAL_THEN_CLUSTER = (
+    "import ray\n"
+    "from ray.cluster_utils import Cluster\n"
+    "from tasks.config import RayConfig\n"
+    "from tasks.runtime import ensure_ray\n"
+    "ensure_ray(RayConfig(num_cpus=1))\n"
+    "ray.shutdown()\n"
+    "cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 1})\n"
+    "try:\n"
+    "    ray.init(address=cluster.address)\n"
+    "    @ray.remote\n"
+    "    class Echo:\n"
+    "        def ping(self):\n"
+    "            return 'pong'\n"
+    "    print(ray.get(Echo.remote().ping.remote(), timeout=120), flush=True)\n"
+    "finally:\n"
+    "    ray.shutdown()\n"
+    "    cluster.shutdown()\n"
+)
+
+
+def test_a_cluster_started_after_a_local_ray_runs_this_process_s_actors(tmp_path):
+    """A local Ray turns on token authentication for its process (Ray 2.60's default); the nodes
+    of a cluster this process starts later (``ray.cluster_utils``, as the cluster tests do) must
+    inherit it, or they send the driver requests it refuses and its first actor is dropped."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = str(tmp_path)  # no token yet: the local Ray makes one, as on a new machine
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_THEN_CLUSTER],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.stdout.strip().splitlines()[-1:] == ["pong"], done.stderr[-3000:]
+
+
 def _wait_gone(processes: list[psutil.Process], seconds: float) -> list[psutil.Process]:
     deadline = time.time() + seconds
     while time.time() < deadline:
