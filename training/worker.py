@@ -10,6 +10,8 @@ logger callbacks).
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import tempfile
 import time
@@ -41,6 +43,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
     import ray.train
 
     job = config[JOB_KEY]
+    quiet_ray_train_reports()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     set_threads(job.train.torch_threads or worker_threads(ctx.get_local_world_size()))
@@ -62,6 +65,22 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
     saver = Saver(trainer, job.model, job.vocab_size, job.tgt_vocab_size)
     trainer.fit(saver.report, WorkerListener(tracker, progress, job.best_path, job.vocab_size))
     return summary(trainer, time.time() - started)
+
+
+RAY_TRAIN_REPORT_LOGGERS = (
+    "ray.train.v2._internal.execution.storage",  # "Checkpoint successfully created at: ..."
+    "ray.train.v2._internal.execution.context",  # "Reporting training result N: ..." (~900 chars)
+)
+
+
+def quiet_ray_train_reports() -> None:
+    """Keep Ray Train's two INFO lines per checkpoint (Ray 2.60) off the console, where they
+    would crowd out the progress lines; its warnings still show. The second logger is named by
+    its file's path (``logging.getLogger(__file__)``), not its module, hence the spec lookup."""
+    for module in RAY_TRAIN_REPORT_LOGGERS:
+        spec = importlib.util.find_spec(module)
+        for name in {module, spec.origin if spec else None} - {None}:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def set_threads(threads: int) -> None:
