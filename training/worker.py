@@ -74,9 +74,10 @@ RAY_TRAIN_REPORT_LOGGERS = (
 
 
 def quiet_ray_train_reports() -> None:
-    """Keep Ray Train's two INFO lines per checkpoint (Ray 2.60) off the console, where they
-    would crowd out the progress lines; its warnings still show. The second logger is named by
-    its file's path (``logging.getLogger(__file__)``), not its module, hence the spec lookup."""
+    """Drop Ray Train's two INFO lines per checkpoint (Ray 2.60), which crowded out the progress
+    lines on the console and repeat what ``checkpoints.json`` and MLflow hold; its warnings still
+    show. The second logger is named by its file's path (``logging.getLogger(__file__)``), not
+    its module, hence the spec lookup."""
     for module in RAY_TRAIN_REPORT_LOGGERS:
         spec = importlib.util.find_spec(module)
         for name in {module, spec.origin if spec else None} - {None}:

@@ -482,7 +482,7 @@ def test_progress_lines_and_the_collapse_warning_reach_the_console(ray_local, tm
     assert all("ETA" in line and "tgt tok/s" in line for line in lines)
     assert "dev ppl" in lines[-1]  # after the validation at step 3
     assert out.count("WARNING step") == 2 and "val_encoder_spread" in out
-    # Ray Train's own INFO lines at every checkpoint stay in its log files, off the console.
+    # Ray Train's own INFO lines at every checkpoint are dropped (checkpoints.json has them).
     assert "Reporting training result" not in out and "Checkpoint successfully" not in out
     run = MlflowClient(config.tracking_uri).search_runs(
         [MlflowClient(config.tracking_uri).get_experiment_by_name("transformer").experiment_id]
