@@ -67,21 +67,16 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
     return summary(trainer, time.time() - started)
 
 
-RAY_TRAIN_REPORT_LOGGERS = (
-    "ray.train.v2._internal.execution.storage",  # "Checkpoint successfully created at: ..."
-    "ray.train.v2._internal.execution.context",  # "Reporting training result N: ..." (~900 chars)
-)
-
-
 def quiet_ray_train_reports() -> None:
     """Drop Ray Train's two INFO lines per checkpoint (Ray 2.60), which crowded out the progress
     lines on the console and repeat what ``checkpoints.json`` and MLflow hold; its warnings still
-    show. The second logger is named by its file's path (``logging.getLogger(__file__)``), not
-    its module, hence the spec lookup."""
-    for module in RAY_TRAIN_REPORT_LOGGERS:
-        spec = importlib.util.find_spec(module)
-        for name in {module, spec.origin if spec else None} - {None}:
-            logging.getLogger(name).setLevel(logging.WARNING)
+    show. "Checkpoint successfully created" comes from its storage module's logger; "Reporting
+    training result N: ..." (~900 characters) from a logger its context module names by its file's
+    path (``logging.getLogger(__file__)``), hence the spec lookup."""
+    logging.getLogger("ray.train.v2._internal.execution.storage").setLevel(logging.WARNING)
+    context = importlib.util.find_spec("ray.train.v2._internal.execution.context")
+    if context is not None and context.origin:
+        logging.getLogger(context.origin).setLevel(logging.WARNING)
 
 
 def set_threads(threads: int) -> None:
