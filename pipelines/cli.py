@@ -25,6 +25,9 @@ def _prefect_env(config_root: Path | None = None) -> None:
     os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    # Prefect waits 20 s for its ephemeral server; a fresh PREFECT_HOME's database migrations
+    # alone take about that on 2 cores, so a first `tfm run` failed before any stage ran.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def _overrides(items: list[str] | None) -> dict[str, Any]:

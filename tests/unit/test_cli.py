@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.cli import build_parser, main
+from pipelines.cli import _prefect_env, build_parser, main
 
 COMMANDS = ["version", "run", "stage", "status", "translate", "export", "deploy", "ui"]
 
@@ -18,6 +18,25 @@ def test_every_command_has_help(capsys):
             build_parser().parse_args([command, "--help"])
         assert exit_.value.code == 0
         assert "usage: tfm " + command in capsys.readouterr().out
+
+
+def test_a_first_run_waits_for_prefect_to_create_its_database(tmp_path, monkeypatch):
+    """Prefect gives its ephemeral server 20 s, about what a fresh PREFECT_HOME's migrations take
+    on 2 cores (CI's first `tfm run` of a test failed so). tfm's longer wait reaches Prefect's
+    settings under the variable's real name, and a value the user set wins."""
+    from prefect.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    for key in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_LEVEL",
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):
+        monkeypatch.setenv(key, "")  # recorded, so the test's end takes back what tfm sets
+        monkeypatch.delenv(key)
+    assert Settings().server.ephemeral.startup_timeout_seconds == 20  # Prefect's own
+    _prefect_env()
+    assert Settings().server.ephemeral.startup_timeout_seconds >= 120
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "45")
+    _prefect_env()
+    assert Settings().server.ephemeral.startup_timeout_seconds == 45
 
 
 def test_version(capsys):
