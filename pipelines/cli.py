@@ -20,7 +20,7 @@ from tasks.contract import StageError
 PROG = "tfm"
 
 
-def _prefect_env(config_root: Path | None = None) -> None:
+def _prefect_env() -> None:
     """A project-local PREFECT_HOME and an ephemeral API unless the user set up a server."""
     os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
