@@ -13,6 +13,12 @@ With CUDA: bf16 autocast, tokens/s per GPU and model-FLOPs utilisation (MFU) for
     python benchmarks/train.py --model d_model=128 --model d_ff=256 --model n_layers=4 \
         --vocab 10000 --max-tokens 8192 --tokens-per-step 8192   # the Multi30k tiny shape
     python benchmarks/train.py --shards runs/multi30k_en_de/shard --model ...  # real batches
+    python benchmarks/train.py --shards ... --layouts 1x2:8192,1x2:4096,2x1:4096 ...
+
+With ``--layouts`` the rows are Ray Train layouts instead of plain vs Ray: ``WxT:M`` is W workers
+of T torch threads each, micro-batches of M padded tokens, the same ``--tokens-per-step`` (so
+``1x2:4096`` and ``2x1:4096`` train on the same batches, accumulated on one worker or split over
+two and all-reduced); rates are over all workers, the first layout is the reference.
 
 With ``--shards`` (a shard stage's folder) both paths train on its real batches and vocabulary
 instead of random ids.
@@ -72,16 +78,33 @@ def write_shards(folder: Path, rows: int, vocab: int, seed: int = 0) -> None:
         pq.write_table(table, folder / split / "part-00000.parquet")
 
 
-def train_settings(args: argparse.Namespace, warm: int) -> TrainConfig:
-    """No evaluation or checkpoint before the last step; a logging interval of ``warm`` steps."""
+Layout = tuple[int, int, int]
+"""Ray Train workers, torch threads per worker, padded tokens per micro-batch."""
+
+
+def parse_layout(text: str) -> Layout:
+    """``WxT:M`` -> (W, T, M)."""
+    shape, _, tokens = text.partition(":")
+    workers, _, threads = shape.partition("x")
+    return int(workers), int(threads), int(tokens)
+
+
+def train_settings(
+    args: argparse.Namespace, warm: int, layout: Layout | None = None
+) -> TrainConfig:
+    """No evaluation or checkpoint before the last step; a logging interval of ``warm`` steps;
+    one worker on every core unless ``layout`` says otherwise."""
+    cores = os.cpu_count() or 1
+    workers, threads, max_tokens = layout or (1, None, args.max_tokens)
     return TrainConfig(
         steps=args.steps,
         tokens_per_step=args.tokens_per_step,
-        max_tokens_per_batch=args.max_tokens,
+        max_tokens_per_batch=max_tokens,
         warmup_steps=4000,
-        num_workers=1,
+        num_workers=workers,
+        torch_threads=threads,
         use_gpu=torch.cuda.is_available(),
-        cpus_per_worker=float(os.cpu_count() or 1),
+        cpus_per_worker=float(cores) / workers,
         eval_every=args.steps,
         checkpoint_every=0,
         checkpoint_minutes=0.0,
@@ -101,9 +124,11 @@ def ray_loop(
     args: argparse.Namespace,
     warm: int,
     niceness: int | None = None,
+    layout: Layout | None = None,
 ) -> dict:
-    """tokens/s as measured by the Trainer in a Ray Train worker (after its first logging interval);
-    ``niceness``: the worker's, instead of Ray's default for workers (15)."""
+    """tokens/s as measured by the Trainer in Ray Train (after its first logging interval, over
+    all workers); ``niceness``: the workers', instead of Ray's default (15); ``layout``: workers,
+    threads and micro-batch (default: one worker on every core, ``--max-tokens``)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -111,7 +136,7 @@ def ray_loop(
     from training.worker import JOB_KEY, train_loop_per_worker
 
     with tempfile.TemporaryDirectory() as storage:
-        tc = train_settings(args, warm)
+        tc = train_settings(args, warm, layout)
         job = TrainJob(
             model=model_config(size, args),
             train=tc,
@@ -125,7 +150,7 @@ def ray_loop(
             train_loop_per_worker,
             train_loop_config={JOB_KEY: job},
             scaling_config=ray.train.ScalingConfig(
-                num_workers=1,
+                num_workers=tc.num_workers,
                 use_gpu=tc.use_gpu,
                 resources_per_worker={
                     "CPU": tc.cpus_per_worker,
@@ -163,7 +188,6 @@ def plain_loop(size: str, shard_dir: Path, vocab: int, args: argparse.Namespace,
     return {
         "tokens_per_s": trainer.timed_tokens / trainer.timed_seconds,
         "seconds": trainer.timed_seconds,
-        "params": count_parameters(module),
         "threads": torch.get_num_threads(),
     }
 
@@ -216,6 +240,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="N",
         help="also time a Ray Train worker at this niceness (Ray's default: 15)",
     )
+    parser.add_argument(
+        "--layouts",
+        default=None,
+        metavar="WxT:M,...",
+        help="time these Ray Train layouts instead (W workers of T threads, M-token micro-batches)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     warm = args.warm or max(args.steps // 4, 2)
@@ -239,6 +269,11 @@ def main(argv: list[str] | None = None) -> None:
                     "plain": partial(plain_loop, *loop_args),
                     "ray_train": partial(ray_loop, *loop_args),
                 }
+                if args.layouts:
+                    paths = {
+                        f"ray_train {text}": partial(ray_loop, *loop_args, layout=parse_layout(text))
+                        for text in args.layouts.split(",")
+                    }
                 if args.niceness is not None:
                     paths[f"ray_train nice {args.niceness}"] = partial(
                         ray_loop, *loop_args, niceness=args.niceness
@@ -255,12 +290,14 @@ def main(argv: list[str] | None = None) -> None:
                     path: max(results, key=lambda r: r["tokens_per_s"])
                     for path, results in runs.items()
                 }
-                plain = best["plain"]
+                reference = next(iter(paths))  # "plain", or the first layout
+                plain = best[reference]
                 medians = {
                     path: float(np.median([r["tokens_per_s"] for r in results]))
                     for path, results in runs.items()
                 }
             fpt = flops_per_token(size, args, vocab, mean_len=36.0)
+            params = count_parameters(Transformer(model_config(size, args), vocab))
             peak = peak_flops()
             for path, r in best.items():
                 rows.append(
@@ -268,12 +305,12 @@ def main(argv: list[str] | None = None) -> None:
                         "size": size,
                         "device": "cuda bf16" if cuda else f"cpu fp32 x{r['threads']}",
                         "path": path,
-                        "params_M": plain["params"] / 1e6,
+                        "params_M": params / 1e6,
                         "tokens_per_s": r["tokens_per_s"],
                         "tokens_per_s_per_gpu": r["tokens_per_s"] if cuda else None,
                         "mfu": r["tokens_per_s"] * fpt / peak if peak else None,
                         "vs_plain": r["tokens_per_s"] / plain["tokens_per_s"],
-                        "median_vs_plain": medians[path] / medians["plain"],
+                        "median_vs_plain": medians[path] / medians[reference],
                         "timed_s": r["seconds"],
                     }
                 )
