@@ -1,0 +1,130 @@
+"""The published Multi30k recipe end to end on one NVIDIA GPU: install, `tfm run`, the test figure.
+
+``make gpu-recipe`` runs this with ``GPU_PYTHON`` (the machine's Python whose torch is a CUDA
+build). It
+
+1. stops in one line when that torch sees no CUDA device;
+2. makes ``.venv-gpu`` with that Python's site packages visible (its CUDA torch satisfies our torch
+   range, so pip installs no other torch) and installs the project there, from the package index
+   or, offline, from a folder of wheels (``--wheels DIR``, pip's ``--no-index --find-links``);
+3. runs ``tfm run configs/multi30k_en_de_tiny.yaml --set train.use_gpu=true`` (the config as
+   committed otherwise; a mirror with ``--mirror``) in a fresh work dir;
+4. prints test2016 ``bleu_tok_lc`` beside the published 41.02 and the wall time of each part,
+   and writes them as JSON.
+
+    python benchmarks/gpu_recipe.py --preflight       # exit 2 with one line without CUDA
+    python benchmarks/gpu_recipe.py [--seed 4321] [--mirror file:///data/multi30k] [--wheels .whl]
+
+Hand-written because it is glue around two commands (pip, tfm), each with its own progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = "configs/multi30k_en_de_tiny.yaml"
+PUBLISHED = 41.02  # Wu et al. 2021, text-only Transformer-tiny, test2016 BLEU4 (tokenized, lowercased)
+
+
+def cuda_device() -> str | None:
+    """The first CUDA device's name, or None (also when torch is missing)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def install(venv: Path, wheels: str | None) -> float:
+    """The project in ``venv`` on top of this Python's packages; seconds taken (0 when present)."""
+    tfm = venv / "bin" / "tfm"
+    if tfm.exists() and _run([str(venv / "bin" / "python"), "-c", "import ray.train, prefect, mlflow"], check=False) == 0:
+        return 0.0
+    start = time.time()
+    _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
+    source = ["--no-index", "--find-links", str(Path(wheels).resolve())] if wheels else []
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *source, "-e", str(ROOT)])
+    return time.time() - start
+
+
+def run_recipe(venv: Path, workdir: Path, seed: int | None, mirror: str | None) -> float:
+    """``tfm run`` of the published recipe on the GPU; seconds taken."""
+    overrides = ["train.use_gpu=true", f"workdir={workdir}"]
+    overrides += [f"seed={seed}"] if seed is not None else []
+    overrides += [f"data.mirror={mirror}"] if mirror else []
+    start = time.time()
+    _run([str(venv / "bin" / "tfm"), "run", CONFIG, *(a for o in overrides for a in ("--set", o))])
+    return time.time() - start
+
+
+def _run(cmd: list[str], check: bool = True) -> int:
+    print("+", " ".join(cmd), flush=True)
+    code = subprocess.run(cmd, cwd=ROOT).returncode
+    if check and code != 0:
+        raise SystemExit(f"gpu-recipe: `{' '.join(cmd[:3])} ...` failed with exit code {code}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preflight", action="store_true", help="only check that CUDA is here")
+    parser.add_argument("--seed", type=int, default=None, help="default: the config's (1234)")
+    parser.add_argument("--mirror", default=None, help="data.mirror, e.g. file:///data/multi30k")
+    parser.add_argument("--wheels", default=None, help="install offline from this folder of wheels")
+    parser.add_argument("--venv", default=str(ROOT / ".venv-gpu"))
+    parser.add_argument("--workdir", default=None, help="default: runs/gpu-recipe-seed<seed>")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_recipe.json"))
+    args = parser.parse_args(argv)
+    device = cuda_device()
+    if device is None:
+        print(
+            f"gpu-recipe: no CUDA device visible to {sys.executable} (an NVIDIA GPU and a CUDA "
+            "build of torch are needed; set GPU_PYTHON to such a Python)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.preflight:
+        print(f"gpu-recipe: {device}")
+        return 0
+    started = time.time()
+    workdir = Path(args.workdir or ROOT / "runs" / f"gpu-recipe-seed{args.seed or 1234}").resolve()
+    shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, not a resumed or skipped one
+    install_s = install(Path(args.venv), args.wheels)
+    run_s = run_recipe(Path(args.venv), workdir, args.seed, args.mirror)
+    scores = json.loads((workdir / "score" / "scores.json").read_text(encoding="utf-8"))
+    result = {
+        "date": date.today().isoformat(),
+        "device": device,
+        "seed": args.seed or 1234,
+        "bleu_tok_lc": scores["bleu_tok_lc"],
+        "published": PUBLISHED,
+        "chrf": scores["chrf"],
+        "install_s": round(install_s, 1),
+        "run_s": round(run_s, 1),
+        "wall_s": round(time.time() - started, 1),
+        "workdir": str(workdir),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"gpu-recipe: test2016 bleu_tok_lc {result['bleu_tok_lc']:.2f} against the published "
+        f"{PUBLISHED:.2f} ({result['bleu_tok_lc'] - PUBLISHED:+.2f}), seed {result['seed']}, "
+        f"{device}; {result['wall_s'] / 60:.1f} min in all (install {install_s:.0f} s, "
+        f"tfm run {run_s:.0f} s); {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
