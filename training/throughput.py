@@ -27,20 +27,11 @@ class ThroughputMeter:
         self.targets += targets
         self.flops += flops
 
-    @property
-    def counts(self) -> list[float]:
-        """This rank's tokens, target tokens and FLOPs since the interval began."""
-        return [self.tokens, self.targets, self.flops]
-
-    def read(
-        self, now: float, timed: bool, counts: list[float] | None = None
-    ) -> dict[str, float | None]:
+    def read(self, now: float, timed: bool) -> dict[str, float | None]:
         """The rates over the interval, ended at ``now`` (after a host sync); ``timed`` adds it
-        to the totals (the first interval after a start is warm-up). A new interval starts.
-        ``counts``: ``counts`` summed over all ranks (each rank adds only its own batches)."""
+        to the totals (the first interval after a start is warm-up). A new interval starts."""
         assert self.start is not None, "read() before a step was counted"
-        tokens, targets, flops = counts if counts is not None else self.counts
-        seconds, tokens = now - self.start, int(tokens)
+        seconds, tokens, targets, flops = now - self.start, self.tokens, self.targets, self.flops
         if timed:
             self.timed_tokens += tokens
             self.timed_seconds += seconds

@@ -267,12 +267,11 @@ class Trainer:
         """Loss, NLL and perplexity per target token over every step since the last log (one
         step's batch alone swings with its sentence lengths), lr and throughput."""
         assert self._sums is not None
-        # One all-reduce: the losses, and the tokens of every rank's batches for the rates.
-        loss, nll, n, *counts = all_reduce_sum([*self._sums, *self.meter.counts], self.device)
+        loss, nll, n = all_reduce_sum(self._sums, self.device)
         self._sums = None
         # The first interval after a (re)start is warm-up; the all-reduce waited for the device.
         timed = self.step > self.start_step + self.config.log_every or self.step == self.last_step
-        rates = self.meter.read(time.time(), timed, counts)
+        rates = self.meter.read(time.time(), timed)
         self.latest = {
             "loss": loss / n,
             "nll": nll / n,

@@ -25,16 +25,6 @@ def test_a_reading_covers_the_steps_since_the_last_reading_or_reset():
     assert (meter.timed_tokens, meter.timed_seconds, meter.tokens_per_s) == (80, 2.0, 40.0)
 
 
-def test_a_reading_over_ranks_counts_every_ranks_tokens():
-    meter = ThroughputMeter(world_size=2, peak_flops=None)
-    meter.add(10.0, tokens=100, targets=40, flops=1e12)  # this rank's batches only
-    assert meter.counts == [100, 40, 1e12]
-    rates = meter.read(12.0, timed=True, counts=[210.0, 84.0, 2e12])  # summed over both ranks
-    assert rates["tokens_per_s"] == 105.0 and rates["tokens_per_s_per_worker"] == 52.5
-    assert rates["target_tokens_per_s"] == 42.0 and rates["tflops_per_worker"] == pytest.approx(0.5)
-    assert (meter.timed_tokens, meter.tokens_per_s) == (210, 105.0)
-
-
 def test_no_peak_no_mfu_and_no_time_no_rates():
     meter = ThroughputMeter(world_size=1, peak_flops=None)
     meter.add(5.0, tokens=10, targets=5, flops=1.0)
