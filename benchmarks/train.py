@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         ray.shutdown()
     report(
         f"Training throughput (best of {args.repeats}), {args.steps} steps ({warm} untimed), "
-        f"{args.tokens_per_step} tokens/step, {args.max_tokens} tokens/micro-batch",
+        f"{args.tokens_per_step} tokens/step, "
+        + ("micro-batches as each layout says" if args.layouts else f"{args.max_tokens} tokens/micro-batch"),
         rows,
         args.json,
     )
