@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import psutil
 
-INTERVAL = 1.0
-"""Seconds between looks at the command's process tree."""
-GRACE = 5.0
-"""Seconds a process gets to end after SIGTERM before SIGKILL."""
+INTERVAL = 0.5
+"""Seconds between looks at the command's process tree (its end is seen at once)."""
+GRACE = 2.0
+"""Seconds a process gets to end after SIGTERM before SIGKILL: a stopped command's Ray and
+Prefect processes are gone within about that long after it exits."""
 
 
 def start(pid: int | None = None) -> subprocess.Popen:
@@ -34,25 +34,12 @@ def start(pid: int | None = None) -> subprocess.Popen:
     )
 
 
-def watch(pid: int, interval: float = INTERVAL, grace: float = GRACE) -> list[psutil.Process]:
-    """Until process ``pid`` ends, note its descendants; then end those still running. Returns
-    the processes it had to end."""
-    try:
-        command = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return []
-    me = os.getpid()
-    seen: dict[int, psutil.Process] = {}
-    while command.is_running():
-        try:
-            for child in command.children(recursive=True):
-                if child.pid != me:
-                    seen.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(interval)
+def end(processes: list[psutil.Process], grace: float) -> list[psutil.Process]:
+    """SIGTERM ``processes``, SIGKILL those still running ``grace`` seconds later; returns the
+    ones that were running. (The command itself must not do this before it exits: a driver
+    whose raylet dies aborts with SIGABRT, losing its exit code and its one line.)"""
     # is_running() compares start times: a PID that now names another process is left alone.
-    left = [p for p in seen.values() if p.is_running()]
+    left = [p for p in processes if p.is_running()]
     for process in left:
         try:
             process.terminate()
@@ -64,7 +51,31 @@ def watch(pid: int, interval: float = INTERVAL, grace: float = GRACE) -> list[ps
             process.kill()
         except psutil.NoSuchProcess:
             pass
+    psutil.wait_procs(stubborn, timeout=grace)
     return left
+
+
+def watch(pid: int, interval: float = INTERVAL, grace: float = GRACE) -> list[psutil.Process]:
+    """Until process ``pid`` ends, note its descendants; then end those still running. Returns
+    the processes it had to end."""
+    try:
+        command = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return []
+    me = os.getpid()
+    seen: dict[int, psutil.Process] = {}
+    while True:
+        try:
+            for child in command.children(recursive=True):
+                if child.pid != me:
+                    seen.setdefault(child.pid, child)
+            command.wait(timeout=interval)  # returns as soon as the command has ended
+        except psutil.TimeoutExpired:
+            continue
+        except psutil.NoSuchProcess:
+            pass
+        break
+    return end(list(seen.values()), grace)
 
 
 def main(argv: list[str] | None = None) -> int:
