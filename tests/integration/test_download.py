@@ -522,7 +522,7 @@ def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(tmp_path: Path
 # ----------------------------------------------------------------------------- other sources
 
 
-@pytest.mark.skipif(not SHARED_SAMPLE.is_dir(), reason="../shared/data/wmt14_ende_sample is absent")
+@pytest.mark.shared_data("wmt14_ende_sample")
 def test_local_source_copies_the_shared_sample(tmp_path: Path):
     config = config_from_dict({
         "name": "local",

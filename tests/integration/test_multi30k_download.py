@@ -250,7 +250,7 @@ def test_a_file_the_mirror_lacks_is_named(tmp_path: Path, mirror_root: Path):
 # ----------------------------------------------------------------------------- the real shared mirror
 
 
-@pytest.mark.skipif(not (SHARED_MULTI30K / RAW).is_dir(), reason=f"{SHARED_MULTI30K} is absent")
+@pytest.mark.shared_data("multi30k/data/task1/raw")
 def test_the_shared_mirror_gives_the_published_counts(tmp_path: Path):
     config = make_config(tmp_path, pair="en-de", mirror=SHARED_MULTI30K.resolve().as_uri())
     out = download_stage.run(config, {}).path
