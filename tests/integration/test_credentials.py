@@ -6,6 +6,7 @@ param or tag, or Prefect artifact or log."""
 
 from __future__ import annotations
 
+import json
 import logging
 import urllib.error
 import urllib.request
@@ -126,3 +127,9 @@ def test_a_download_flow_uses_the_mirror_password_and_shows_it_nowhere(
         "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200, "offset": 0,
     })
     assert logs and all(SECRET not in entry["message"] for entry in logs)
+    # Nor in the flow and task runs Prefect keeps (parameters, inputs, state messages).
+    for kind in ("flow_runs", "task_runs"):
+        runs_kept = prefect_records(f"/{kind}/filter", {
+            "flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 50, "offset": 0,
+        })
+        assert runs_kept and SECRET not in json.dumps(runs_kept), kind
