@@ -24,6 +24,7 @@ from corpora import CorpusError, sources
 from corpora.archives import corrupt_archive, iter_members
 from corpora.fetch import Expected, Seen, download, hash_file, mirror_url
 from corpora.lockfile import LockFile
+from corpora.redact import redact_uri
 from corpora.sources import Archive, Corpus, split_pair
 from corpora.text import LineWriter, read_sgm, read_text_lines, read_tsv
 
@@ -195,7 +196,7 @@ def _fetch(archive: Archive, path: Path, *, mirror: str | None, lock: LockFile, 
     url = mirror_url(archive.url, mirror, bases=(archive.base,))
     pinned = lock.expected(archive.url)
     expected = [Expected(archive.bytes, archive.sha256, archive.md5, origin="the source registry"), pinned]
-    log.info("download: %s -> %s", url, path)
+    log.info("download: %s -> %s", redact_uri(url), path)
     seen = download(url, path, [e for e in expected if e is not None], max_retries=max_retries)
     return _Fetched(archive, path, seen, pinned)
 

@@ -3,7 +3,9 @@
 ``download(url, dest, expected)`` writes ``<dest>.part`` and renames it to ``dest`` only after its
 size and checksums verify, so a file under its final name is always complete
 (``corpora.lockfile`` pins what nobody publishes a checksum for). ``mirror_url`` maps a source's
-URLs (statmt.org's unless told another base) onto a mirror.
+URLs (statmt.org's unless told another base) onto a mirror. A URL's ``user:password@`` is sent
+as HTTP basic auth and named nowhere: logs, errors and the ``.part`` companion see the URL
+without it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from corpora import CorpusError
+from corpora.redact import redact_uri
 from transformer_core.folders import write_json_atomic
 
 __all__ = [
@@ -104,7 +107,7 @@ def mirror_url(url: str, mirror: str | None, bases: Sequence[str] = STATMT_PREFI
     if not mirror:
         return url
     if not mirror.startswith(("file://", "http://", "https://")):
-        raise CorpusError(f"data.mirror {mirror!r} must be a file:// folder or an http(s):// base")
+        raise CorpusError(f"data.mirror {redact_uri(mirror)!r} must be a file:// folder or an http(s):// base")
     for prefix in bases:
         if url.startswith(prefix):
             return mirror.rstrip("/") + "/" + url[len(prefix):]
@@ -164,8 +167,10 @@ def download(
 
     HTTP downloads resume from ``<dest>.part`` with a Range request after a dropped connection;
     failures without progress are retried ``max_retries`` times with exponential backoff.
+    Credentials in ``url`` are sent as basic auth; messages name the URL without them.
     """
     dest = Path(dest)
+    url, opener = _without_credentials(url)
     expected = [e for e in expected if e is not None]
     if dest.exists():
         seen = hash_file(dest)
@@ -181,7 +186,9 @@ def download(
     for fresh_try in (False, True):
         if fresh_try:
             _discard(part)
-        resumed = _fetch(url, part, max_retries=max_retries, backoff=backoff, timeout=timeout)
+        resumed = _fetch(
+            url, part, opener, max_retries=max_retries, backoff=backoff, timeout=timeout
+        )
         seen = hash_file(part)
         try:
             verify(url, seen, expected)
@@ -198,7 +205,29 @@ def download(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _fetch(url: str, part: Path, *, max_retries: int, backoff: float, timeout: float) -> bool:
+def _without_credentials(url: str) -> tuple[str, urllib.request.OpenerDirector]:
+    """``url`` without its ``user:password@``, and the opener that sends them as basic auth with
+    the first request (not after a 401 challenge; never to a host a redirect points at)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, urllib.request.build_opener()
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    passwords = urllib.request.HTTPPasswordMgrWithPriorAuth()
+    passwords.add_password(
+        None, bare, unquote(parts.username), unquote(parts.password or ""), is_authenticated=True
+    )
+    return bare, urllib.request.build_opener(urllib.request.HTTPBasicAuthHandler(passwords))
+
+
+def _fetch(
+    url: str,
+    part: Path,
+    opener: urllib.request.OpenerDirector,
+    *,
+    max_retries: int,
+    backoff: float,
+    timeout: float,
+) -> bool:
     """Bring ``part`` to the whole file; True if it was resumed rather than fetched whole."""
     scheme = urlsplit(url).scheme
     if scheme == "file":
@@ -211,7 +240,7 @@ def _fetch(url: str, part: Path, *, max_retries: int, backoff: float, timeout: f
     while True:
         before = part.stat().st_size if part.exists() else 0
         try:
-            if _fetch_once(url, part, timeout=timeout):
+            if _fetch_once(url, part, opener, timeout=timeout):
                 resumed = True
             return resumed
         except _Retryable as exc:
@@ -240,14 +269,16 @@ class _Retryable(Exception):
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-def _fetch_once(url: str, part: Path, *, timeout: float) -> bool:
+def _fetch_once(
+    url: str, part: Path, opener: urllib.request.OpenerDirector, *, timeout: float
+) -> bool:
     """One request; appends to ``part`` on 206, rewrites it on 200. True if it resumed."""
     have = part.stat().st_size if part.exists() else 0
     meta = _read_meta(part)
     if have and meta.get("url") != url:
         _discard(part)
         have, meta = 0, {}
-    response = _request(url, part, have, meta.get("validator"), timeout)
+    response = _request(opener, url, part, have, meta.get("validator"), timeout)
     if response is None:
         return True  # the part file was already whole
     with response:
@@ -266,7 +297,14 @@ def _fetch_once(url: str, part: Path, *, timeout: float) -> bool:
     return resumed
 
 
-def _request(url: str, part: Path, have: int, validator: str | None, timeout: float) -> Any:
+def _request(
+    opener: urllib.request.OpenerDirector,
+    url: str,
+    part: Path,
+    have: int,
+    validator: str | None,
+    timeout: float,
+) -> Any:
     """The response for the bytes from ``have`` on, or None when the part file is already whole."""
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if have:
@@ -274,7 +312,7 @@ def _request(url: str, part: Path, have: int, validator: str | None, timeout: fl
         if validator:
             headers["If-Range"] = validator
     try:
-        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as exc:
         exc.close()
         if exc.code == 416 and have:

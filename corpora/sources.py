@@ -11,7 +11,10 @@ one; the download stage then pins what it saw first in a lock file (see docs/dat
 
 Multi30k (task 1: image captions, English with German, French and Czech translations) is a
 table of its splits: each split and language is a gzipped text file of its own in the
-multi30k/dataset repository, relative to ``MULTI30K`` (a mirror keeps those paths too).
+multi30k/dataset repository, relative to ``MULTI30K`` (a mirror keeps those paths too). Files
+whose public bytes never change carry their sha256 here (``MULTI30K_SHA256``), so that every
+download is checked against the published file, in a fresh work dir too, whichever mirror
+served it; the others are pinned by the lock file.
 """
 
 from __future__ import annotations
@@ -167,6 +170,24 @@ def _multi30k(split: str, languages: Sequence[str], lines: int, *, name: str | N
     return Corpus(name or split, "multi30k", "gzip", members, lines=lines)
 
 
+MULTI30K_SHA256: dict[str, str] = {
+    f"data/task1/raw/{name}": sha256
+    for name, sha256 in {
+        "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+        "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+        "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+        "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+        "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+        "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+        "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+        "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+        "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    }.items()
+}
+"""sha256 of the repository's files (commit a3d2e0d, gzipped in 2017 and unchanged since), as
+computed from a copy of them; the Czech files and the 2017/2018 test sets are not pinned (no
+copy was at hand to hash: the lock file pins them at their first download)."""
+
 MULTI30K_TRAIN = _multi30k("train", MULTI30K_LANGUAGES, 29000, name="multi30k")
 """The training split; named ``multi30k`` like a WMT training corpus (``train/multi30k.<lang>``)."""
 
@@ -241,8 +262,9 @@ def train_corpora(pair: str, names: Sequence[str] = ()) -> list[Corpus]:
 
 
 def multi30k_file(member: str) -> Archive:
-    """A Multi30k member (``data/task1/raw/val.de.gz``) as the file it is, under ``MULTI30K``."""
-    return Archive(member, base=MULTI30K)
+    """A Multi30k member (``data/task1/raw/val.de.gz``) as the file it is, under ``MULTI30K``,
+    with its published sha256 where known."""
+    return Archive(member, sha256=MULTI30K_SHA256.get(member), base=MULTI30K)
 
 
 def multi30k_train(pair: str) -> Corpus:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from corpora import CorpusError
+from corpora.redact import redact_uri
 from parsing.trees import TreebankError
 from pipelines import signals
 from serving import ServingError
@@ -88,7 +89,7 @@ def _print_summary(config, results) -> None:
         ))
     if "register" in stats:
         print("registry: " + json.dumps(stats["register"]))
-    print(f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {config.tracking_uri} --host 127.0.0.1")
+    print(f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {redact_uri(config.tracking_uri)} --host 127.0.0.1")
     print(f"Both UIs:   {PROG} ui <config> --start   (MLflow and Prefect, bound to 127.0.0.1)")
 
 
@@ -195,7 +196,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     prefect_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", args.host,
                    "--port", str(args.prefect_port)]
     if not args.start:
-        print("MLflow:  " + " ".join(mlflow_cmd))
+        print("MLflow:  " + " ".join(map(redact_uri, mlflow_cmd)))
         print("Prefect: " + " ".join(prefect_cmd))
         print(f"then open http://{args.host}:{args.mlflow_port} and http://{args.host}:{args.prefect_port}")
         return 0

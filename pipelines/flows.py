@@ -14,6 +14,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from corpora.redact import redact_uri
 from tasks import graph, tracking
 from tasks.config import RunConfig, load_config
 from tasks.contract import StageResult
@@ -50,7 +51,9 @@ def run_pipeline(
     rerun: dict[str, str | bool] = {stage: True for stage in force}
     results: list[StageResult] = []
     with tracking.pipeline_run(config, name, {"prefect.flow_run_id": str(flow_run.id)}) as parent:
-        logger.info("MLflow parent run %s (tracking %s)", parent.info.run_id, config.tracking_uri)
+        logger.info(
+            "MLflow parent run %s (tracking %s)", parent.info.run_id, redact_uri(config.tracking_uri)
+        )
         for spec in graph.pipeline(config):
             if only is not None and spec.name not in only:
                 continue
@@ -117,7 +120,7 @@ def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run_i
             f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |"
             for k, v in found.items()
         ]
-    lines += ["", f"MLflow parent run `{mlflow_run_id}` ({config.tracking_uri})"]
+    lines += ["", f"MLflow parent run `{mlflow_run_id}` ({redact_uri(config.tracking_uri)})"]
     return "\n".join(lines) + "\n"
 
 

@@ -36,7 +36,12 @@ def load_translator(model_uri: str, tracking_uri: str | None = None) -> Any:
     try:
         return mlflow.pyfunc.load_model(model_uri)
     except (MlflowException, OSError) as exc:
-        raise ModelNotFoundError(f"model {model_uri} cannot be loaded from {where}: {exc}") from exc
+        # Imported here: a registered model carries serving/ but not corpora/.
+        from corpora.redact import redact_uri
+
+        raise ModelNotFoundError(
+            f"model {model_uri} cannot be loaded from {redact_uri(where)}: {exc}"
+        ) from exc
 
 
 def from_registry(

@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from corpora.redact import redacted
 from tasks.code_fingerprint import stage_code
 from tasks.config import fingerprint, flatten, to_dict
 from transformer_core.folders import (
@@ -144,8 +145,12 @@ def stage_identity(
     stage: str, config: Any, inputs: Mapping[str, str], code: Any = None
 ) -> dict[str, Any]:
     """What a stage's fingerprint hashes: its name, its config, its inputs' fingerprints and its
-    code (``code_fingerprint.stage_code``: a digest per source file it runs, unless given)."""
-    return {"stage": stage, "config": to_dict(config), "inputs": dict(inputs),
+    code (``code_fingerprint.stage_code``: a digest per source file it runs, unless given).
+
+    The config with URI passwords masked (``redacted``), as its manifest records it: a manifest
+    travels (an MLflow artifact, a copied folder) and a password does not change what a stage
+    makes; a config without one hashes as it always did."""
+    return {"stage": stage, "config": redacted(to_dict(config)), "inputs": dict(inputs),
             "code": stage_code(stage) if code is None else code}
 
 
@@ -332,11 +337,11 @@ def run_stage(
     tmp = temporary_sibling(out_dir)
     tmp.mkdir()
     try:
-        stats = to_dict(dict(build(tmp) or {}))
+        stats = redacted(to_dict(dict(build(tmp) or {})))
         manifest = {
             "stage": stage,
             "fingerprint": fp,
-            "config": to_dict(config),
+            "config": identity["config"],
             "inputs": {n: {"path": str(Path(p).resolve()), "fingerprint": input_fps[n]} for n, p in inputs.items()},
             "code_version": code_version(),
             "code": identity["code"],

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from corpora.redact import redacted
 from evaluation.champion import decide_champion, protocol
 from tasks import tracking
 from tasks.code_fingerprint import git_state, stage_code
@@ -235,8 +236,9 @@ def version_tags(
     tags.update({f"code.{stage}": fp for stage, fp in codes.items()})
     tags["code_version"] = code_version()
     tags.update(git_state())
-    tags["config"] = json.dumps(to_dict(config), sort_keys=True)
-    tags["config_fingerprint"] = fingerprint(config)
+    public = redacted(to_dict(config))  # no URI password in a registry tag, nor under a hash
+    tags["config"] = json.dumps(public, sort_keys=True)
+    tags["config_fingerprint"] = fingerprint(public)
     tags["pipeline.run"] = config.name
     tags["metric"] = config.register.metric
     for key, value in scores.items():

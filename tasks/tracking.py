@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from corpora.redact import redacted
 from tasks.config import RunConfig, flatten
 from tasks.contract import MANIFEST, StageResult
 
@@ -57,7 +58,7 @@ def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> I
 
     connect(config)
     with mlflow.start_run(run_name=f"{config.name}/{pipeline}", tags={"pipeline": pipeline, **tags}) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
+        mlflow.log_params({k: str(v)[:500] for k, v in redacted(flatten(config)).items()})
         yield run
 
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from corpora.redact import redacted
 from tasks import tracking
 from tasks.config import RunConfig, flatten, to_dict
 from tasks.contract import (
@@ -265,7 +266,7 @@ def _train(
     with tracking.training_run(config, STAGE, job.run_dir) as (tracking_uri, run_id):
         client = MlflowClient(tracking_uri)
         params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}
-        log_params(client, run_id, {**flatten(to_dict(config)), **job.scaling(), **params})
+        log_params(client, run_id, {**redacted(flatten(config)), **job.scaling(), **params})
         client.log_artifact(run_id, str(tmp / "config.json"))
         try:
             outcome = run_job(replace(job, tracking_uri=tracking_uri, mlflow_run_id=run_id), tmp)

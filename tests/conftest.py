@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from shared_data import require_shared_data
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -18,8 +19,19 @@ def _one_torch_thread():
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "shared_data(path): needs ../shared/data/<path>; skipped without it, failed in CI "
+        "(tests/shared_data.py)",
+    )
     # Progress bars are for people at a terminal.
     os.environ.setdefault("TQDM_DISABLE", "1")
     # Prefect's telemetry service writes to the test harness's SQLite database from a background
     # task; it has nothing to report from a test and only adds "database is locked" noise.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def pytest_runtest_setup(item):
+    """A test marked ``shared_data(path)`` runs only with that sample (``require_shared_data``)."""
+    for marker in item.iter_markers("shared_data"):
+        require_shared_data(*marker.args)

@@ -7,6 +7,7 @@ also serves as a file:// mirror.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import gzip
 import hashlib
@@ -52,11 +53,24 @@ class MirrorServer:
         """path -> new content written right after a drop (the file changes upstream)."""
         self.unavailable: dict[str, int] = {}
         """path -> how many more requests get HTTP 503."""
+        self.auth: tuple[str, str] | None = None
+        """(user, password) that every request must send as HTTP basic auth, else 401."""
+        self.refused: list[str] = []
+        """Paths asked for without the right credentials."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = unquote(urlsplit(self.path).path).lstrip("/")
+                if server.auth is not None:
+                    token = base64.b64encode(":".join(server.auth).encode()).decode()
+                    if self.headers.get("Authorization") != f"Basic {token}":
+                        server.refused.append(path)
+                        self.send_response(401)
+                        self.send_header("WWW-Authenticate", 'Basic realm="mirror"')
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 server.requests.append((path, self.headers.get("Range")))
                 file = server.root / path
                 if server.unavailable.get(path, 0) > 0:
@@ -522,7 +536,7 @@ def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(tmp_path: Path
 # ----------------------------------------------------------------------------- other sources
 
 
-@pytest.mark.skipif(not SHARED_SAMPLE.is_dir(), reason="../shared/data/wmt14_ende_sample is absent")
+@pytest.mark.shared_data("wmt14_ende_sample")
 def test_local_source_copies_the_shared_sample(tmp_path: Path):
     config = config_from_dict({
         "name": "local",

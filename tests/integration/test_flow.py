@@ -8,6 +8,7 @@ One module-scoped first run, then reruns that check skipping, and (slow: each re
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,10 @@ from stage_folders import TINY_TRAINING
 pytestmark = pytest.mark.integration
 
 WMT14_STAGES = ["download", "clean", "tokenizer", "shard", "train", "average", "translate", "score", "register"]
+SECRET = "Flow-Pa55-9kq"
+"""The password of a mirror URL in every tiny config: synthetic data downloads nothing, but the
+URL travels with the config into manifests, MLflow and Prefect, where it must arrive masked."""
+MIRROR = f"http://flowuser:{SECRET}@127.0.0.1:9/"
 
 
 def tiny_config(workdir: Path, **overrides) -> dict:
@@ -25,7 +30,8 @@ def tiny_config(workdir: Path, **overrides) -> dict:
         "name": "flowtest",
         "seed": 7,
         "workdir": str(workdir / "{name}"),
-        "data": {"source": "synthetic", "synthetic_train": 400, "synthetic_dev": 30, "synthetic_test": 30},
+        "data": {"source": "synthetic", "synthetic_train": 400, "synthetic_dev": 30, "synthetic_test": 30,
+                 "mirror": MIRROR},
         "tokenizer": {"kind": "bpe", "vocab_size": 300, "sample_size": 1000, "threads": 1},
         "shard": {"rows_per_shard": 200, "num_actors": 1, "cpus_per_actor": 0.5},
         **TINY_TRAINING,
@@ -119,6 +125,43 @@ def test_the_flow_run_shows_its_stages_and_scores_as_a_prefect_artifact(first_ru
     for stage in WMT14_STAGES:
         assert f"| {stage} | ran |" in table
     assert "| bleu_sacre |" in table and "MLflow parent run" in table
+
+
+def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_run):
+    from mlflow import MlflowClient
+    from prefect import get_client
+    from prefect.logging.handlers import APILogHandler
+
+    from pipelines.flows import artifact_key
+    from tasks.config import load_config
+
+    _, path, _ = first_run
+    config = load_config(path)
+    masked = MIRROR.replace(SECRET, "***")
+    for name in WMT14_STAGES:
+        assert SECRET not in (config.root / name / "manifest.json").read_text(), name
+    assert json.loads((config.root / "download" / "manifest.json").read_text())["config"]["mirror"] == masked
+
+    client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.mlflow.experiment)
+    runs = client.search_runs([experiment.experiment_id], max_results=200)
+    for run in runs:
+        assert SECRET not in repr(run.data.params) and SECRET not in repr(run.data.tags), run.info.run_name
+    # The parent run's and the training's params hold the config, the URL masked.
+    train = next(r for r in runs if r.data.tags.get("stage") == "train")
+    parent = next(r for r in runs if r.data.tags.get("pipeline") == "wmt14")
+    assert train.data.params["data.mirror"] == parent.data.params["data.mirror"] == masked
+    version = client.get_model_version("flowtest", "1")
+    assert json.loads(version.tags["config"])["data"]["mirror"] == masked
+
+    APILogHandler().flush()  # the flow's logs reach the API in the background
+    with get_client(sync_client=True) as prefect:
+        found = prefect._client.post("/artifacts/filter", json={
+            "artifacts": {"key": {"any_": [artifact_key("flowtest")]}}, "limit": 5, "offset": 0,
+        })
+        logs = prefect._client.post("/logs/filter", json={"limit": 200, "offset": 0})
+    assert found.json() and all(SECRET not in a["data"] for a in found.json())
+    assert logs.json() and all(SECRET not in entry["message"] for entry in logs.json())
 
 
 def test_second_run_skips_every_stage(first_run):

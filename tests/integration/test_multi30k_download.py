@@ -7,13 +7,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from test_download import MirrorServer, read_lines
 
-from corpora import CorpusError, assemble
+from corpora import CorpusError, assemble, sources
 from corpora.archives import CorruptArchiveError
+from corpora.fetch import ChecksumError
 from tasks import download as download_stage
 from tasks.config import RunConfig, config_from_dict
 from tasks.contract import MANIFEST, read_manifest
@@ -52,7 +54,10 @@ def write_file(root: Path, split: str, lang: str, n: int | None = None) -> Path:
 
 
 @pytest.fixture
-def mirror_root(tmp_path: Path) -> Path:
+def mirror_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A mirror of made-up captions: the registry's sha256 pins are the real files', so they are
+    lifted here; these files are pinned by the lock file only, as an unpinned source's are."""
+    monkeypatch.setattr(sources, "MULTI30K_SHA256", {})
     root = tmp_path / "multi30k"
     for split, (langs, _) in SPLITS.items():
         for lang in langs:
@@ -250,7 +255,7 @@ def test_a_file_the_mirror_lacks_is_named(tmp_path: Path, mirror_root: Path):
 # ----------------------------------------------------------------------------- the real shared mirror
 
 
-@pytest.mark.skipif(not (SHARED_MULTI30K / RAW).is_dir(), reason=f"{SHARED_MULTI30K} is absent")
+@pytest.mark.shared_data("multi30k/data/task1/raw")
 def test_the_shared_mirror_gives_the_published_counts(tmp_path: Path):
     config = make_config(tmp_path, pair="en-de", mirror=SHARED_MULTI30K.resolve().as_uri())
     out = download_stage.run(config, {}).path
@@ -259,3 +264,47 @@ def test_the_shared_mirror_gives_the_published_counts(tmp_path: Path):
     for name in ("train/multi30k.en", "train/multi30k.de", "dev.en", "dev.de", "test.en", "test.de"):
         assert (out / name).stat().st_size > 0
     assert read_lines(out / "dev.de")[0] == "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"
+
+
+def _copy_of_shared_mirror(root: Path, pair: tuple[str, str] = ("en", "de")) -> Path:
+    """The shared files an ``en-de`` download reads, copied to ``root`` (a mirror to tamper with)."""
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in pair:
+            dst = root / RAW / f"{split}.{lang}.gz"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(SHARED_MULTI30K / RAW / dst.name, dst)
+    return root
+
+
+@pytest.fixture
+def real_server(tmp_path: Path):
+    """A copy of the shared mirror over HTTP (the registry's pins in place)."""
+    srv = MirrorServer(_copy_of_shared_mirror(tmp_path / "mirror"))
+    yield srv
+    srv.close()
+
+
+@pytest.mark.shared_data("multi30k/data/task1/raw")
+def test_a_file_one_byte_off_the_published_one_fails_in_a_fresh_work_dir(tmp_path: Path, real_server):
+    """No lock file yet: the registry's sha256 of the public file catches a changed byte (same
+    size) in one line naming the file and both hashes, whichever mirror served it."""
+    published = (SHARED_MULTI30K / RAW / "val.de.gz").read_bytes()
+    tampered = bytearray(published)
+    tampered[len(tampered) // 2] ^= 0x01
+    (real_server.root / RAW / "val.de.gz").write_bytes(bytes(tampered))
+    config = make_config(tmp_path, pair="en-de", mirror=real_server.url)
+    assert not (config.root / "downloads.lock.json").exists()
+
+    with pytest.raises(ChecksumError) as err:
+        download_stage.run(config, {})
+    message = str(err.value)
+    assert message.startswith(f"{real_server.url}/{RAW}/val.de.gz: sha256 is {hashlib.sha256(tampered).hexdigest()}, ")
+    assert f"the source registry expects {hashlib.sha256(published).hexdigest()}" in message
+    assert "\n" not in message
+    assert not (config.root / "cache" / "downloads" / "multi30k" / RAW / "val.de.gz").exists()
+    assert not (config.root / "download").exists()
+    assert not [url for url in lock_entries(config) if "/val." in url]
+
+    (real_server.root / RAW / "val.de.gz").write_bytes(published)  # the mirror fixed: it passes
+    out = download_stage.run(config, {}).path
+    assert read_manifest(out)["stats"]["corpora"]["dev"]["inputs"]["de"]["sha256"] == hashlib.sha256(published).hexdigest()

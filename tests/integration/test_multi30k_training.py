@@ -17,7 +17,7 @@ MIRROR = REPO.parent / "shared" / "data" / "multi30k"
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(not (MIRROR / "data" / "task1" / "raw").is_dir(), reason=f"{MIRROR} is absent"),
+    pytest.mark.shared_data("multi30k/data/task1/raw"),
     pytest.mark.usefixtures("ray_local"),
 ]
 

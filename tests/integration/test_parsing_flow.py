@@ -231,10 +231,7 @@ def test_shipped_parsing_configs_hold_the_papers_settings():
     assert sample.train.max_tokens_per_batch >= 984
 
 
-@pytest.mark.skipif(
-    not (CONFIGS.parent.parent / "shared" / "data" / "ptb_sample" / "combined").is_dir(),
-    reason="the NLTK WSJ sample (shared/data/ptb_sample) is absent",
-)
+@pytest.mark.shared_data("ptb_sample/combined")
 def test_ptb_sample_config_splits_the_sample_by_file(tmp_path, monkeypatch):
     from tasks import treebank
     from tasks.config import load_config

@@ -22,7 +22,7 @@ COMBINED = SAMPLE / "combined"
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not COMBINED.is_dir(), reason=f"{COMBINED} is absent"),
+    pytest.mark.shared_data("ptb_sample/combined"),
 ]
 
 # wsj_0001 .. wsj_0180 train (180 files), wsj_0181 .. wsj_0199 test (19 files), no dev.

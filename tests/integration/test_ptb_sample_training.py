@@ -20,7 +20,7 @@ SAMPLE = REPO.parent / "shared" / "data" / "ptb_sample" / "combined"
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(not SAMPLE.is_dir(), reason=f"{SAMPLE} is absent"),
+    pytest.mark.shared_data("ptb_sample/combined"),
     pytest.mark.usefixtures("ray_local"),
     # 1.5 minutes on the 2-core machine (2026-11-23, words form); 4.6 with the t2t form.
     pytest.mark.timeout(1800),

@@ -19,7 +19,7 @@ SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wmt14
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(not (SAMPLE / "train.en").is_file(), reason=f"{SAMPLE} is absent"),
+    pytest.mark.shared_data("wmt14_ende_sample/train.en"),
     pytest.mark.usefixtures("ray_local"),
 ]
 

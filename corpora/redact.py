@@ -1,0 +1,47 @@
+"""Credentials out of URIs before they leave the process: ``redact_uri`` masks the password of a
+``scheme://user:password@host`` URI (a mirror, a tracking server) and ``redacted`` every such
+string in a config or stats, wherever they are logged, written to a manifest or an artifact, or
+logged to MLflow. Here in ``corpora``, the lowest layer that handles URLs (the fetcher's mirrors),
+so that the fetcher and every layer above it share one function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["MASK", "redact_uri", "redacted"]
+
+MASK = "***"
+
+
+def redact_uri(value: str) -> str:
+    """``value`` with a URI's password masked (``user:***@``); a user name without a password is
+    masked whole (``***@``: it is often a token); any other string comes back unchanged."""
+    if "@" not in value or "://" not in value:
+        return value
+    try:
+        parts = urlsplit(value)
+        user, password = parts.username, parts.password
+    except ValueError:  # unparseable (a stray "["): mask all before the last "@"
+        scheme, _, rest = value.partition("://")
+        return f"{scheme}://{MASK}@{rest.rpartition('@')[2]}"
+    if user is None:
+        return value
+    masked = f"{user}:{MASK}" if password is not None else MASK
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
+
+
+def redacted(data: Any) -> Any:
+    """``data`` (JSON-ready: dicts, lists, scalars) with ``redact_uri`` applied to every string;
+    data without credentials comes back equal, so fingerprints of it do not change."""
+    if isinstance(data, str):
+        return redact_uri(data)
+    if isinstance(data, Mapping):
+        return {key: redacted(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        items = [redacted(value) for value in data]
+        return items if isinstance(data, list) else tuple(items)
+    return data
