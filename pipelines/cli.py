@@ -266,7 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     add_set(_tracking_parser(sub))
-
     p = sub.add_parser("translate", help="translate stdin to stdout (one line per line)")
     p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
     p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")

@@ -22,7 +22,7 @@ from typing import Any
 from tasks.config import RunConfig, flatten
 from tasks.contract import MANIFEST, StageResult
 from training.tracking import TrackingOptions, spill_folder
-from training.tracking_queue import SPILL_FILE, Record, SpillFile, replay, without_credentials
+from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay, without_credentials
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def _note_failure(exc: BaseException, what: str) -> None:
 def deliver(root: Path, record: Record, client: Any, opts: TrackingOptions) -> bool:
     """Send ``record`` now on the short budget (after what ``root``'s spill file holds), else
     append it to that file, to be replayed in order. Returns whether it reached the server."""
-    from training.tracking_queue import send
+    from training.tracking_spill import send
 
     spill = SpillFile(Path(root) / SPILL_FILE)
     if not _recently_down():

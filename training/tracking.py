@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from training.tracking_queue import SPILL_FILE, Record, SpillFile, TrackingQueue, metrics_record
+from training.tracking_queue import TrackingQueue
+from training.tracking_spill import SPILL_FILE, Record, SpillFile, metrics_record
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,10 @@ def spill_folder(configured: str | None, storage_path: str, run_name: str) -> st
     return f"{tempfile.gettempdir()}/tfm-tracking/{run_name}"
 
 
+LOCK_WAIT_SECONDS = 60.0
+"""How long a Tracker waits for another process's lock on its spill file."""
+
+
 class Tracker:
     """Rank 0's MLflow logging through a ``TrackingQueue`` (a background thread, a spill file in
     ``spill_dir``): a call never waits on the server. A no-op on other ranks or without a run."""
@@ -81,7 +86,11 @@ class Tracker:
             if spill_dir is None:
                 raise ValueError("Tracker: a run to log into needs a spill_dir")
             spill = SpillFile(Path(spill_dir) / SPILL_FILE)
-            self._lock.enter_context(spill.locked())  # a `tfm tracking replay` finishes first
+            # A `tfm tracking replay` of the file finishes first; a process that still holds
+            # it after a minute (a worker Ray failed to end) must not stop training.
+            if not self._lock.enter_context(spill.locked(wait=LOCK_WAIT_SECONDS)):
+                self.out.write(f"tracking: {spill.path} is locked by another process; "
+                               "logging to it anyway\n")
             self.queue = TrackingQueue(
                 MlflowClient(tracking_uri),
                 spill,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from training.tracking import Tracker, TrackingOptions
-from training.tracking_queue import SPILL_FILE, SpillFile
+from training.tracking_spill import SPILL_FILE, SpillFile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,5 +1,6 @@
-"""Training's MLflow logging off the loop (training/tracking_queue.py, training/tracking.py): the
-bounded queue, the spill file and its replay, against a real MLflow SQLite store in tmp_path.
+"""Training's MLflow logging off the loop (training/tracking_queue.py, tracking_spill.py,
+tracking.py; tasks/tracking.py at a stage's end): the bounded queue, the spill file and its
+replay, against a real MLflow SQLite store in tmp_path.
 
 An outage is a ``Switch`` in front of the real store: while it is off, a call raises as a
 refused connection does; while it is on, the call goes to the store. The real server killed
@@ -15,12 +16,12 @@ import time
 import pytest
 
 from training.tracking import Tracker, TrackingOptions
-from training.tracking_queue import (
+from training.tracking_queue import TrackingQueue
+from training.tracking_spill import (
     REJECTED_FILE,
     SPILL_FILE,
     Record,
     SpillFile,
-    TrackingQueue,
     metrics_record,
     replay,
 )
@@ -314,3 +315,19 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_spills(store, t
     assert tracking.replay_spilled(config) == 0
     finished = client.get_run(run_id)
     assert finished.info.status == "FINISHED" and finished.data.tags["stats.note"] == "x"
+
+
+def test_a_replay_leaves_a_file_that_a_training_holds(store, tmp_path):
+    from tasks import tracking
+    from tasks.config import config_from_dict
+
+    client, run_id = store
+    config = config_from_dict({"name": "r", "workdir": str(tmp_path / "work"),
+                               "mlflow": {"tracking_uri": client._tracking_client.tracking_uri}})
+    spill = SpillFile(tmp_path / "work" / "train_ray" / "train-abc" / SPILL_FILE)
+    spill.append([metrics_record(run_id, {"loss": 1.0}, 1)])
+    said: list[str] = []
+    with spill.locked():  # as a training's Tracker holds it while it trains
+        assert tracking.replay_spilled(config, say=said.append) == 0
+    assert "in use by a running training" in said[0]
+    assert spill.count() == 1 and steps_in_store(client, run_id) == []
