@@ -224,20 +224,18 @@ def log_stage_result(result: StageResult, config: RunConfig | None = None) -> No
     tags = {"skipped": str(not result.ran).lower(), "reason": result.reason[:5000],
             "fingerprint": manifest["fingerprint"]}
     tags.update({f"input.{role}": info["fingerprint"] for role, info in manifest["inputs"].items()})
-    ok, found = attempt(opts, "the stage's stats", client.get_run, run.info.run_id)
-    logged = set(found.data.metrics) if ok else set()
     metrics: dict[str, float] = {}
     for key, value in flatten(result.stats).items():
         key = key.replace("/", "_")[:250]
         if isinstance(value, bool) or value is None:
             tags[f"stats.{key}"] = str(value)
         elif isinstance(value, (int, float)):
-            if key not in logged and ok:
-                metrics[key] = float(value)
+            metrics[key] = float(value)
         elif isinstance(value, str):
             tags[f"stats.{key}"] = value[:5000]
     now = _now()
-    record = Record(run.info.run_id, tags=tuple(tags.items()),
+    # The metrics the run has (the training's curves) are dropped as the record is sent.
+    record = Record(run.info.run_id, tags=tuple(tags.items()), new_metrics_only=True,
                     metrics=tuple((k, v, now, 0) for k, v in metrics.items()))
     if deliver(root, record, client, opts):
         attempt(opts, f"the {result.stage} folder's files as artifacts", _log_files, result)

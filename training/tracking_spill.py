@@ -39,6 +39,8 @@ class Sink(Protocol):
     def set_terminated(self, run_id: str, status: str | None = None,
                        end_time: int | None = None) -> Any: ...
 
+    def get_run(self, run_id: str) -> Any: ...
+
 
 @dataclass(frozen=True)
 class Record:
@@ -51,10 +53,13 @@ class Record:
     tags: tuple[tuple[str, str], ...] = ()
     status: str | None = None
     end_time: int | None = None
+    new_metrics_only: bool = False
+    """Drop the metrics the run already has when sent (a stage's stats beside training's curves,
+    decided at the stage's end when the server could not be asked)."""
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"run_id": self.run_id}
-        for name in ("metrics", "params", "tags", "status", "end_time"):
+        for name in ("metrics", "params", "tags", "status", "end_time", "new_metrics_only"):
             if getattr(self, name):
                 data[name] = getattr(self, name)
         return json.dumps(data, separators=(",", ":"))
@@ -69,6 +74,7 @@ class Record:
             tags=tuple((k, v) for k, v in data.get("tags", ())),
             status=data.get("status"),
             end_time=data.get("end_time"),
+            new_metrics_only=bool(data.get("new_metrics_only")),
         )
 
     @property
@@ -104,7 +110,8 @@ def merge(records: Sequence[Record]) -> list[list[Record]]:
 
 
 def _metrics_only(record: Record) -> bool:
-    return bool(record.metrics) and not (record.params or record.tags or record.status)
+    return bool(record.metrics) and not (record.params or record.tags or record.status
+                                         or record.new_metrics_only)
 
 
 def send(sink: Sink, group: Sequence[Record]) -> None:
@@ -113,6 +120,9 @@ def send(sink: Sink, group: Sequence[Record]) -> None:
 
     run_id = group[0].run_id
     metrics = [Metric(k, v, t, s) for r in group for k, v, t, s in r.metrics]
+    if any(r.new_metrics_only for r in group):
+        logged = sink.get_run(run_id).data.metrics
+        metrics = [m for m in metrics if m.key not in logged]
     params = [Param(k, v) for r in group for k, v in r.params]
     tags = [RunTag(k, v) for r in group for k, v in r.tags]
     calls = max(-(-len(metrics) // MAX_METRICS), -(-len(params) // MAX_PARAMS),

@@ -66,6 +66,11 @@ class Switch:
             raise ConnectionError("[Errno 111] Connection refused")
         self.client.set_terminated(run_id, status, end_time)
 
+    def get_run(self, run_id):
+        if not self.up:
+            raise ConnectionError("[Errno 111] Connection refused")
+        return self.client.get_run(run_id)
+
 
 def steps_in_store(client, run_id, key="loss") -> list[int]:
     """The steps of ``key`` in the store, in the order of their timestamps, duplicates kept."""
@@ -294,9 +299,10 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_spills(store, t
     config = config_from_dict({"name": "r", "workdir": str(tmp_path / "work"),
                                "mlflow": {"tracking_uri": good_uri, "http_retries": 0}})
     result = run_stage("clean", config.root / "clean", {"k": 1}, {},
-                       lambda tmp: {"kept": 5, "note": "x"})
+                       lambda tmp: {"kept": 5, "note": "x", "loss": 0.5})
     with tracking.stage_run(config, "clean") as run:
         run_id = run.info.run_id
+        client.log_metric(run_id, "loss", 2.0, step=3)  # logged by the stage itself, as training does
         # The server goes away: from here MLflow's calls go to a port nothing listens on.
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -308,6 +314,7 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_spills(store, t
     assert mlflow.active_run() is None
     spilled = [r for r, _ in SpillFile(config.root / SPILL_FILE).read(0)]
     assert dict(spilled[0].tags)["stats.note"] == "x"
+    assert [m[0] for m in spilled[0].metrics] == ["kept", "loss"]
     assert spilled[-1].status == "FINISHED"
     assert client.get_run(run_id).info.status == "RUNNING"
     mlflow.set_tracking_uri(good_uri)
@@ -315,6 +322,8 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_spills(store, t
     assert tracking.replay_spilled(config) == 0
     finished = client.get_run(run_id)
     assert finished.info.status == "FINISHED" and finished.data.tags["stats.note"] == "x"
+    assert finished.data.metrics["kept"] == 5  # the stage's stat, replayed
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [3]  # not the stat
 
 
 def test_a_replay_leaves_a_file_that_a_training_holds(store, tmp_path):
