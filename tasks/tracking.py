@@ -35,7 +35,9 @@ OUTAGE_SECONDS = 60.0
 """After a call on the short budget failed, the driver spills without trying for this long."""
 _last_failure: list[float] = []
 _configs: dict[str, RunConfig] = {}
-"""The config each open run was started with, by run id (for calls that are given only a run)."""
+"""The config each open stage run was started with, by run id, and the latest flow's under
+``PIPELINE_KEY`` (for calls that are given only a run)."""
+PIPELINE_KEY = "pipeline"
 
 
 def connect(config: RunConfig) -> str:
@@ -74,10 +76,10 @@ def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> I
     import mlflow
 
     replay_spilled(config)
+    _configs[PIPELINE_KEY] = config  # flows tag the parent run with set_tag(run, ...) alone
     connect(config)
     with mlflow.start_run(run_name=f"{config.name}/{pipeline}", tags={"pipeline": pipeline, **tags}) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
-        _configs[run.info.run_id] = config
         yield run
         end_run(config, run)
 
@@ -87,7 +89,7 @@ def set_tag(run: Any, key: str, value: str, config: RunConfig | None = None) -> 
     not answer (in ``config``'s work dir, else the current directory)."""
     import mlflow
 
-    config = config or _configs.get(run.info.run_id)
+    config = config or _configs.get(run.info.run_id) or _configs.get(PIPELINE_KEY)
     root = config.root if config is not None else Path.cwd()
     deliver(root, Record(run.info.run_id, tags=((key, value),)), mlflow.MlflowClient(),
             options(config))
