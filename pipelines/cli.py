@@ -115,6 +115,19 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tracking_replay(args: argparse.Namespace) -> int:
+    """Write what an MLflow outage left in the work dir's spill files; exit 1 if some is left."""
+    config = _load(args.config, args.set)
+    from tasks import tracking
+
+    files = [f for f in tracking.spill_files(config) if f.pending()]
+    if not files:
+        print(f"tracking: nothing to replay in {config.root}")
+        return 0
+    left = tracking.replay_spilled(config, say=lambda line: print(f"tracking: {line}"))
+    return 1 if left else 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
     from tasks import graph
@@ -253,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_set(p)
     p.set_defaults(func=cmd_status)
 
+    add_set(_tracking_parser(sub))
     p = sub.add_parser("translate", help="translate stdin to stdout (one line per line)")
     p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
     p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
@@ -293,6 +307,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefect-port", type=int, default=4200)
     p.set_defaults(func=cmd_ui)
     return parser
+
+
+def _tracking_parser(sub: Any) -> argparse.ArgumentParser:
+    """``tfm tracking replay CONFIG``; returns the replay parser."""
+    p = sub.add_parser("tracking", help="MLflow tracking: replay what an outage left")
+    tsub = p.add_subparsers(dest="tracking_command", required=True, metavar="ACTION")
+    p = tsub.add_parser("replay", help="write the records a run kept while the MLflow server was "
+                                       "down (its spill files) to the server, in order, once")
+    p.add_argument("config", help="YAML run config (its work dir and tracking URI)")
+    p.set_defaults(func=cmd_tracking_replay)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -143,6 +143,26 @@ class MlflowConfig:
     """Tracking server; null means MLFLOW_TRACKING_URI if set, else sqlite:///<workdir>/mlflow.db."""
     experiment: str = "transformer"
     """Experiment name."""
+    queue_size: int = 1000
+    """Training's logging calls held in memory before they spill to the spill file (docs/training.md, "When the tracking server is down")."""
+    spill_dir: str | None = None
+    """Local or shared folder for training's spill file (<spill_dir>/<Ray run name>/tracking_spill.jsonl); null: the Ray Train run folder."""
+    http_retries: int = 2
+    """MLflow HTTP retries per call of training's logging thread and of end-of-stage logging (MLflow's default, 7, waits up to 254 s)."""
+    http_backoff: int = 1
+    """MLflow HTTP backoff factor for those calls (MLflow's default: 2)."""
+    http_timeout: int = 10
+    """Seconds those calls wait for one HTTP answer (MLflow's default: 120)."""
+    drain_seconds: float = 60.0
+    """At the end of training, seconds rank 0 waits for queued records to reach the server before leaving them in the spill file."""
+
+    def __post_init__(self) -> None:
+        for name in ("queue_size", "http_timeout"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
+        for name in ("http_retries", "http_backoff", "drain_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"{getattr(self, name)} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)

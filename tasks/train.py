@@ -272,9 +272,13 @@ def _train(
             outcome = run_job(replace(job, tracking_uri=tracking_uri, mlflow_run_id=run_id), tmp)
         except JobError as exc:
             raise StageError(str(exc)) from exc
-        if learning_curve(client, run_id, tmp / "learning_curve.png"):
-            client.log_artifact(run_id, str(tmp / "learning_curve.png"))
-        client.log_artifact(run_id, str(tmp / CHECKPOINTS_JSON))
+        # The server may be down as training ends: the stage still publishes its folder.
+        opts = tracking.options(config)
+        ok, curve = tracking.attempt(
+            opts, "the learning curve", learning_curve, client, run_id, tmp / "learning_curve.png"
+        )
+        for path in ([curve] if ok and curve else []) + [tmp / CHECKPOINTS_JSON]:
+            tracking.attempt(opts, f"artifact {path.name}", client.log_artifact, run_id, str(path))
     return {**counts, **outcome.stats, "mlflow_run_id": run_id, "tracking_uri": tracking_uri}
 
 
@@ -298,5 +302,6 @@ def make_job(
         tokenizer_file=str((Path(inputs["tokenizer"]) / "spm.model").resolve()),
         storage_path=storage,
         run_name=name,
+        tracking=tracking.options(config),
         callbacks=tuple(callbacks),
     )

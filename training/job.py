@@ -19,6 +19,7 @@ from typing import Any
 
 from training.config import TrainConfig
 from training.data import open_fs
+from training.tracking import TrackingOptions, spill_folder
 from training.trainer import Callback
 from training.worker import JOB_KEY, train_loop_per_worker
 from transformer_core import checkpoint as ckpt
@@ -58,6 +59,8 @@ class TrainJob:
     """MLflow tracking URI rank 0 logs to; None: no logging."""
     mlflow_run_id: str | None = None
     """The MLflow run rank 0 logs to."""
+    tracking: TrackingOptions = TrackingOptions()
+    """How rank 0 logs without waiting on the server: queue, spill file, HTTP budget, drain."""
     callbacks: tuple[Callback, ...] = ()
     """Called with the Trainer after every step on every rank (tests inject failures); not part
     of what is trained."""
@@ -66,6 +69,13 @@ class TrainJob:
     def run_dir(self) -> str:
         """Ray Train's run folder: its checkpoints, the MLflow run record, the best weights."""
         return f"{self.storage_path.rstrip('/')}/{self.run_name}"
+
+    @property
+    def spill_dir(self) -> str:
+        """Where rank 0's tracking spill file goes: ``tracking.spill_dir/<run name>``, else the
+        run folder when it is local, else the system's temporary folder (append-only files need
+        a local or shared file system, not an object store)."""
+        return spill_folder(self.tracking.spill_dir, self.storage_path, self.run_name)
 
     @property
     def best_path(self) -> str:

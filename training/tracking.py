@@ -1,41 +1,132 @@
-"""MLflow for training: rank 0's ``Tracker`` inside the workers, and on the driver the run's
-params and learning curve. The run itself is opened by ``tasks.tracking.training_run``."""
+"""MLflow for training: rank 0's ``Tracker`` inside the workers (queued, never waiting on the
+server: ``training.tracking_queue``), and on the driver the run's params and learning curve.
+The run itself is opened by ``tasks.tracking.training_run``."""
 
 from __future__ import annotations
 
-import time
+import contextlib
+import sys
+import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from training.tracking_queue import TrackingQueue
+from training.tracking_spill import SPILL_FILE, Record, SpillFile, metrics_record
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingOptions:
+    """How rank 0 logs without waiting on the server (the run config's ``mlflow`` section)."""
+
+    queue_size: int = 1000
+    """Logging calls held in memory before they spill to the spill file."""
+    spill_dir: str | None = None
+    """A local folder for the spill file (``<spill_dir>/<run name>/tracking_spill.jsonl``);
+    None: the Ray Train run folder when it is local, else the system's temporary folder."""
+    http_retries: int = 2
+    """MLflow's HTTP retries per call of the logging thread (MLflow's default 7 takes 254 s)."""
+    http_backoff: int = 1
+    """MLflow's HTTP backoff factor for the logging thread (MLflow's default: 2)."""
+    http_timeout: int = 10
+    """Seconds the logging thread waits for one HTTP answer (MLflow's default: 120)."""
+    drain_seconds: float = 60.0
+    """At the end of training, how long rank 0 waits for queued records to reach the server
+    before it leaves them in the spill file."""
+    probe_seconds: float = 2.0
+    """While the server is unreachable, seconds between two tries of the next record."""
+
+    def http_env(self) -> dict[str, str]:
+        """MLflow's HTTP budget as its environment variables, which it reads on every call."""
+        return {
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(self.http_retries),
+            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(self.http_backoff),
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.http_timeout),
+        }
+
+
+def spill_folder(configured: str | None, storage_path: str, run_name: str) -> str:
+    """Where a training's spill file goes: ``configured/<run name>``, else its Ray Train run
+    folder when the storage is local, else the system's temporary folder (an append-only file
+    needs a file system, not an object store)."""
+    if configured:
+        return f"{configured.rstrip('/')}/{run_name}"
+    if "://" not in storage_path:
+        return f"{storage_path.rstrip('/')}/{run_name}"
+    return f"{tempfile.gettempdir()}/tfm-tracking/{run_name}"
+
+
+LOCK_WAIT_SECONDS = 60.0
+"""How long a Tracker waits for another process's lock on its spill file."""
 
 
 class Tracker:
-    """Rank 0's MLflow client; a no-op on other ranks or without a run id."""
+    """Rank 0's MLflow logging through a ``TrackingQueue`` (a background thread, a spill file in
+    ``spill_dir``): a call never waits on the server. A no-op on other ranks or without a run."""
 
-    def __init__(self, tracking_uri: str | None, run_id: str | None, enabled: bool):
-        self.run_id = run_id if enabled else None
-        self.client = None
+    def __init__(
+        self,
+        tracking_uri: str | None,
+        run_id: str | None,
+        enabled: bool,
+        *,
+        spill_dir: str | Path | None = None,
+        options: TrackingOptions | None = None,
+        out: IO[str] | None = None,
+    ):
+        self.run_id = run_id if enabled and tracking_uri else None
+        self.options = options or TrackingOptions()
+        self.out = out or sys.stderr
+        self.queue: TrackingQueue | None = None
+        self._lock = contextlib.ExitStack()
         if self.run_id and tracking_uri:
             from mlflow.tracking import MlflowClient
 
-            self.client = MlflowClient(tracking_uri)
+            if spill_dir is None:
+                raise ValueError("Tracker: a run to log into needs a spill_dir")
+            spill = SpillFile(Path(spill_dir) / SPILL_FILE)
+            # A `tfm tracking replay` of the file finishes first; a process that still holds
+            # it after a minute (a worker Ray failed to end) must not stop training.
+            if not self._lock.enter_context(spill.locked(wait=LOCK_WAIT_SECONDS)):
+                self.out.write(f"tracking: {spill.path} is locked by another process; "
+                               "logging to it anyway\n")
+            self.queue = TrackingQueue(
+                MlflowClient(tracking_uri),
+                spill,
+                capacity=self.options.queue_size,
+                probe_seconds=self.options.probe_seconds,
+                out=self.out,
+            )
 
     def metrics(self, values: dict[str, float], step: int) -> None:
-        if self.client is None or not values:
-            return
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in values.items() if v is not None]
-        self.client.log_batch(self.run_id, metrics=batch)
+        if self.queue is not None and self.run_id and values:
+            self.queue.put(metrics_record(self.run_id, values, step))
 
     def param(self, key: str, value: Any) -> None:
-        if self.client is not None:
-            self.client.log_param(self.run_id, key, value)
+        if self.queue is not None and self.run_id:
+            self.queue.put(Record(self.run_id, params=((key, str(value)[:6000]),)))
 
     def tag(self, key: str, value: str) -> None:
-        if self.client is not None:
-            self.client.set_tag(self.run_id, key, value)
+        if self.queue is not None and self.run_id:
+            self.queue.put(Record(self.run_id, tags=((key, str(value)[:5000]),)))
+
+    def close(self, timeout: float | None = None) -> int:
+        """Wait (``drain_seconds`` at most) for the queue to reach the server; else leave the rest
+        in the spill file and say so in one line. Returns the records left there."""
+        if self.queue is None:
+            return 0
+        queue, self.queue = self.queue, None
+        left = queue.close(self.options.drain_seconds if timeout is None else timeout)
+        self._lock.close()
+        if left:
+            self.out.write(
+                f"tracking: {left} record(s) did not reach the MLflow server; they are kept in "
+                f"{queue.spill.path} and written in order by `tfm tracking replay <config>` or "
+                "the next `tfm run` / `tfm stage train` of this work dir\n"
+            )
+            self.out.flush()
+        return left
 
 
 def log_params(client: Any, run_id: str, params: Mapping[str, Any]) -> None:

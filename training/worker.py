@@ -52,7 +52,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             trainer.load_state_dict(read_state(Path(d), rank))
-    tracker = Tracker(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
+    tracker = make_tracker(job, rank)
     tracker.param("n_parameters", count_parameters(trainer.module))
     started = time.time()
     progress = Progress(
@@ -63,8 +63,28 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
     )
     progress.resumed(world)
     saver = Saver(trainer, job.model, job.vocab_size, job.tgt_vocab_size)
-    trainer.fit(saver.report, WorkerListener(tracker, progress, job.best_path, job.vocab_size))
+    try:
+        trainer.fit(saver.report, WorkerListener(tracker, progress, job.best_path, job.vocab_size))
+    except BaseException:
+        tracker.close(timeout=min(5.0, job.tracking.drain_seconds))  # Ray restarts the group
+        raise
+    tracker.close()
     return summary(trainer, time.time() - started)
+
+
+def make_tracker(job: Any, rank: int) -> Tracker:
+    """Rank 0's Tracker of ``job`` (a ``TrainJob``), its calls to MLflow on the short HTTP budget
+    of ``job.tracking``: this process makes no other MLflow call, and MLflow reads the budget
+    from the environment on every call (a 254-s default would hide an outage for minutes)."""
+    if rank == 0 and job.tracking_uri and job.mlflow_run_id:
+        os.environ.update(job.tracking.http_env())
+    return Tracker(
+        job.tracking_uri,
+        job.mlflow_run_id,
+        enabled=rank == 0,
+        spill_dir=job.spill_dir,
+        options=job.tracking,
+    )
 
 
 def quiet_ray_train_reports() -> None:

@@ -9,7 +9,7 @@ import yaml
 
 from pipelines.cli import _prefect_env, build_parser, main
 
-COMMANDS = ["version", "run", "stage", "status", "translate", "export", "deploy", "ui"]
+COMMANDS = ["version", "run", "stage", "status", "tracking", "translate", "export", "deploy", "ui"]
 
 
 def test_every_command_has_help(capsys):
