@@ -7,13 +7,15 @@ so that the fetcher and every layer above it share one function.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["MASK", "redact_uri", "redacted"]
+__all__ = ["MASK", "redact_text", "redact_uri", "redacted"]
 
 MASK = "***"
+_IN_TEXT = re.compile(r"\b([a-zA-Z][\w+.-]*://)([^/@\s]+)@")
 
 
 def redact_uri(value: str) -> str:
@@ -32,6 +34,16 @@ def redact_uri(value: str) -> str:
     masked = f"{user}:{MASK}" if password is not None else MASK
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
+
+
+def redact_text(text: str) -> str:
+    """Free text (an error message, a log line) with every URI's credentials in it masked as
+    ``redact_uri`` masks them."""
+    def mask(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{f'{user}:{MASK}' if colon else MASK}@"
+
+    return _IN_TEXT.sub(mask, text)
 
 
 def redacted(data: Any) -> Any:

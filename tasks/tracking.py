@@ -19,11 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redacted
+from corpora.redact import redact_text, redacted
 from tasks.config import RunConfig, flatten
 from tasks.contract import MANIFEST, StageResult
 from training.tracking import TrackingOptions, spill_folder
-from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay, without_credentials
+from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ def connect(config: RunConfig) -> str:
     import mlflow
 
     config.root.mkdir(parents=True, exist_ok=True)
+    if redact_text(config.tracking_uri) != config.tracking_uri:
+        # MLflow prints "View run ... at: <tracking URI>/..." at each run's end, password and all.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     mlflow.set_tracking_uri(config.tracking_uri)
     mlflow.set_registry_uri(config.tracking_uri)
     client = mlflow.MlflowClient()
@@ -311,7 +314,7 @@ def _note_failure(exc: BaseException, what: str) -> None:
     first = not _recently_down()
     _last_failure[:] = [time.monotonic()]
     if first:
-        reason = without_credentials(str(exc).splitlines()[0] if str(exc) else "")[:200]
+        reason = redact_text(str(exc).splitlines()[0] if str(exc) else "")[:200]
         log.warning("tracking: the MLflow server does not answer (%s: %s); %s",
                     type(exc).__name__, reason, what)
 

@@ -262,7 +262,7 @@ def _train(
     ensure_ray(config.ray)
     check_resources(config)
     job = make_job(config, inputs, input_fps, counts, callbacks)
-    (tmp / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
+    (tmp / "config.json").write_text(json.dumps(redacted(to_dict(config)), indent=2) + "\n")
     with tracking.training_run(config, STAGE, job.run_dir) as (tracking_uri, run_id):
         client = MlflowClient(tracking_uri)
         params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}

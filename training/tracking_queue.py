@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
+from corpora.redact import redact_text
 from training.tracking_spill import (
     MAX_METRICS,
     Record,
@@ -27,7 +28,6 @@ from training.tracking_spill import (
     merge,
     refused,
     send,
-    without_credentials,
 )
 
 
@@ -188,7 +188,7 @@ class TrackingQueue:
                     s.inflight = []
             if not s.down:
                 s.down = True
-                reason = without_credentials(str(exc).splitlines()[0] if str(exc) else "")[:200]
+                reason = redact_text(str(exc).splitlines()[0] if str(exc) else "")[:200]
                 self._say(f"the MLflow server is unreachable ({type(exc).__name__}: {reason}); "
                           f"training goes on, records spill to {self.spill.path} and are "
                           "written in order when it answers")

@@ -13,12 +13,13 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from corpora.redact import redact_text
 
 SPILL_FILE = "tracking_spill.jsonl"
 """The spill file's name, in the folder the queue is given (the Ray Train run folder by default)."""
@@ -144,11 +145,6 @@ def refused(exc: BaseException) -> bool:
     return isinstance(exc, MlflowException) and exc.get_http_status_code() == 400
 
 
-def without_credentials(text: str) -> str:
-    """``text`` with any ``user:password@`` of a URL dropped, for the console."""
-    return re.sub(r"(\w+://)[^/@\s]+@", r"\1", text)
-
-
 class SpillFile:
     """An append-only JSON-lines file of records and ``<file>.offset``, the bytes of it already
     written to the server; both removed once every record is written."""
@@ -267,7 +263,7 @@ def keep_refused(spill: SpillFile, group: Sequence[Record], exc: BaseException) 
     rejected.parent.mkdir(parents=True, exist_ok=True)
     with open(rejected, "a", encoding="utf-8") as f:
         f.writelines(r.to_json() + "\n" for r in group)
-    reason = without_credentials(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    reason = redact_text(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return f"the MLflow server refused {len(group)} record(s) ({reason[:300]}); kept in {rejected}"
 
 
@@ -284,7 +280,7 @@ def replay(sink: Sink, spill: SpillFile, say: Any = print) -> int:
             send(sink, group)
         except Exception as exc:  # noqa: BLE001 - a refusal is kept aside, anything else stops
             if not refused(exc):
-                reason = without_credentials(str(exc).splitlines()[0] if str(exc) else "")
+                reason = redact_text(str(exc).splitlines()[0] if str(exc) else "")
                 say(f"the MLflow server is unreachable ({type(exc).__name__}: {reason[:200]})")
                 return spill.count()
             say(keep_refused(spill, group, exc))

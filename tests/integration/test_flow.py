@@ -140,6 +140,10 @@ def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_ru
     masked = MIRROR.replace(SECRET, "***")
     for name in WMT14_STAGES:
         assert SECRET not in (config.root / name / "manifest.json").read_text(), name
+    # Nor any file of the work dir: stage folders (train's config.json), MLflow's database and
+    # artifacts, spill files.
+    holding = [str(f) for f in config.root.rglob("*") if f.is_file() and SECRET.encode() in f.read_bytes()]
+    assert holding == []
     assert json.loads((config.root / "download" / "manifest.json").read_text())["config"]["mirror"] == masked
 
     client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)

@@ -7,7 +7,7 @@ import pytest
 
 from corpora import CorpusError
 from corpora.fetch import mirror_url
-from corpora.redact import redact_uri, redacted
+from corpora.redact import redact_text, redact_uri, redacted
 from tasks.config import config_from_dict, to_dict
 from tasks.contract import stage_fingerprint, stage_identity
 
@@ -33,6 +33,15 @@ def test_a_uri_password_is_masked_and_the_rest_kept(uri: str, shown: str):
 ])
 def test_strings_without_credentials_come_back_unchanged(value: str):
     assert redact_uri(value) == value
+
+
+def test_uris_inside_free_text_are_masked_and_the_rest_kept():
+    message = ("Max retries exceeded with url: http://pipe:s3cret@10.0.0.20:5000/api/2.0/x "
+               "(also https://tok@h/y); mail ops@example.org")
+    assert redact_text(message) == (
+        "Max retries exceeded with url: http://pipe:***@10.0.0.20:5000/api/2.0/x "
+        "(also https://***@h/y); mail ops@example.org"
+    )
 
 
 def test_redacted_walks_nested_data_and_keeps_everything_else():
