@@ -473,7 +473,10 @@ def mlflow_up(layout: Layout) -> None:
         "[mlflow]\ndefault_permission = READ\n"
         f"database_uri = sqlite:///{home / 'basic_auth.db'}\n"
         f"admin_username = {MLFLOW_ADMIN}\nadmin_password = {_secret(layout, 'mlflow-admin')}\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        # A password check hashes (scrypt) on every request; one worker, so a cached check
+        # cannot be stale on another worker (see MLflow's basic_auth.ini).
+        "auth_cache_ttl_seconds = 60\n")
     owned_folder(home, user)
     config.chmod(0o600)
     python, python_env = service_python(user)
