@@ -558,7 +558,8 @@ def ray_up(layout: Layout, host: str, health_check_ms: int) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     # The node's environment reaches every Ray worker it starts: rank 0 of training logs to
     # MLflow with the pipeline's credentials from here. (A job's runtime_env would carry them
-    # too, but Ray hands a worker its runtime_env on its command line.)
+    # too, but the raylet starts each worker with it on a command line,
+    # --serialized-runtime-env-context.)
     with open(log, "ab") as out:
         done = subprocess.run(in_host(layout, host, argv), stdout=out, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO, timeout=180,
