@@ -15,11 +15,15 @@ machine's filesystem, which stands in for the shared filesystem a cluster mounts
     head      the Ray head (GCS, dashboard), no CPUs for tasks; a Prefect process worker
     w1, w2    Ray worker nodes (2 CPUs each by default)
 
-Ray runs with token authentication (Ray's own default for `ray start --head`): the token is
-generated into the state folder and every host's processes get ``RAY_AUTH_MODE=token`` and
-``RAY_AUTH_TOKEN_PATH``. The state folder (default runs/local-cluster) holds the token,
-the database passwords, the logs, PostgreSQL's data and MLflow's artifacts; ``env.sh`` there
-sets a shell up as a client of the cluster.
+Every service asks for credentials: Ray its token (Ray's own default for `ray start --head`;
+every host's processes get ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH``), MLflow a user
+and password (its basic-auth app; the flows log as the user ``pipeline``), Prefect its API auth
+string. PostgreSQL, MLflow and Prefect each run as an unprivileged user of their own
+(``postgres``, ``tfm-mlflow``, ``tfm-prefect``), and no password is on any command line: the
+servers get theirs from their environment or a file only they can read. The state folder
+(default runs/local-cluster) holds the token, the generated passwords (``secrets/``), the logs,
+PostgreSQL's data and MLflow's artifacts; ``env.sh`` there sets a shell up as a client of the
+cluster (it reads the passwords from ``secrets/``, so it needs root).
 
 Written by hand (iproute2 calls): no library makes network-namespace hosts, and the commands
 are the ones a person would type. Needs root (CAP_NET_ADMIN) and Debian's postgresql.
@@ -28,16 +32,20 @@ are the ones a person would type. Needs root (CAP_NET_ADMIN) and Debian's postgr
 from __future__ import annotations
 
 import argparse
+import base64
 import ipaddress
 import json
 import os
+import pwd
 import secrets
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +61,17 @@ MLFLOW_PORT = 5000
 PREFECT_PORT = 4200
 POSTGRES_PORT = 5432
 WORK_POOL = "transformer"
+SERVICE_USERS = {"mlflow": "tfm-mlflow", "prefect": "tfm-prefect"}
+"""The unprivileged user each server runs as (PostgreSQL runs as Debian's ``postgres``)."""
+MLFLOW_ADMIN = "admin"
+PIPELINE_USER = "pipeline"
+"""MLflow's user for the flows and the training workers: not an admin; it creates its own
+experiments, runs and models (and so manages them) and reads the rest."""
+CREDENTIALS = {
+    "mlflow": ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"),
+    "prefect": ("PREFECT_API_AUTH_STRING",),
+}
+"""The client credentials, by service: the variables MLflow's and Prefect's clients read."""
 
 
 class ClusterError(Exception):
@@ -126,12 +145,26 @@ class Layout:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         }
 
+    def credentials(self, services: tuple[str, ...] = ("mlflow", "prefect")) -> dict[str, str]:
+        """The client credentials for ``services``, read from ``secrets/``: never written to
+        cluster.json or env.sh, never put on a command line."""
+        values = {"MLFLOW_TRACKING_USERNAME": PIPELINE_USER,
+                  "MLFLOW_TRACKING_PASSWORD": _secret(self, "mlflow-pipeline"),
+                  "PREFECT_API_AUTH_STRING": _secret(self, "prefect-auth")}
+        return {name: values[name] for service in services for name in CREDENTIALS[service]}
+
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         info = {**asdict(self), "netns": {h: self.netns(h) for h in HOSTS}, "urls": self.urls,
                 "env": self.env(), "work_pool": WORK_POOL}
         (self.root / "cluster.json").write_text(json.dumps(info, indent=2) + "\n")
-        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env().items()]
+        secret = self.root / "secrets"
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env().items()] + [
+            f"export MLFLOW_TRACKING_USERNAME={PIPELINE_USER}",
+            # Read when sourced (as root): the passwords stay in secrets/ only.
+            f'export MLFLOW_TRACKING_PASSWORD="$(cat {shlex.quote(str(secret / "mlflow-pipeline"))})"',
+            f'export PREFECT_API_AUTH_STRING="$(cat {shlex.quote(str(secret / "prefect-auth"))})"',
+        ]
         (self.root / "env.sh").write_text("# source me: a shell as a client of the local cluster\n"
                                           + "\n".join(lines) + "\n")
 
@@ -148,9 +181,10 @@ class Layout:
 # ----------------------------------------------------------------------------- commands
 
 
-def sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
+def sh(*args: str, check: bool = True, quiet: bool = False, env: dict[str, str] | None = None,
+       input: str | None = None) -> subprocess.CompletedProcess:
     """Run a command; a failure is a ClusterError with its stderr."""
-    done = subprocess.run(args, capture_output=True, text=True)
+    done = subprocess.run(args, capture_output=True, text=True, env=env, input=input)
     if check and done.returncode != 0:
         raise ClusterError(f"`{shlex.join(args)}` failed: {done.stderr.strip() or done.stdout.strip()}")
     if not quiet and done.stdout.strip():
@@ -158,23 +192,33 @@ def sh(*args: str, check: bool = True, quiet: bool = False) -> subprocess.Comple
     return done
 
 
-def in_host(layout: Layout, host: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
-    """``argv`` run on ``host`` with the cluster's environment (and ``env`` on top)."""
-    full = {**layout.env(), **(env or {})}
-    return ["ip", "netns", "exec", layout.netns(host), "env",
-            *(f"{k}={v}" for k, v in full.items()), *argv]
+def in_host(layout: Layout, host: str, argv: list[str], user: str | None = None) -> list[str]:
+    """``argv`` run on ``host``, as ``user`` if given; run it with ``host_env``'s environment."""
+    drop = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"] if user else []
+    return ["ip", "netns", "exec", layout.netns(host), *drop, *argv]
+
+
+def host_env(layout: Layout, env: dict[str, str] | None = None,
+             credentials: tuple[str, ...] = ("mlflow", "prefect")) -> dict[str, str]:
+    """A host process's environment: the cluster's, the client credentials of ``credentials``,
+    and ``env`` on top. Handed over as the environment, never as ``env K=V`` arguments: a
+    process's environment is readable by its user and root only, its command line by everyone."""
+    mine = {name for service in CREDENTIALS.values() for name in service}
+    inherited = {k: v for k, v in os.environ.items() if k not in mine}
+    return {**inherited, **layout.env(), **layout.credentials(credentials), **(env or {})}
 
 
 def spawn(layout: Layout, host: str, name: str, argv: list[str], env: dict[str, str] | None = None,
-          user: str | None = None, cwd: Path | None = None) -> int:
+          user: str | None = None, cwd: Path | None = None,
+          credentials: tuple[str, ...] = ("mlflow", "prefect")) -> int:
     """Start a long-running service on ``host``, detached, its output in logs/<host>-<name>.log."""
     logs = layout.root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    command = in_host(layout, host, (["runuser", "-u", user, "--"] if user else []) + argv, env)
     with open(logs / f"{host}-{name}.log", "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True,
-                                   cwd=cwd or REPO)
+        process = subprocess.Popen(in_host(layout, host, argv, user), stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, cwd=cwd or REPO,
+                                   env=host_env(layout, env, credentials))
     return process.pid
 
 
@@ -215,6 +259,56 @@ def _exited(pid: int) -> bool:
 def http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=3) as response:  # noqa: S310 - our own addresses
         return response.status == 200
+
+
+def basic_auth(user: str, password: str) -> str:
+    """An HTTP ``Authorization`` header's value."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def service_user(name: str) -> None:
+    """A system user with no login and no home, made once (``useradd --system``)."""
+    try:
+        pwd.getpwnam(name)
+        return
+    except KeyError:
+        pass
+    done = sh("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+              "--shell", "/usr/sbin/nologin", name, check=False, quiet=True)
+    if done.returncode not in (0, 9):  # 9: another `up` made it meanwhile
+        raise ClusterError(f"useradd {name} failed: {done.stderr.strip()}")
+
+
+def service_python(user: str) -> tuple[list[str], dict[str, str]]:
+    """How ``user`` runs this virtual environment's Python (the command and the environment it
+    needs): the environment's own interpreter where ``user`` can reach it, else the system's
+    Python of the same version with the environment's packages on PYTHONPATH (a venv made from a
+    Python under root's 0700 home, e.g. pyenv's, runs for root only)."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")
+    packages = sysconfig.get_paths()["purelib"]
+    tries = [([sys.executable], {})] + ([([system], {"PYTHONPATH": packages})] if system else [])
+    for command, env in tries:
+        # Through a shell: setpriv's own exec still finds a path the user cannot reach.
+        probe = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--", "/bin/sh",
+                 "-c", 'exec "$0" -c "import mlflow"', *command]
+        if subprocess.run(probe, capture_output=True, cwd="/", env={**os.environ, **env}).returncode == 0:
+            return command, env
+    raise ClusterError(f"{user} can run neither {sys.executable} nor a system {version} with "
+                       f"{packages}: put the virtual environment where other users can read it")
+
+
+def owned_folder(path: Path, user: str) -> Path:
+    """``path`` (made if missing) and everything in it owned by ``user``, the folder itself
+    closed to everyone else (mode 0700)."""
+    entry = pwd.getpwnam(user)
+    path.mkdir(parents=True, exist_ok=True)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), entry.pw_uid, entry.pw_gid)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+    path.chmod(0o700)
+    return path
 
 
 # ----------------------------------------------------------------------------- the network
@@ -332,23 +426,22 @@ def postgres_up(layout: Layout) -> None:
     pid = spawn(layout, "services", "postgres",
           [str(pg / "postgres"), "-D", str(data), "-c", f"listen_addresses={ip}",
            "-c", f"port={POSTGRES_PORT}", "-c", "unix_socket_directories=", "-c", "fsync=off"],
-          user="postgres")
-    env = {"PGPASSWORD": _secret(layout, "postgres")}
+          user="postgres", credentials=())
+    env = host_env(layout, {"PGPASSWORD": _secret(layout, "postgres")}, credentials=())
     isready = in_host(layout, "services", [str(pg / "pg_isready"), "-h", ip, "-p", str(POSTGRES_PORT)])
-    wait_for("PostgreSQL", lambda: subprocess.run(isready, capture_output=True).returncode == 0, 60, log,
-             pid)
+    wait_for("PostgreSQL", lambda: subprocess.run(isready, capture_output=True, env=env).returncode == 0,
+             60, log, pid)
+    psql = in_host(layout, "services", [str(pg / "psql"), "-h", ip, "-p", str(POSTGRES_PORT), "-U",
+                                        "postgres", "-v", "ON_ERROR_STOP=1", "-q"])
     for name in ("mlflow", "prefect"):
         password = _secret(layout, name)
         sql = (f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN "
                f"CREATE ROLE {name} LOGIN PASSWORD '{password}'; END IF; END$$;")
-        psql = [str(pg / "psql"), "-h", ip, "-p", str(POSTGRES_PORT), "-U", "postgres", "-v",
-                "ON_ERROR_STOP=1", "-q"]
-        sh(*in_host(layout, "services", [*psql, "-c", sql], env), quiet=True)
-        exists = sh(*in_host(layout, "services", [*psql, "-tAc",
-                    f"SELECT 1 FROM pg_database WHERE datname = '{name}'"], env), quiet=True)
+        sh(*psql, "-f", "-", env=env, input=sql, quiet=True)  # on stdin: it holds a password
+        exists = sh(*psql, "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{name}'", env=env,
+                    quiet=True)
         if exists.stdout.strip() != "1":
-            sh(*in_host(layout, "services", [*psql, "-c", f"CREATE DATABASE {name} OWNER {name}"], env),
-               quiet=True)
+            sh(*psql, "-c", f"CREATE DATABASE {name} OWNER {name}", env=env, quiet=True)
 
 
 def _stop_postgres(layout: Layout) -> None:
@@ -361,35 +454,87 @@ def _stop_postgres(layout: Layout) -> None:
             pass
 
 
-def pg_url(layout: Layout, name: str, driver: str) -> str:
-    return (f"{driver}://{name}:{_secret(layout, name)}@{layout.hosts['services']}:"
-            f"{POSTGRES_PORT}/{name}")
+def pg_url(layout: Layout, name: str, driver: str, password: bool = True) -> str:
+    """The database ``name``'s URL as its role ``name``; without the password, libpq takes it
+    from ``PGPASSWORD``."""
+    secret = f":{_secret(layout, name)}" if password else ""
+    return f"{driver}://{name}{secret}@{layout.hosts['services']}:{POSTGRES_PORT}/{name}"
 
 
 def mlflow_up(layout: Layout) -> None:
-    """MLflow's tracking server on PostgreSQL, proxying artifact uploads to a folder of its own."""
-    ip = layout.hosts["services"]
-    artifacts = layout.root / "mlartifacts"
-    artifacts.mkdir(parents=True, exist_ok=True)
+    """MLflow's tracking server with its basic-auth app, as ``tfm-mlflow``, on PostgreSQL,
+    proxying artifact uploads to a folder of its own; then the pipeline's user."""
+    user, ip = SERVICE_USERS["mlflow"], layout.hosts["services"]
+    home = owned_folder(layout.root / "mlflow", user)
+    artifacts = owned_folder(layout.root / "mlartifacts", user)
+    # The auth app's own database and the admin it creates on first start (mlflow/server/auth).
+    config = home / "basic_auth.ini"
+    config.write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = sqlite:///{home / 'basic_auth.db'}\n"
+        f"admin_username = {MLFLOW_ADMIN}\nadmin_password = {_secret(layout, 'mlflow-admin')}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        # A password check hashes (scrypt) on every request; one worker, so a cached check
+        # cannot be stale on another worker (see MLflow's basic_auth.ini).
+        "auth_cache_ttl_seconds = 60\n")
+    owned_folder(home, user)
+    config.chmod(0o600)
+    python, python_env = service_python(user)
+    env = {**python_env, "HOME": str(home), "MLFLOW_AUTH_CONFIG_PATH": str(config),
+           "MLFLOW_BACKEND_STORE_URI": pg_url(layout, "mlflow", "postgresql+psycopg", password=False),
+           "PGPASSWORD": _secret(layout, "mlflow"),
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(layout, "mlflow-flask")}
     pid = spawn(layout, "services", "mlflow",
-          [str(BIN / "mlflow"), "server",
-           "--backend-store-uri", pg_url(layout, "mlflow", "postgresql+psycopg"),
+          [*python, "-m", "mlflow", "server", "--app-name", "basic-auth",
            "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
            "--host", ip, "--port", str(MLFLOW_PORT), "--workers", "1",
-           "--allowed-hosts", f"{ip},{ip}:{MLFLOW_PORT}"])
+           "--allowed-hosts", f"{ip},{ip}:{MLFLOW_PORT}"], env, user=user, credentials=())
     wait_for("MLflow server", lambda: http_ok(f"{layout.urls['mlflow']}/health"), 180,
              layout.root / "logs" / "services-mlflow.log", pid)
+    mlflow_pipeline_user(layout)
+
+
+def mlflow_pipeline_user(layout: Layout) -> None:
+    """MLflow's user ``pipeline`` with the password in secrets/, made (or its password reset)
+    through the auth app's REST API as the admin.
+
+    Hand-written (urllib): MLflow's AuthServiceClient takes the admin's credentials only from
+    this process's environment."""
+    admin = basic_auth(MLFLOW_ADMIN, _secret(layout, "mlflow-admin"))
+    body = json.dumps({"username": PIPELINE_USER,
+                       "password": _secret(layout, "mlflow-pipeline")}).encode()
+
+    def call(path: str, method: str) -> None:
+        request = urllib.request.Request(
+            f"{layout.urls['mlflow']}/api/2.0/mlflow/users/{path}", data=body, method=method,
+            headers={"Authorization": admin, "Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=30).close()  # noqa: S310 - our own address
+
+    try:
+        call("create", "POST")
+    except urllib.error.HTTPError as exc:
+        if exc.code != 400:  # 400: the user exists (an earlier `up`)
+            raise ClusterError(f"MLflow refused to create user {PIPELINE_USER}: HTTP {exc.code}") from exc
+        call("update-password", "PATCH")
 
 
 def prefect_up(layout: Layout) -> None:
-    """Prefect's server (API and UI) on PostgreSQL."""
-    ip = layout.hosts["services"]
-    env = {"PREFECT_HOME": str(layout.root / "prefect" / "services"),
-           "PREFECT_API_DATABASE_CONNECTION_URL": pg_url(layout, "prefect", "postgresql+asyncpg"),
+    """Prefect's server (API and UI), as ``tfm-prefect``, on PostgreSQL, asking every client for
+    the auth string."""
+    user, ip = SERVICE_USERS["prefect"], layout.hosts["services"]
+    home = owned_folder(layout.root / "prefect" / "services", user)
+    auth = _secret(layout, "prefect-auth")
+    python, python_env = service_python(user)
+    env = {**python_env, "HOME": str(home), "PREFECT_HOME": str(home),
+           "PREFECT_SERVER_DATABASE_CONNECTION_URL": pg_url(layout, "prefect", "postgresql+asyncpg"),
+           "PREFECT_SERVER_API_AUTH_STRING": auth,
+           "PREFECT_API_AUTH_STRING": auth,  # the server's own client calls, if any
            "PREFECT_UI_API_URL": layout.urls["prefect_api"],
            "PREFECT_SERVER_API_HOST": ip}
     pid = spawn(layout, "services", "prefect",
-                [str(BIN / "prefect"), "server", "start", "--host", ip, "--port", str(PREFECT_PORT)], env)
+                [*python, "-m", "prefect", "server", "start", "--host", ip, "--port", str(PREFECT_PORT)], env,
+                user=user, credentials=())
+    # /api/health answers without the auth string (Prefect lets health probes through).
     wait_for("Prefect server", lambda: http_ok(f"{layout.urls['prefect_api']}/health"), 180,
              layout.root / "logs" / "services-prefect.log", pid)
 
@@ -411,9 +556,14 @@ def ray_up(layout: Layout, host: str, health_check_ms: int) -> None:
                 *common]
     log = layout.root / "logs" / f"{host}-ray-start.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # The node's environment reaches every Ray worker it starts: rank 0 of training logs to
+    # MLflow with the pipeline's credentials from here. (A job's runtime_env would carry them
+    # too, but the raylet starts each worker with it on a command line,
+    # --serialized-runtime-env-context.)
     with open(log, "ab") as out:
         done = subprocess.run(in_host(layout, host, argv), stdout=out, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO, timeout=180)
+                              stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO, timeout=180,
+                              env=host_env(layout, credentials=("mlflow",)))
     if done.returncode != 0:
         raise ClusterError(f"`ray start` on {host} failed; see {log}")
 
@@ -422,7 +572,7 @@ def ray_nodes_alive(layout: Layout) -> int:
     """Alive Ray nodes, asked from the head host as a driver would."""
     script = "import ray; ray.init(logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
     done = subprocess.run(in_host(layout, "head", [sys.executable, "-c", script]),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=host_env(layout, credentials=()))
     return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
 
 
@@ -430,8 +580,8 @@ def worker_up(layout: Layout) -> None:
     """A Prefect process worker on the head host: it runs flows there, as Ray drivers."""
     env = {"PREFECT_HOME": str(layout.root / "prefect" / "head")}
     done = subprocess.run(in_host(layout, "head", ["prefect", "work-pool", "create", WORK_POOL,
-                                                    "--type", "process", "--overwrite"], env),
-                          capture_output=True, text=True, timeout=120)
+                                                    "--type", "process", "--overwrite"]),
+                          capture_output=True, text=True, timeout=120, env=host_env(layout, env))
     if done.returncode != 0:
         raise ClusterError(f"prefect work-pool create failed: {done.stdout[-500:]}{done.stderr[-500:]}")
     spawn(layout, "head", "prefect-worker",
@@ -445,6 +595,8 @@ def up(layout: Layout, health_check_ms: int = 1000) -> None:
     if not shutil.which("ip"):
         raise ClusterError("iproute2's `ip` is not installed")
     postgres_bin()
+    for user in SERVICE_USERS.values():
+        service_user(user)
     down(layout)  # what a killed earlier run left behind
     layout.save()
     token = layout.root / "auth_token"
@@ -484,6 +636,9 @@ def status(layout: Layout) -> None:
     for name, url in layout.urls.items():
         print(f"{name:<14} {url}")
     print(f"Ray token      {layout.root / 'auth_token'}")
+    print(f"MLflow login   {MLFLOW_ADMIN} / {layout.root / 'secrets' / 'mlflow-admin'} (the flows: "
+          f"{PIPELINE_USER} / secrets/mlflow-pipeline)")
+    print(f"Prefect login  the auth string in {layout.root / 'secrets' / 'prefect-auth'}")
     print(f"client shell   source {layout.root / 'env.sh'}")
 
 
@@ -538,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
             down(layout)
         elif args.command == "exec":
             command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-            return subprocess.run(in_host(layout, args.host, command), cwd=Path.cwd()).returncode
+            return subprocess.run(in_host(layout, args.host, command), cwd=Path.cwd(),
+                                  env=host_env(layout)).returncode
         return 0
     except ClusterError as exc:
         print(f"localcluster: {exc}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The local cluster of network-namespace hosts (infra/local-cluster/localcluster.py) as the
 cluster scenario drives it: started and stopped through the script's command line, commands on
-its hosts, and every listening socket of every host."""
+its hosts, every listening socket and every process of every host, and the secrets it made."""
 
 from __future__ import annotations
 
@@ -65,9 +65,28 @@ class Cluster:
         return self.info["hosts"][name]
 
     @property
+    def credentials(self) -> dict[str, str]:
+        """The pipeline's MLflow user and Prefect's auth string, as env.sh gives a shell."""
+        secrets = self.state / "secrets"
+        return {"MLFLOW_TRACKING_USERNAME": "pipeline",
+                "MLFLOW_TRACKING_PASSWORD": (secrets / "mlflow-pipeline").read_text().strip(),
+                "PREFECT_API_AUTH_STRING": (secrets / "prefect-auth").read_text().strip()}
+
+    @property
     def env(self) -> dict[str, str]:
         """This machine (on the bridge) as a client of the cluster."""
-        return {**os.environ, **self.info["env"]}
+        return {**os.environ, **self.info["env"], **self.credentials}
+
+    def secrets(self) -> dict[str, str]:
+        """Every secret the cluster made (passwords, auth strings, Ray's token), by file name."""
+        files = [*(self.state / "secrets").iterdir(), self.state / "auth_token"]
+        return {p.name: p.read_text().strip() for p in files}
+
+    def pids(self, host: str) -> list[int]:
+        """Every process of ``host`` (its network namespace)."""
+        out = subprocess.run(["ip", "netns", "pids", self.info["netns"][host]], capture_output=True,
+                             text=True, check=True).stdout
+        return [int(p) for p in out.split()]
 
     def script(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         done = subprocess.run([sys.executable, str(SCRIPT), "--state", str(self.state), *args],
@@ -103,6 +122,24 @@ class Cluster:
                     cmdline = ""
                 found.append((address.strip("[]"), int(port), pid, cmdline.strip()))
         return found
+
+
+def user_of(pid: int) -> str:
+    """The user ``pid`` runs as, as ``ps`` names it."""
+    return subprocess.run(["ps", "-o", "user=", "-p", str(pid)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def command_lines_with(pids: list[int], secrets: dict[str, str]) -> list[tuple[int, str]]:
+    """``(pid, secret's name)`` for each process whose command line holds one of ``secrets``."""
+    found = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        found += [(pid, name) for name, value in secrets.items() if value in cmdline]
+    return found
 
 
 def _pids(users: str) -> list[int]:

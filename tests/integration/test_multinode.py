@@ -43,11 +43,12 @@ def cluster_config(root: Path, tracking: Path, address: str, **train: object):
 
 class WhereAndStop:
     """A Trainer callback: every rank writes its node id after its first step of an attempt
-    (``node-<start step>-<rank>``), and the last rank, the first time it reaches ``KILL_AT``,
+    (``node-<start step>-<rank>``), and the last rank, the first time it reaches ``kill_at``,
     writes ``stopped`` (its node id) and waits there to be killed with its node."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, kill_at: int = KILL_AT):
         self.folder = folder
+        self.kill_at = kill_at
 
     def __call__(self, trainer) -> None:
         import ray
@@ -56,7 +57,7 @@ class WhereAndStop:
         if trainer.step == trainer.start_step + 1:
             (self.folder / f"node-{trainer.start_step}-{trainer.rank}").write_text(node)
         last = trainer.rank == trainer.world_size - 1
-        if trainer.step == KILL_AT and last and not (self.folder / "stopped").exists():
+        if trainer.step == self.kill_at and last and not (self.folder / "stopped").exists():
             (self.folder / "stopped").write_text(node)
             time.sleep(600)  # killed with the node long before this ends
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import importlib.util
+import json
+import os
 import re
 import shlex
+import stat
+import subprocess
+import sys
 import tomllib
+import urllib.parse
 from pathlib import Path
 
 import jsonschema
@@ -237,7 +244,7 @@ def test_mlflow_artifact_bucket_is_created_before_the_server_starts():
     mlflow, init = services["mlflow"], services["minio-init"]
     bucket = re.search(r"--artifacts-destination s3://([\w.-]+)", mlflow["command"])[1]
     script = " ".join(init["command"])
-    alias = re.search(r"mc alias set (\w+) http://minio:9000 ", script)[1]
+    alias = re.search(r"MC_HOST_(\w+)=\"http://.*@minio:9000\"", script)[1]
     assert re.search(rf"mc mb --ignore-existing {alias}/{re.escape(bucket)}\b", script), script
     assert mlflow["depends_on"]["minio-init"] == {"condition": "service_completed_successfully"}
     assert init["depends_on"]["minio"] == {"condition": "service_healthy"}
@@ -257,3 +264,139 @@ def test_dockerfile_copies_every_package_and_runs_tfm():
     assert {p.rstrip("*") for p in packages} <= copied
     assert re.search(r'CMD \["tfm"', text)
     assert re.search(r"^ENV [^#]*\bRAY_AUTH_MODE=token\b", text, re.MULTILINE | re.DOTALL)
+
+
+# ----------------------------------------------------------------------------- credentials
+
+SECRET_NAME = re.compile(r"PASSWORD|AUTH_STRING|TOKEN|SECRET")
+CREDENTIALS_IN_URI = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
+
+
+def _compose() -> dict:
+    return _docs(ROOT / "infra/mlflow/docker-compose.yaml")[0]
+
+
+def _compose_interpolated(value: str, env: dict[str, str]) -> str:
+    """``value`` as compose passes it to the container: ``${VAR}`` from the env file, ``$$``
+    a literal ``$``."""
+    value = re.sub(r"(?<!\$)\$\{(\w+)\}", lambda m: env[m[1]], value)
+    return value.replace("$$", "$")
+
+
+def test_compose_interpolates_no_secret_into_a_command():
+    """Each password reaches its container as an environment variable that the program reads;
+    none is written into a command, where a shell would parse it and ps would show it."""
+    for name, service in _compose()["services"].items():
+        for key in ("command", "entrypoint"):
+            text = json.dumps(service.get(key, ""))
+            assert not re.search(r"(?<!\$)\$\{", text), f"{name}.{key} interpolates a variable: {text}"
+        env = service.get("environment", {})
+        for var, value in env.items():
+            assert not CREDENTIALS_IN_URI.search(str(value)), f"{name}.{var} holds a user:password@ URI"
+            if SECRET_NAME.search(var):
+                assert re.fullmatch(r"\$\{\w+\}", str(value)), f"{name}.{var}: from the env file only"
+    mlflow = _compose()["services"]["mlflow"]
+    assert "--app-name basic-auth" in mlflow["command"]
+    assert {"PGUSER", "PGPASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
+            "MLFLOW_AUTH_CONFIG_PATH"} <= set(mlflow["environment"])
+    example = (ROOT / "infra/mlflow/mlflow.env.example").read_text()
+    used = set(re.findall(r"(?<!\$)\$\{(\w+)", (ROOT / "infra/mlflow/docker-compose.yaml").read_text()))
+    assert used - {"MLFLOW_BIND"} <= set(re.findall(r"^(\w+)=", example, re.MULTILINE))
+
+
+def test_compose_mlflow_auth_config_is_what_mlflow_reads(tmp_path, monkeypatch):
+    """The basic-auth config compose mounts, read by MLflow's own reader."""
+    import mlflow
+
+    # The reader's own file: importing it as mlflow.server.auth.config loads the whole server (8 s).
+    path = Path(mlflow.__file__).parent / "server" / "auth" / "config.py"
+    spec = importlib.util.spec_from_file_location("mlflow_auth_config", path)
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    compose = _compose()
+    (mount,) = compose["services"]["mlflow"]["configs"]
+    path = tmp_path / "basic_auth.ini"
+    path.write_text(compose["configs"][mount["source"]]["content"])
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(path))
+    monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", "from-the-env-file")
+    config = reader.read_auth_config()
+    assert mount["target"] == compose["services"]["mlflow"]["environment"]["MLFLOW_AUTH_CONFIG_PATH"]
+    assert config.admin_username == "admin" and config.admin_password == "from-the-env-file"
+    volume = config.database_uri.removeprefix("sqlite:///")
+    assert any(volume.startswith(v.split(":")[1] + "/")
+               for v in compose["services"]["mlflow"]["volumes"]), config.database_uri
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell")
+def test_minio_init_hands_mc_percent_encoded_keys_and_no_arguments(tmp_path):
+    """The one-shot bucket maker's script, run by a real shell with a stand-in ``mc`` that
+    records what it got: the URL in MC_HOST_minio decodes to the keys, whatever they hold, and
+    no key is among mc's arguments."""
+    init = _compose()["services"]["minio-init"]
+    keys = {"AWS_ACCESS_KEY_ID": "mlflow admin", "AWS_SECRET_ACCESS_KEY": "p@ss:w/rd%$`\"'&#?é x"}
+    script = _compose_interpolated(init["command"][0], keys)
+    fake = tmp_path / "mc"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$MC_HOST_minio" > "$OUT"\nprintf "%s\\n" "$@" >> "$OUT"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           **{k: _compose_interpolated(v, keys) for k, v in init["environment"].items()}}
+    done = subprocess.run([*init["entrypoint"], script], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    url, *args = (tmp_path / "out").read_text().splitlines()
+    parts = urllib.parse.urlsplit(url)
+    assert (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password)) == (
+        keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"])
+    assert parts.hostname == "minio" and parts.port == 9000
+    assert args == ["mb", "--ignore-existing", "minio/mlflow-artifacts"]
+
+
+def _containers(spec: dict) -> list[dict]:
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+
+
+def test_kuberay_credentials_come_from_secrets_as_environment_variables():
+    """Every Ray container gets MLflow's credentials from a Secret (``secretKeyRef``), never a
+    literal value, and nothing secret is in a command, its arguments or the job's entrypoint."""
+    for spec in _ray_cluster_specs():
+        for container in _containers(spec):
+            env = {e["name"]: e for e in container.get("env", [])}
+            assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(env), container["name"]
+            for name, entry in env.items():
+                if SECRET_NAME.search(name) or name.startswith("MLFLOW_TRACKING"):
+                    assert "value" not in entry and entry["valueFrom"]["secretKeyRef"]["name"], entry
+            words = " ".join(container.get("command", []) + container.get("args", []))
+            assert not SECRET_NAME.search(words) and not CREDENTIALS_IN_URI.search(words), words
+    (job,) = _k8s_docs("RayJob")
+    for text in (job["spec"]["entrypoint"], job["spec"].get("runtimeEnvYAML", "")):
+        assert not SECRET_NAME.search(text) and not CREDENTIALS_IN_URI.search(text), text
+
+
+def _localcluster():
+    path = ROOT / "infra/local-cluster/localcluster.py"
+    spec = importlib.util.spec_from_file_location("localcluster", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("localcluster", module)  # dataclasses look their module up there
+    spec.loader.exec_module(sys.modules["localcluster"])
+    return sys.modules["localcluster"]
+
+
+def test_local_cluster_files_hold_no_secret_and_env_sh_reads_them(tmp_path):
+    """cluster.json and env.sh name the secrets' files, never their values; a shell that sources
+    env.sh is the pipeline's client of MLflow and Prefect."""
+    localcluster = _localcluster()
+    layout = localcluster.Layout(state=str(tmp_path / "state"))
+    credentials = layout.credentials()
+    layout.save()
+    secrets = list((tmp_path / "state" / "secrets").iterdir())
+    assert {p.name for p in secrets} == {"mlflow-pipeline", "prefect-auth"}
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secrets)
+    for written in ("cluster.json", "env.sh"):
+        text = (tmp_path / "state" / written).read_text()
+        assert not [p.name for p in secrets if p.read_text().strip() in text], written
+    shown = subprocess.run(["bash", "-c", f"source {tmp_path / 'state' / 'env.sh'} && env -0"],
+                           capture_output=True, text=True, check=True, env={"PATH": os.environ["PATH"]})
+    env = dict(line.split("=", 1) for line in shown.stdout.split("\0") if "=" in line)
+    assert {k: env.get(k) for k in credentials} == credentials
+    assert credentials["MLFLOW_TRACKING_USERNAME"] == localcluster.PIPELINE_USER
