@@ -124,10 +124,19 @@ class Cluster:
         return found
 
 
-def user_of(pid: int) -> str:
-    """The user ``pid`` runs as, as ``ps`` names it."""
-    return subprocess.run(["ps", "-o", "user=", "-p", str(pid)], capture_output=True, text=True,
-                          check=True).stdout.strip()
+def user_of(pid: int) -> str | None:
+    """The user ``pid`` runs as, as ``ps`` names it; None once it has ended (a listing is a snapshot:
+    a short-lived process, such as a database backend, can end before it is looked at)."""
+    done = subprocess.run(["ps", "-o", "user=", "-p", str(pid)], capture_output=True, text=True)
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def cmdline(pid: int) -> str:
+    """``pid``'s command line, spaces for NULs; empty once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def command_lines_with(pids: list[int], secrets: dict[str, str]) -> list[tuple[int, str]]:
