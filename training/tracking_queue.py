@@ -11,6 +11,7 @@ sent by a pool of 10 threads, so neither order nor delivery holds through an out
 from __future__ import annotations
 
 import collections
+import logging
 import sys
 import threading
 import time
@@ -29,6 +30,22 @@ from training.tracking_spill import (
     refused,
     send,
 )
+
+THREAD_NAME = "tracking-queue"
+
+
+class _QuietRetries(logging.Filter):
+    """Drops urllib3's line per retried call (every probe of an outage) from the logging thread:
+    the queue says once that the server is unreachable and once that it answers again instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != THREAD_NAME
+
+
+def _quiet_retries() -> None:
+    pool = logging.getLogger("urllib3.connectionpool")
+    if not any(isinstance(f, _QuietRetries) for f in pool.filters):
+        pool.addFilter(_QuietRetries())
 
 
 @dataclass
@@ -56,7 +73,8 @@ class TrackingQueue:
         self._state = _State(spilling=spill.pending())  # a spill file left by an earlier run
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tracking-queue", daemon=True)
+        _quiet_retries()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def put(self, record: Record) -> None:

@@ -195,13 +195,16 @@ def test_a_refused_record_is_kept_aside_and_the_rest_goes_on(store, tmp_path):
     assert "refused 1 record" in out.getvalue()
 
 
-def test_the_tracker_returns_at_once_when_the_server_is_gone(tmp_path, monkeypatch):
+def test_the_tracker_returns_at_once_when_the_server_is_gone(tmp_path, monkeypatch, caplog):
     """A real HTTP client against a port nothing listens on: every call returns, the console
-    says once that the server is unreachable, and closing leaves the records in the file."""
+    says once that the server is unreachable (and urllib3 not once per retried call), and
+    closing leaves the records in the file."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # free once closed: connections are refused
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    caplog.set_level("WARNING", logger="urllib3.connectionpool")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     out = io.StringIO()
     options = TrackingOptions(queue_size=4, drain_seconds=0.5, probe_seconds=0.05)
@@ -219,6 +222,7 @@ def test_the_tracker_returns_at_once_when_the_server_is_gone(tmp_path, monkeypat
     lines = out.getvalue().splitlines()
     assert len([line for line in lines if "unreachable" in line]) == 1
     assert "102 record(s) did not reach" in lines[-1] and str(tmp_path) in lines[-1]
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("urllib3")] == []
 
 
 def test_other_ranks_and_runs_without_an_id_log_nothing(tmp_path):
