@@ -61,6 +61,7 @@ MLFLOW_PORT = 5000
 PREFECT_PORT = 4200
 POSTGRES_PORT = 5432
 WORK_POOL = "transformer"
+SERVICES = ("postgres", "mlflow", "prefect")
 SERVICE_USERS = {"mlflow": "tfm-mlflow", "prefect": "tfm-prefect"}
 """The unprivileged user each server runs as (PostgreSQL runs as Debian's ``postgres``)."""
 MLFLOW_ADMIN = "admin"
@@ -378,6 +379,43 @@ def network_down(layout: Layout) -> None:
         shutil.rmtree(layout.ray_temp(host), ignore_errors=True)
 
 
+def service_pids(layout: Layout, service: str) -> list[int]:
+    """The processes of ``service`` (mlflow, prefect, postgres) on the services host: those of its
+    user there."""
+    user = SERVICE_USERS.get(service, "postgres")
+    uid = pwd.getpwnam(user).pw_uid
+    found = []
+    for pid in host_pids(layout, "services"):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                found.append(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return found
+
+
+def stop_service(layout: Layout, service: str, grace: float = 10.0) -> None:
+    """Stop one server as an outage or an upgrade would: SIGTERM (PostgreSQL: its fast shutdown),
+    SIGKILL after ``grace`` seconds; returns once none of its processes is left."""
+    if service == "postgres":
+        _stop_postgres(layout)
+    else:
+        for pid in service_pids(layout, service):
+            _signal(pid, signal.SIGTERM)
+    deadline = time.time() + grace
+    while (left := service_pids(layout, service)) and time.time() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        _signal(pid, signal.SIGKILL)
+    while service_pids(layout, service):
+        time.sleep(0.2)
+
+
+def start_service(layout: Layout, service: str) -> None:
+    """Start one server again with the command ``up`` started it with; returns once it answers."""
+    {"postgres": postgres_up, "mlflow": mlflow_up, "prefect": prefect_up}[service](layout)
+
+
 # ----------------------------------------------------------------------------- services
 
 
@@ -662,6 +700,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("start-ray", help="a killed worker host back on the network, Ray started "
                                          "on it (a machine that came back)")
     p.add_argument("host", choices=("w1", "w2"))
+    for verb, says in (("stop", "stop one server of the services host (an outage, an upgrade)"),
+                       ("start", "start a stopped server again, as `up` did")):
+        p = sub.add_parser(verb, help=says)
+        p.add_argument("service", choices=SERVICES)
     p = sub.add_parser("guard", help="stay in the background and bring the cluster down once "
                                      "process PID has ended (a test run that is killed)")
     p.add_argument("pid", type=int)
@@ -687,6 +729,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "start-ray":
             sh("ip", "link", "set", layout.veth(args.host), "up")
             ray_up(layout, args.host, 0)
+        elif args.command == "stop":
+            stop_service(layout, args.service)
+            print(f"stopped {args.service}")
+        elif args.command == "start":
+            start_service(layout, args.service)
+            print(f"started {args.service}")
         elif args.command == "guard":
             while _alive(args.pid):
                 time.sleep(1.0)

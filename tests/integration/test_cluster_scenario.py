@@ -35,6 +35,7 @@ import pytest
 import yaml
 from netns_cluster import (
     Cluster,
+    cmdline,
     command_lines_with,
     local_cluster,
     require_hosts,
@@ -182,10 +183,10 @@ def host_of(cluster: Cluster, pid: int) -> str:
     return host
 
 
-def run_deployment(cluster: Cluster, *job_variables: str) -> str:
-    """``prefect deployment run`` from this machine; the flow run's id."""
+def run_deployment(cluster: Cluster, *job_variables: str, name: str = "cluster") -> str:
+    """``prefect deployment run`` of ``pipeline/<name>`` from this machine; the flow run's id."""
     options = [a for jv in job_variables for a in ("--job-variable", jv)]
-    done = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "pipeline/cluster",
+    done = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", f"pipeline/{name}",
                            *options], capture_output=True, text=True, env=cluster.env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     found = re.search(r"UUID:\s*([0-9a-f-]{36})", done.stdout)
@@ -266,7 +267,8 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     leaks = command_lines_with([pid for host in HOSTS for pid in pids[host]], cluster.secrets())
     services = {port: user_of(pid) for _, port, pid, _ in cluster.listening("services")
                 if port in SERVICE_PORTS}
-    root_on_services = [pid for pid in pids["services"] if user_of(pid) == "root"]
+    root_on_services = [(pid, line) for pid in pids["services"]
+                        if user_of(pid) == "root" and (line := cmdline(pid))]  # "": ended meanwhile
     killed_at, last_registered = time.time() - started, registered_steps(storage)[-1]
     kill_time = time.time()
     cluster.script("kill", victim)
@@ -276,7 +278,7 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     assert all(len(pids[host]) > 3 for host in HOSTS), pids
     assert leaks == [], f"secrets on command lines: {leaks}"
     assert services == SERVICE_PORTS, services
-    assert root_on_services == [], [(p, Path(f"/proc/{p}/cmdline").read_bytes()[:80]) for p in root_on_services]
+    assert root_on_services == [], root_on_services
 
     flow_run = wait_for_flow_run(cluster, first, 600)
     timings["first_run"] = time.time() - started
@@ -379,6 +381,162 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
           f"{timings['outside_driver']:.0f} s")
 
 
+# ----------------------------------------------------------------------------- outages
+# Each service of the services host goes away mid-training and comes back; the flow run still
+# ends Completed with every step's metrics in MLflow and its champion in the registry. Training
+# waits at step OUTAGE_FROM until the service is down and at OUTAGE_TO until it is back, so the
+# steps between run during the outage on any machine.
+
+OUTAGE_STEPS, OUTAGE_FROM, OUTAGE_TO = 120, 30, 90
+OUTAGE_HTTP = {"http_retries": 1, "http_backoff": 1, "http_timeout": 3}
+"""The logging thread's MLflow budget in these runs: 1 retry, 3 s an answer (MLflow's default,
+7 retries with backoff 2, waits 254 s)."""
+
+
+class Gates:
+    """A Trainer callback: rank 0 says it reached each step of ``gates`` (``at-<step>``) and waits
+    there until the test writes the file the step names (the other ranks wait for it in the next
+    all-reduce)."""
+
+    def __init__(self, folder: Path, gates: dict[int, str]):
+        self.folder, self.gates = folder, gates
+
+    def __call__(self, trainer) -> None:
+        name = self.gates.get(trainer.step)
+        if trainer.rank != 0 or name is None:
+            return
+        (self.folder / f"at-{trainer.step}").write_text(str(time.time()))
+        deadline = time.time() + 900
+        while not (self.folder / name).exists() and time.time() < deadline:
+            time.sleep(0.1)
+
+
+def outage_config(cluster: Cluster, service: str) -> dict:
+    config = scenario_config(cluster)
+    config["name"] = f"outage-{service}"
+    # Every step logged, so that every step's metrics can be counted and timed.
+    config["train"] |= {"steps": OUTAGE_STEPS, "log_every": 1, "eval_every": OUTAGE_STEPS,
+                        "checkpoint_every": 50, "keep_checkpoints": 3}
+    config["mlflow"] |= {"experiment": "cluster-outages", **OUTAGE_HTTP}
+    config["register"] = {"model_name": f"outage-{service}"}
+    return config
+
+
+def wait_for_file(path: Path, seconds: float, cluster: Cluster | None = None,
+                  flow_run: str | None = None) -> None:
+    """Until ``path`` exists; failing at once if the flow run (asked while Prefect is up) ended."""
+    deadline = time.time() + seconds
+    while not path.exists():
+        if flow_run is not None:
+            state = api(cluster, f"flow_runs/{flow_run}")["state"]["type"]
+            assert state in ("SCHEDULED", "PENDING", "RUNNING"), f"flow run ended {state} before {path.name}"
+        assert time.time() < deadline, f"training did not reach {path.name} in {seconds:.0f} s"
+        time.sleep(0.5)
+
+
+def step_seconds(history) -> dict[int, float]:
+    """Seconds between one step's metrics and the step before's (rank 0 stamps each when it logs
+    it, at the end of the step), for every step after the first."""
+    at = {m.step: m.timestamp / 1000 for m in history}
+    return {s: at[s] - at[s - 1] for s in sorted(at) if s - 1 in at}
+
+
+def stall(history, checkpoint_every: int) -> dict[str, float]:
+    """The slowest step while the service was down against the median step outside the outage,
+    leaving out the two steps that waited at a gate and each step after a checkpoint."""
+    took = {s: t for s, t in step_seconds(history).items()
+            if s not in (OUTAGE_FROM, OUTAGE_TO) and (s - 1) % checkpoint_every}
+    during = [t for s, t in took.items() if OUTAGE_FROM < s < OUTAGE_TO]
+    outside = sorted(t for s, t in took.items() if not OUTAGE_FROM <= s <= OUTAGE_TO)
+    median = outside[len(outside) // 2]
+    return {"median_ms": 1000 * median, "slowest_during_ms": 1000 * max(during),
+            "slowest_outside_ms": 1000 * outside[-1], "ratio": max(during) / median,
+            "over_twice_during": sum(t > 2 * median for t in during) / len(during),
+            "over_twice_outside": sum(t > 2 * median for t in outside) / len(outside)}
+
+
+def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str, float]:
+    """A deployed flow run whose ``service`` is stopped at step OUTAGE_FROM and started again
+    at OUTAGE_TO; asserts it completed with everything tracked; the stall figures."""
+    config = outage_config(cluster, service)
+    config_path = cluster.state / f"outage-{service}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    where = cluster.state / "work" / f"where-{service}"
+    where.mkdir(parents=True)
+    for name, value in cluster.credentials.items():
+        monkeypatch.setenv(name, value)
+    deployed = subprocess.run([sys.executable, "-m", "pipelines.cli", "deploy", str(config_path)],
+                              capture_output=True, text=True, env=cluster.env, timeout=120)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    worker_log = cluster.state / "logs" / "head-prefect-worker.log"
+    said_before = worker_log.read_text(errors="replace")
+    started = time.time()
+    flow_id = run_deployment(cluster, f"command={sys.executable} {Path(__file__).resolve()} {where} outage",
+                             name=config["name"])
+
+    wait_for_file(where / f"at-{OUTAGE_FROM}", 600, cluster, flow_id)
+    cluster.script("stop", service)
+    down = time.time()
+    (where / "down").write_text("")
+    wait_for_file(where / f"at-{OUTAGE_TO}", 600)  # OUTAGE_TO - OUTAGE_FROM steps, service down
+    if service == "mlflow":  # down past the logging thread's whole budget, whatever the speed
+        budget = OUTAGE_HTTP["http_retries"] * (OUTAGE_HTTP["http_timeout"] + 2 * OUTAGE_HTTP["http_backoff"])
+        time.sleep(max(0.0, 3 * budget - (time.time() - down)))
+    cluster.script("start", service)
+    outage = time.time() - down
+    (where / "up").write_text("")
+    flow_run = wait_for_flow_run(cluster, flow_id, 600)
+    assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cluster.info["urls"]["mlflow"])
+    experiment = client.get_experiment_by_name("cluster-outages")
+    runs = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_id}'",
+                              max_results=100)
+    (parent,) = [r for r in runs if "pipeline" in r.data.tags]
+    children = {r.data.tags["stage"]: r for r in client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=100)}
+    assert sorted(children) == sorted(STAGES)
+    assert all(r.info.status == "FINISHED" for r in [parent, *children.values()])
+    train_id = children["train"].info.run_id
+    for key in ("loss", "lr", "target_tokens_per_s"):  # every step's metrics, once each, in order
+        history = sorted(client.get_metric_history(train_id, key), key=lambda m: (m.timestamp, m.step))
+        assert [m.step for m in history] == list(range(1, OUTAGE_STEPS + 1)), (key, [m.step for m in history])
+    champion = client.get_model_version_by_alias(config["register"]["model_name"], "champion")
+    assert champion.run_id in {r.info.run_id for r in [parent, *children.values()]}
+    storage = Path(config["train"]["storage_path"])
+    left = [p for p in storage.glob("outage-*/tracking_*.jsonl") if config["name"] in p.parent.name]
+    assert left == [], left  # nothing left to replay, nothing refused
+    said = worker_log.read_text(errors="replace")[len(said_before):]
+    figures = {**stall(client.get_metric_history(train_id, "loss"), config["train"]["checkpoint_every"]),
+               "outage_s": outage, "flow_s": time.time() - started,
+               "unreachable_lines": said.count("the MLflow server is unreachable"),
+               "back_lines": said.count("the MLflow server answers again")}
+    print(f"\noutage of {service}: down {outage:.0f} s over steps {OUTAGE_FROM}-{OUTAGE_TO}; median step "
+          f"{figures['median_ms']:.0f} ms outside, slowest {figures['slowest_during_ms']:.0f} ms during "
+          f"({figures['ratio']:.1f}x; {figures['slowest_outside_ms']:.0f} ms outside); steps over twice the "
+          f"median: {figures['over_twice_during']:.0%} during, {figures['over_twice_outside']:.0%} outside; "
+          f"flow run {figures['flow_s']:.0f} s")
+    return figures
+
+
+def test_tracking_outage_past_the_retry_budget_loses_no_metric_and_the_flow_completes(
+        cluster: Cluster, monkeypatch):
+    figures = run_through_outage(cluster, "mlflow", monkeypatch)
+    # Training said once that tracking was unreachable, and once that it was back.
+    assert (figures["unreachable_lines"], figures["back_lines"]) == (1, 1), figures
+
+
+def test_prefect_server_restarted_mid_flow(cluster: Cluster, monkeypatch):
+    figures = run_through_outage(cluster, "prefect", monkeypatch)
+    assert figures["unreachable_lines"] == 0, figures
+
+
+def test_postgres_restarted_mid_run(cluster: Cluster, monkeypatch):
+    run_through_outage(cluster, "postgres", monkeypatch)
+
+
 def serve_and_ask(cluster: Cluster, on: str, uri: str, texts: list[str]) -> list[str]:
     """``mlflow models serve`` of ``uri`` on host ``on``; the predictions for ``texts`` asked
     from here."""
@@ -418,10 +576,9 @@ def serve_and_ask(cluster: Cluster, on: str, uri: str, texts: list[str]) -> list
             os.killpg(server.pid, signal.SIGKILL)
 
 
-def first_flow_run(where: Path) -> None:
-    """The first flow run's process (the worker runs this file in place of ``python -m
-    prefect.engine``): Prefect's engine, with ``StopAndSayWhere`` on training, so the host dies
-    while training waits for it, however fast the machine is."""
+def flow_run_with(callback) -> None:
+    """A flow run's process (the worker runs this file in place of ``python -m prefect.engine``):
+    Prefect's engine, with ``callback`` on training's steps."""
     import dataclasses
     import runpy
 
@@ -431,10 +588,9 @@ def first_flow_run(where: Path) -> None:
     from tasks import graph, train
 
     ray.cloudpickle.register_pickle_by_value(test_multinode)  # the workers cannot import it
-    stop = StopAndSayWhere(where, KILL_AT)
 
     def run(config, inputs, *, force=False):
-        return train.run_with_callbacks(config, inputs, [stop], force=force)
+        return train.run_with_callbacks(config, inputs, [callback], force=force)
 
     graph.PIPELINES["wmt14"] = tuple(dataclasses.replace(s, run=run) if s.name == "train" else s
                                      for s in graph.PIPELINES["wmt14"])
@@ -443,4 +599,10 @@ def first_flow_run(where: Path) -> None:
 
 
 if __name__ == "__main__":
-    first_flow_run(Path(sys.argv[1]))
+    # The first run: the host dies while training waits for it at KILL_AT, however fast the
+    # machine is. An outage run: the service is down between two steps training waits at.
+    where = Path(sys.argv[1])
+    if sys.argv[2:] == ["outage"]:
+        flow_run_with(Gates(where, {OUTAGE_FROM: "down", OUTAGE_TO: "up"}))
+    else:
+        flow_run_with(StopAndSayWhere(where, KILL_AT))
