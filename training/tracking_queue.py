@@ -85,7 +85,7 @@ class TrackingQueue:
                 return
             if s.spilling or len(s.memory) >= self.capacity:
                 try:
-                    self.spill.append([record])
+                    self.spill.append([record], sync=False)  # no fsync on training's thread
                     s.spilling = True
                 except OSError as exc:
                     s.lost += 1
@@ -120,6 +120,7 @@ class TrackingQueue:
             self._cond.notify_all()
         self._stop.set()
         self._thread.join(timeout=1.0)
+        self.spill.sync_file()
         return self.spill.count()
 
     def _say(self, line: str) -> None:

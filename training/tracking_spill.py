@@ -153,7 +153,10 @@ class SpillFile:
         self.path = Path(path)
         self.offset_path = self.path.with_name(self.path.name + OFFSET_SUFFIX)
 
-    def append(self, records: Iterable[Record]) -> None:
+    def append(self, records: Iterable[Record], sync: bool = True) -> None:
+        """Add ``records`` at the end; ``sync`` waits for the disk (fsync). Without it they are
+        in the kernel's cache, which outlives this process, not the machine: training's own
+        thread appends so, as one fsync took up to a second on a busy disk (``sync_file``)."""
         text = "".join(r.to_json() + "\n" for r in records)
         if not text:
             return
@@ -163,6 +166,12 @@ class SpillFile:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
+            if sync:
+                os.fsync(f.fileno())
+
+    def sync_file(self) -> None:
+        """Wait for the disk to hold what was appended without ``sync``."""
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as f:
             os.fsync(f.fileno())
 
     def _ends_a_line(self) -> bool:
