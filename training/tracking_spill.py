@@ -228,13 +228,12 @@ class SpillFile:
 
     def rewrite(self, head: Sequence[Record]) -> None:
         """``head`` before the records not yet written, atomically (an outage seen while the
-        thread held older records than the file's: they go first, as they were logged first)."""
+        thread held older records than the file's: they go first, as they were logged first).
+        No fsync: it runs under the lock training's ``put`` takes (``sync_file`` at the end)."""
         rest = [r for r, _ in self.read(self.offset())]
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("".join(r.to_json() + "\n" for r in (*head, *rest)))
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, self.path)
         self.offset_path.unlink(missing_ok=True)
 
