@@ -131,28 +131,34 @@ class TrackingQueue:
         """The next group to send and, when it comes from the spill file, the offset past it;
         None when closed and done."""
         s = self._state
-        with self._cond:
-            while True:
-                if s.stopped:
-                    return None
-                if s.memory:
-                    group = merge(list(s.memory)[:MAX_METRICS])[0]
-                    for _ in group:
-                        s.memory.popleft()
-                    s.inflight = group
-                    return group, None
-                if s.spilling:
-                    read = list(self.spill.read(self.spill.offset(), limit=MAX_METRICS))
-                    if read:
-                        group = merge([r for r, _ in read])[0]
-                        return group, read[len(group) - 1][1]
-                    s.spilling = False  # the file was written through
+        while True:
+            with self._cond:
+                while True:  # memory first: the file holds what came after it
+                    if s.stopped:
+                        return None
+                    if s.memory:
+                        group = merge(list(s.memory)[:MAX_METRICS])[0]
+                        for _ in group:
+                            s.memory.popleft()
+                        s.inflight = group
+                        return group, None
+                    if s.spilling:
+                        break
+                    if s.closing:
+                        self._cond.notify_all()
+                        return None
+                    self._cond.wait()
+            # Outside the lock, so that training's put never waits for this parse (up to
+            # MAX_METRICS lines at every probe of an outage): the file only grows meanwhile, and
+            # only this thread commits or rewrites it.
+            read = list(self.spill.read(self.spill.offset(), limit=MAX_METRICS))
+            if read:
+                group = merge([r for r, _ in read])[0]
+                return group, read[len(group) - 1][1]
+            with self._cond:
+                if not self.spill.pending():  # written through; a put since then is in memory
+                    s.spilling = False
                     self._cond.notify_all()
-                    continue
-                if s.closing:
-                    self._cond.notify_all()
-                    return None
-                self._cond.wait()
 
     def _run(self) -> None:
         try:
