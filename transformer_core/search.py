@@ -57,7 +57,7 @@ def _next_log_probs(logits: Tensor, model: Transformer, out: Tensor | None = Non
 
 def _new_state(
     model: Transformer, memory: Memory, capacity: int, use_cache: bool
-) -> decoding.DecoderState | decoding.RecomputeState:
+) -> decoding.IncrementalState:
     """The decoder state a search steps through: the cache, or (``use_cache=False``, tests and
     benchmarks only) the reference that recomputes the whole prefix every step."""
     if use_cache:
@@ -189,7 +189,7 @@ class _Search:
         # Only the first beam is live at the start, so the first step does not pick k copies.
         self.scores = torch.full((batch, k), float("-inf"), device=device)  # (n, k) log-probs
         self.scores[:, 0] = 0.0
-        self.state: decoding.DecoderState | decoding.RecomputeState
+        self.state: decoding.IncrementalState
         self.log_prob_buffer: Tensor | None = None  # (n*k, V), reused: no per-step allocation
 
 
