@@ -2,8 +2,8 @@
 
 Without ``-v``, what the libraries say goes to the run's log, ``<workdir>/logs/tfm.log``:
 Ray Data's INFO lines (its logging config, which Ray's local workers inherit through the
-environment), MLflow's (``MLFLOW_CONFIGURE_LOGGING=false``: no handler of its own) and other
-libraries' log records, and Python warnings (``logging.captureWarnings``).
+environment), other libraries' log records that reach the root logger, and Python warnings
+(``logging.captureWarnings``). MLflow's loggers keep their own console handler (INFO).
 MLflow's artifact download bars and its "View run ... at" links are switched off with MLflow's
 own variables (a progress bar is not a log line). ``-v`` leaves every library as it is and logs
 at DEBUG. Our own records, warnings included, and anyone's errors stay on the console.
@@ -32,12 +32,9 @@ RAY_DATA_CONFIG_VAR = "RAY_DATA_LOGGING_CONFIG"
 QUIET_MLFLOW = {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-    # No console handler of MLflow's own on its loggers: they reach the root logger's handlers.
-    "MLFLOW_CONFIGURE_LOGGING": "false",
 }
-DATABASE_LOGGERS = ("sqlalchemy.engine", "alembic", "huey")
-"""MLflow's database libraries, at WARNING as MLflow's logging setup leaves them (at INFO
-SQLAlchemy logs every statement)."""
+"""Not ``MLFLOW_CONFIGURE_LOGGING=false``: Ray's workers inherit it, and there it unleashed
+alembic's INFO lines (9 per training run) that MLflow's own setup keeps at WARNING."""
 
 
 def is_ours(name: str) -> bool:
@@ -91,8 +88,6 @@ def setup(verbose: bool) -> None:
     handler.addFilter(for_console)
     for name, value in QUIET_MLFLOW.items():
         os.environ.setdefault(name, value)
-    for name in DATABASE_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
     logging.captureWarnings(True)  # to the "py.warnings" logger: the log, not the console
     # One line per HTTP call to the Prefect API buries the stage log.
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -68,11 +68,11 @@ def test_verbose_leaves_ray_data_as_it_is(tmp_path, clean_logging):
 
 def test_a_command_leaves_logging_and_the_environment_as_it_found_them(tmp_path, clean_logging):
     root = logging.getLogger()
-    handlers, mlflow_logging = list(root.handlers), os.environ.get("MLFLOW_CONFIGURE_LOGGING")
+    handlers, bars = list(root.handlers), os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     with console.routed(verbose=False):
         console.log_to(tmp_path, verbose=False)
         assert console.RAY_DATA_CONFIG_VAR in os.environ
         assert len(root.handlers) == len(handlers) + 2  # the console and the run log
     assert root.handlers == handlers
     assert console.RAY_DATA_CONFIG_VAR not in os.environ
-    assert os.environ.get("MLFLOW_CONFIGURE_LOGGING") == mlflow_logging
+    assert os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR") == bars
