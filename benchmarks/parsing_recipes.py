@@ -56,13 +56,17 @@ def evaluate(model, tok, config, split, beam, constrained, limit=None):
     from parsing.constrain import bracket_vocab
     from parsing.linearize import POS_TAGS, repair, structure_tokens
     from parsing.trees import read_trees
-    from transformer_core.search import beam_search_nbest
+    from transformer_core.constraints import TreeConstraint
+    from transformer_core.search import SearchSettings, search
 
     root, form = config.root, config.parsing.form
     words = (root / "linearize" / f"{split}.words").read_text(encoding="utf-8").splitlines()
     golds = list(read_trees(root / "treebank" / f"{split}.trees"))
     words, golds = words[:limit], golds[:limit]
     constraint = bracket_vocab(tok, form, model.tgt_vocab_size) if constrained else None
+    settings = SearchSettings(
+        beam_size=beam, alpha=config.parsing.alpha, max_len_offset=config.parsing.max_len_offset
+    )
     ids = tok.encode_batch(words)
     device = next(model.parameters()).device
     hyps: list[str] = [""] * len(ids)
@@ -72,14 +76,8 @@ def evaluate(model, tok, config, split, beam, constrained, limit=None):
         src = torch.zeros(len(rows), max(len(ids[i]) for i in rows), dtype=torch.long)
         for j, i in enumerate(rows):
             src[j, : len(ids[i])] = torch.tensor(ids[i])
-        found = beam_search_nbest(
-            model,
-            src.to(device),
-            beam_size=beam,
-            alpha=config.parsing.alpha,
-            max_len_offset=config.parsing.max_len_offset,
-            constraint=constraint,
-        )
+        step = None if constraint is None else TreeConstraint(constraint)
+        found = search(model, src.to(device), settings, step)
         for j, i in enumerate(rows):
             hyps[i] = tok.decode(found[j][0].tokens) if found[j] else ""
     fixed = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from corpora import CorpusError
 from corpora.redact import redact_uri
 from parsing.trees import TreebankError
-from pipelines import signals
+from pipelines import console, signals
 from serving import ServingError
 from tasks.config import ConfigError
 from tasks.contract import StageError
@@ -59,6 +58,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
+    console.log_to(config.root, args.verbose)
     _prefect_env()
     from pipelines import watchdog
     from pipelines.flows import pipeline_flow
@@ -91,10 +91,12 @@ def _print_summary(config, results) -> None:
         print("registry: " + json.dumps(stats["register"]))
     print(f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {redact_uri(config.tracking_uri)} --host 127.0.0.1")
     print(f"Both UIs:   {PROG} ui <config> --start   (MLflow and Prefect, bound to 127.0.0.1)")
+    print(f"Run log:    {config.root / console.LOG_FILE}   (the libraries' lines; -v shows them here)")
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
+    console.log_to(config.root, args.verbose)
     from pipelines import watchdog
     from tasks import graph, tracking
 
@@ -232,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Attention Is All You Need, as a Prefect + Ray + MLflow pipeline.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and the libraries' own lines (Ray Data, MLflow, warnings) on the console")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("version", help="print the version")
@@ -324,43 +326,28 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.func in (cmd_run, cmd_stage):
         signals.stop_on_signals(PROG)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not args.verbose:
-        # One line per HTTP call to the Prefect API buries the stage log.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-        # A failed task or flow is logged with its traceback; the error's one line ends the
-        # output anyway, and -v keeps the tracebacks.
-        for name in ("prefect.task_runs", "prefect.flow_runs"):
-            logging.getLogger(name).addFilter(_without_traceback)
-    try:
-        return args.func(args)
-    except ConfigError as exc:
-        print(f"{PROG}: config error: {exc}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, SystemExit) as exc:
-        signum = signals.stop_signal()
-        if signum is not None:
-            signals.exit_now(signum)
-        if isinstance(exc, SystemExit):
-            raise
-        print(signals.stop_line(2), file=sys.stderr)  # a KeyboardInterrupt of its own: as Ctrl-C
-        return 130
-    except Exception as exc:
-        signum = signals.stop_signal(0.0)
-        if signum is not None:  # what a stop broke on the way out (a server gone with it)
-            signals.exit_now(signum)
-        if args.verbose:
-            raise
-        print(f"{PROG}: {error_line(exc)}", file=sys.stderr)
-        return 1
-
-
-def _without_traceback(record: logging.LogRecord) -> bool:
-    record.exc_info, record.exc_text = None, None
-    return True
+    with console.routed(args.verbose):
+        try:
+            return args.func(args)
+        except ConfigError as exc:
+            print(f"{PROG}: config error: {exc}", file=sys.stderr)
+            return 2
+        except (KeyboardInterrupt, SystemExit) as exc:
+            signum = signals.stop_signal()
+            if signum is not None:
+                signals.exit_now(signum)
+            if isinstance(exc, SystemExit):
+                raise
+            print(signals.stop_line(2), file=sys.stderr)  # a KeyboardInterrupt of its own: as Ctrl-C
+            return 130
+        except Exception as exc:
+            signum = signals.stop_signal(0.0)
+            if signum is not None:  # what a stop broke on the way out (a server gone with it)
+                signals.exit_now(signum)
+            if args.verbose:
+                raise
+            print(f"{PROG}: {error_line(exc)}", file=sys.stderr)
+            return 1
 
 
 # Errors whose message is written for the user; anything else is named by its type.

@@ -180,22 +180,23 @@ class TorchEngine:
         """The ``n_best`` best hypotheses (ids and length-penalised scores) per source."""
         import torch
 
-        from transformer_core.search import beam_search_nbest
+        from transformer_core.constraints import TreeConstraint
+        from transformer_core.search import SearchSettings, search
 
         width = max(len(s) for s in src_ids)
         src = torch.full((len(src_ids), width), self.config.pad_id, dtype=torch.long)  # (B, S)
         for i, seq in enumerate(src_ids):
             src[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        settings = SearchSettings(
+            beam_size=decode.beam_size,
+            alpha=decode.alpha,
+            max_len_offset=decode.max_len_offset,
+            n_best=n_best,
+        )
+        # The constraint's state is one search's, so each call gets its own.
+        step = None if self.constraint is None else TreeConstraint(self.constraint)
         with torch.inference_mode():
-            return beam_search_nbest(
-                self.model,
-                src.to(self.device),
-                beam_size=decode.beam_size,
-                alpha=decode.alpha,
-                max_len_offset=decode.max_len_offset,
-                n_best=n_best,
-                constraint=self.constraint,
-            )
+            return search(self.model, src.to(self.device), settings, step)
 
 
 class Translator:

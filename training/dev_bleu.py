@@ -20,7 +20,7 @@ from training.data import TokenData
 from training.distributed import all_reduce_sum
 from transformer_core.config import EOS_ID
 from transformer_core.model import Transformer
-from transformer_core.search import greedy_search
+from transformer_core.search import SearchSettings, search
 
 
 class DevBleu:
@@ -61,9 +61,9 @@ class DevBleu:
             src = torch.full((len(batch), longest), pad, dtype=torch.long)
             for row, i in enumerate(batch):
                 src[row, : len(self.sources[i])] = torch.as_tensor(self.sources[i].astype(np.int64))
-            hyps = greedy_search(model, src.to(device), max_len_offset=self.max_len_offset)
-            for i, ids in zip(batch, hyps, strict=True):
-                out[i] = self._text(np.asarray(ids))
+            greedy = SearchSettings(beam_size=1, greedy=True, max_len_offset=self.max_len_offset)
+            for i, (best,) in zip(batch, search(model, src.to(device), greedy), strict=True):
+                out[i] = self._text(np.asarray(best.tokens))
         return out
 
     def score(self, model: Transformer, device: torch.device) -> float:

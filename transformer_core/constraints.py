@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["BracketVocab", "BracketState"]
+__all__ = ["BracketVocab", "BracketState", "TreeConstraint"]
 
 
 @dataclass(frozen=True)
@@ -269,3 +269,44 @@ class BracketState:
         # A leaf fills every open constituent; a closed child (which held one) fills its parent.
         self.filled = torch.where(is_open, False, self.filled | is_leaf | is_close)
         self.steps += 1
+
+
+class TreeConstraint:
+    """The tree constraint as a beam-search step processor
+    (``transformer_core.search_settings.StepProcessor``): one ``BracketState`` row per beam."""
+
+    def __init__(self, vocab: BracketVocab) -> None:
+        self.vocab = vocab
+        self.beam_size = 1
+        self.state: BracketState | None = None
+
+    def begin(self, src: Tensor, limits: Tensor, beam_size: int) -> None:
+        """The state of every beam (B*k rows) of the sources (B, S); ``limits`` (B,)."""
+        vocab = self.vocab.to(src.device)
+        per_beam = torch.arange(src.size(0), device=src.device).repeat_interleave(beam_size)
+        classes = vocab.word_classes(src)
+        self.beam_size = beam_size
+        self.state = BracketState(
+            vocab,
+            vocab.words(src)[per_beam],
+            limits.to(src.device)[per_beam],
+            None if classes is None else classes[per_beam],
+            src[per_beam] if vocab.copy_words else None,
+        )
+
+    def mask(self, log_probs: Tensor, first: bool) -> None:
+        """Disallowed tokens get -inf, in place. ``first``: one row per sentence (its first
+        beam); only the root's opening tokens may come, so no copied piece is rescored."""
+        if self.state is None:
+            raise RuntimeError("TreeConstraint.mask before begin")
+        if first:
+            log_probs.masked_fill_(~self.state.allowed()[:: self.beam_size], float("-inf"))
+        else:
+            self.state.mask(log_probs)
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        """Keep beams ``rows`` (N',) in that order, then take one token (N',) per beam."""
+        if self.state is None:
+            raise RuntimeError("TreeConstraint.advance before begin")
+        self.state.reorder(rows)
+        self.state.advance(tokens)

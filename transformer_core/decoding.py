@@ -17,6 +17,7 @@ Shapes as in ``model.py``; g is the number of rows (beams) sharing one source ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +26,24 @@ from transformer_core.model import Memory, Transformer
 
 LOGIT_CHUNK = 2048
 """Vocabulary rows per block of the chunked output projection (see ``chunked_logits``)."""
+
+
+class IncrementalState(Protocol):
+    """What a search steps through (``decode_step``): the cache, ``DecoderState``, or the
+    uncached reference, ``RecomputeState``."""
+
+    @property
+    def length(self) -> int:
+        """Target positions decoded so far."""
+        ...
+
+    def reorder(self, indices: Tensor) -> IncrementalState:
+        """Keep rows ``indices`` (B',) in that order, in place."""
+        ...
+
+    def regroup(self, rows: Tensor, groups: Tensor | None, group: int) -> IncrementalState:
+        """Beam search's reorder: rows ``rows`` (B',), each ``group`` of them on one source."""
+        ...
 
 
 @dataclass(eq=False)
@@ -192,7 +211,7 @@ def init_state(model: Transformer, memory: Memory, capacity: int = 0) -> Decoder
     return DecoderState(layers, memory.src_pad)
 
 
-def decode_step(model: Transformer, tgt_in: Tensor, state: DecoderState | RecomputeState) -> Tensor:
+def decode_step(model: Transformer, tgt_in: Tensor, state: IncrementalState) -> Tensor:
     """Logits (B, T, V) of the new decoder input ids ``tgt_in`` (B, T), which follow the
     ``state.length`` cached positions; appends their keys/values to ``state``."""
     if isinstance(state, RecomputeState):

@@ -1,15 +1,15 @@
-"""Decoding: batched greedy and beam search on the incremental decoder state (section 6.1).
+"""Decoding: one entry, ``search(model, src, settings, step)``, on the incremental decoder state.
 
-Both return, per input row and in input order, the output token ids without BOS and EOS.
+It returns, per input row and in input order, the best hypotheses (ids without BOS and EOS).
 The maximum output length of a sentence is its source length (non-pad tokens) plus
 ``max_len_offset``, or ``max_len`` when given; a hypothesis that reaches it ends there.
 Padding and BOS are never produced (their log-probabilities are set to -inf).
 
 Beam search runs in steps, each a function below: ``_start`` (the first expansion, from one row
-per sentence while its k beams are still identical), ``_expand`` (every beam's continuations),
-``_constrain`` (the tree constraint), ``_select`` (the 2k best, which finish, which stay open),
-``_finish`` (record the finished hypotheses), ``_sentences_left`` (termination) and ``_advance``
-(reorder the beams, the decoder state and the constraint for the next step).
+per sentence while its k beams are still identical), ``_expand`` (every beam's continuations,
+masked by the step processor, e.g. the tree constraint), ``_select`` (the 2k best, which finish,
+which stay open), ``_finish`` (record the finished hypotheses), ``_sentences_left``
+(termination) and ``_advance`` (reorder the beams, the decoder state and the step processor).
 """
 
 from __future__ import annotations
@@ -22,23 +22,14 @@ from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
 from transformer_core import decoding
-from transformer_core.constraints import BracketState, BracketVocab
+from transformer_core.constraints import BracketVocab, TreeConstraint
 from transformer_core.model import NO_CUDNN, Memory, Transformer
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    """One finished output: token ids (no BOS/EOS) and its length-penalised log-probability."""
-
-    tokens: list[int]
-    score: float
-
-
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used by the paper with alpha=0.6.
-
-    |Y| counts decoded positions, the final EOS included (as tensor2tensor)."""
-    return ((5.0 + length) / 6.0) ** alpha
+from transformer_core.search_settings import (
+    Hypothesis,
+    SearchSettings,
+    StepProcessor,
+    length_penalty,
+)
 
 
 def _output_limits(
@@ -66,7 +57,7 @@ def _next_log_probs(logits: Tensor, model: Transformer, out: Tensor | None = Non
 
 def _new_state(
     model: Transformer, memory: Memory, capacity: int, use_cache: bool
-) -> decoding.DecoderState | decoding.RecomputeState:
+) -> decoding.IncrementalState:
     """The decoder state a search steps through: the cache, or (``use_cache=False``, tests and
     benchmarks only) the reference that recomputes the whole prefix every step."""
     if use_cache:
@@ -97,117 +88,80 @@ class _eval_mode:
         self.model.train(self.was_training)
 
 
-def greedy_search(
+def search(
     model: Transformer,
     src: Tensor,
-    max_len_offset: int = 50,
-    max_len: int | None = None,
-    use_cache: bool = True,
-) -> list[list[int]]:
-    """Most probable next token at every step, for a batch of sources (B, S). ``use_cache=False``
-    runs the uncached reference (tests and benchmarks)."""
-    config = model.config
+    settings: SearchSettings = SearchSettings(),
+    step: StepProcessor | None = None,
+) -> list[list[Hypothesis]]:
+    """The ``settings.n_best`` best hypotheses per source row (B, S), best first; ``step``
+    plugs a constraint into every beam step (none: unconstrained)."""
+    if settings.greedy and step is not None:
+        raise ValueError("the greedy loop takes no step processor (use beam_size=1 without greedy)")
     model.check_values(src=src)
     with _eval_mode(model):
-        B = src.size(0)
-        limits = _output_limits(model, src, max_len_offset, max_len).to(src.device)  # (B,)
-        state = _new_state(model, model.encode(src), int(limits.max()), use_cache)
-        tokens = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
-        lengths = limits.clone()  # output length of each row, EOS excluded
-        done = torch.zeros(B, dtype=torch.bool, device=src.device)
-        for step in range(int(limits.max())):
-            logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (B, V)
-            next_token = _next_log_probs(logits, model).argmax(dim=-1)  # (B,)
-            next_token = next_token.masked_fill(done, config.pad_id)
-            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, step + 2)
-            ended = ~done & next_token.eq(config.eos_id)
-            lengths = torch.where(ended, step, lengths)
-            done |= ended | limits.le(step + 1)
-            if bool(done.all()):
-                break
-        rows = tokens[:, 1:].tolist()
-        return [row[:n] for row, n in zip(rows, lengths.tolist(), strict=True)]
+        if settings.greedy:
+            return [[hyp] for hyp in _greedy(model, src, settings)]
+        return _beam(model, src, settings, step)
 
 
-def beam_search(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
-    use_cache: bool = True,
-    max_len: int | None = None,
-) -> list[list[int]]:
-    """The best hypothesis of a length-penalised beam search, for each source row (B, S)."""
+def _greedy(model: Transformer, src: Tensor, settings: SearchSettings) -> list[Hypothesis]:
+    """Most probable next token at every step, for a batch of sources (B, S)."""
+    config, B = model.config, src.size(0)
+    limits = _output_limits(model, src, settings.max_len_offset, settings.max_len).to(src.device)
+    state = _new_state(model, model.encode(src), int(limits.max()), settings.use_cache)
+    tokens = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+    lengths = limits.clone()  # output length of each row, EOS excluded
+    scores = torch.zeros(B, device=src.device)  # (B,) summed log-probs, as the beam loop sums
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    by_eos = torch.zeros(B, dtype=torch.bool, device=src.device)  # ended by EOS, not the limit
+    for step in range(int(limits.max())):
+        logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (B, V)
+        log_probs = _next_log_probs(logits, model)  # (B, V)
+        next_token = log_probs.argmax(dim=-1)  # (B,)
+        picked = log_probs.gather(1, next_token[:, None])[:, 0]  # (B,)
+        scores = torch.where(done, scores, scores + picked)
+        next_token = next_token.masked_fill(done, config.pad_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, step + 2)
+        ended = ~done & next_token.eq(config.eos_id)
+        lengths = torch.where(ended, step, lengths)
+        by_eos |= ended
+        done |= ended | limits.le(step + 1)
+        if bool(done.all()):
+            break
     return [
-        best.tokens
-        for best in beam_search_hypotheses(
-            model, src, beam_size, alpha, max_len_offset, use_cache, max_len
+        # Decoded positions count the EOS, as in the beam loop.
+        Hypothesis(row[:n], score / length_penalty(n + int(eos), settings.alpha))
+        for row, n, eos, score in zip(
+            tokens[:, 1:].tolist(), lengths.tolist(), by_eos.tolist(), scores.tolist(), strict=True
         )
     ]
 
 
-def beam_search_hypotheses(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
-    use_cache: bool = True,
-    max_len: int | None = None,
-) -> list[Hypothesis]:
-    """Like ``beam_search``, returning the best ``Hypothesis`` (tokens and score) per row."""
-    found = beam_search_nbest(
-        model, src, beam_size, alpha, max_len_offset, use_cache=use_cache, max_len=max_len
-    )
-    return [hyps[0] if hyps else Hypothesis([], float("-inf")) for hyps in found]
-
-
-def beam_search_nbest(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
-    n_best: int = 1,
-    *,
-    use_cache: bool = True,
-    max_len: int | None = None,
-    constraint: BracketVocab | None = None,
+def _beam(
+    model: Transformer, src: Tensor, settings: SearchSettings, step: StepProcessor | None
 ) -> list[list[Hypothesis]]:
-    """The ``n_best`` (<= beam size) best hypotheses per source row, best first.
-
-    With ``constraint`` every hypothesis is a well-formed bracketing with one leaf per source
-    word (``transformer_core.constraints``): disallowed tokens get probability 0.
+    """Length-penalised beam search with an optional step processor (``step``).
 
     At each step the 2k best continuations of the k open beams are ranked; EOS among the first k
     finishes a hypothesis, and the first k that are not EOS stay open. A sentence is done when
     it has k finished hypotheses, when no open one can beat its ``n_best``-th best finished one
     (its score can only fall, and the penalty only grows up to the length limit), or at the
     length limit. Done sentences leave the batch, so later steps cost only what is still open.
-    ``use_cache=False`` runs the uncached reference (tests and benchmarks).
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best must be in [1, beam_size {beam_size}], got {n_best}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0 (the early stop relies on it), got {alpha}")
-    model.check_values(src=src)
-    with _eval_mode(model):
-        limits = _output_limits(model, src, max_len_offset, max_len)  # (B,) on CPU
-        search = _Search(model, beam_size, alpha, n_best, limits, src.size(0), src.device)
-        candidates = _start(search, src, constraint, use_cache)
-        for step in range(int(limits.max())):
-            if step > 0:
-                candidates = _expand(search)
-            top = _select(search, candidates, step + 1)
-            _finish(search, top, step + 1)
-            keep = _sentences_left(search, top)
-            if not bool(keep.any()):
-                break
-            _advance(search, top, keep, first=step == 0)
-        return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in search.finished]
+    limits = _output_limits(model, src, settings.max_len_offset, settings.max_len)  # (B,) CPU
+    search = _Search(model, settings, step, limits, src.size(0), src.device)
+    candidates = _start(search, src)
+    for step_index in range(int(limits.max())):
+        if step_index > 0:
+            candidates = _expand(search)
+        top = _select(search, candidates, step_index + 1)
+        _finish(search, top, step_index + 1)
+        keep = _sentences_left(search, top)
+        if not bool(keep.any()):
+            break
+        _advance(search, top, keep, first=step_index == 0)
+    return [sorted(hyps, key=lambda h: -h.score)[: settings.n_best] for hyps in search.finished]
 
 
 class _Search:
@@ -216,14 +170,15 @@ class _Search:
     def __init__(
         self,
         model: Transformer,
-        k: int,
-        alpha: float,
-        n_best: int,
+        settings: SearchSettings,
+        step: StepProcessor | None,
         limits: Tensor,
         batch: int,
         device: torch.device,
     ) -> None:
-        self.model, self.k, self.alpha, self.n_best = model, k, alpha, n_best
+        self.model, self.settings, self.step = model, settings, step
+        k = self.k = settings.beam_size
+        self.alpha, self.n_best = settings.alpha, settings.n_best
         self.limits: Tensor = limits  # (B,) on CPU: output length limit of each input row
         self.device: torch.device = device
         self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
@@ -234,8 +189,7 @@ class _Search:
         # Only the first beam is live at the start, so the first step does not pick k copies.
         self.scores = torch.full((batch, k), float("-inf"), device=device)  # (n, k) log-probs
         self.scores[:, 0] = 0.0
-        self.state: decoding.DecoderState | decoding.RecomputeState
-        self.brackets: BracketState | None = None
+        self.state: decoding.IncrementalState
         self.log_prob_buffer: Tensor | None = None  # (n*k, V), reused: no per-step allocation
 
 
@@ -257,34 +211,20 @@ class _Top:
     open_scores: Tensor
 
 
-def _start(
-    search: _Search, src: Tensor, constraint: BracketVocab | None, use_cache: bool
-) -> Tensor:
-    """Encode, set up the decoder state and the constraint, and expand the first step from one
-    row per sentence (its k beams are still identical): candidates (B, k*V)."""
+def _start(search: _Search, src: Tensor) -> Tensor:
+    """Encode, set up the decoder state and the step processor, and expand the first step from
+    one row per sentence (its k beams are still identical): candidates (B, k*V)."""
     model, k = search.model, search.k
-    search.state = _new_state(model, model.encode(src), int(search.limits.max()), use_cache)
-    if constraint is not None:
-        search.brackets = _tree_state(constraint, src, search.limits, k)
+    capacity = int(search.limits.max())
+    search.state = _new_state(model, model.encode(src), capacity, search.settings.use_cache)
+    if search.step is not None:
+        search.step.begin(src, search.limits, k)
     logits = decoding.decode_step(model, search.tokens[::k, -1:], search.state)[:, -1]  # (n, V)
     log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
-    _constrain(search, log_probs, first=True)
+    if search.step is not None:
+        search.step.mask(log_probs, first=True)
     n, V = log_probs.shape
     return (search.scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
-
-
-def _tree_state(constraint: BracketVocab, src: Tensor, limits: Tensor, k: int) -> BracketState:
-    """The tree constraint's state of every beam (B*k rows) of the sources (B, S)."""
-    constraint = constraint.to(src.device)
-    per_beam = torch.arange(src.size(0), device=src.device).repeat_interleave(k)  # (B*k,)
-    classes = constraint.word_classes(src)
-    return BracketState(
-        constraint,
-        constraint.words(src)[per_beam],
-        limits.to(src.device)[per_beam],
-        None if classes is None else classes[per_beam],
-        src[per_beam] if constraint.copy_words else None,
-    )
 
 
 def _expand(search: _Search) -> Tensor:
@@ -296,19 +236,9 @@ def _expand(search: _Search) -> Tensor:
         search.log_prob_buffer = torch.empty(n * k, V, device=search.device)
     # In the buffer's leading rows (contiguous), then + scores in place.
     log_probs = _next_log_probs(logits, model, out=search.log_prob_buffer[: n * k])
-    _constrain(search, log_probs, first=False)
+    if search.step is not None:
+        search.step.mask(log_probs, first=False)
     return log_probs.add_(search.scores.view(n * k, 1)).view(n, k * V)  # (n, k*V)
-
-
-def _constrain(search: _Search, log_probs: Tensor, first: bool) -> None:
-    """The tree constraint, in place: disallowed tokens get -inf. ``first``: log_probs holds
-    one row per sentence, for its first beam."""
-    if search.brackets is None:
-        return
-    if first:
-        log_probs.masked_fill_(~search.brackets.allowed()[:: search.k], float("-inf"))
-    else:
-        search.brackets.mask(log_probs)
 
 
 def _select(search: _Search, candidates: Tensor, length: int) -> _Top:
@@ -380,10 +310,90 @@ def _advance(search: _Search, top: _Top, keep: Tensor, first: bool) -> None:
     search.tokens = torch.cat([search.tokens[rows], new_tokens], dim=1)  # (n'*k, t+2)
     search.scores = top.open_scores[keep_dev]  # (n', k)
     search.active = search.active[keep]
-    if search.brackets is not None:
-        search.brackets.reorder(rows)
-        search.brackets.advance(search.tokens[:, -1])
+    if search.step is not None:
+        search.step.advance(rows, search.tokens[:, -1])
     # Rows index the n*k beams; at the first step the state holds one row per sentence.
     state_rows = torch.div(rows, k, rounding_mode="floor") if first else rows
     groups = None if keep_all else keep.nonzero().view(-1).to(device)
     search.state.regroup(state_rows, groups, k)
+
+
+# Shorthands with the keyword arguments the parity and golden tests and the benchmarks pin; the
+# pipeline calls ``search``.
+
+
+def greedy_search(
+    model: Transformer,
+    src: Tensor,
+    max_len_offset: int = 50,
+    max_len: int | None = None,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """Greedy search's output ids per source row (B, S)."""
+    settings = SearchSettings(
+        beam_size=1,
+        greedy=True,
+        max_len_offset=max_len_offset,
+        max_len=max_len,
+        use_cache=use_cache,
+    )
+    return [hyps[0].tokens for hyps in search(model, src, settings)]
+
+
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    use_cache: bool = True,
+    max_len: int | None = None,
+) -> list[list[int]]:
+    """The best hypothesis' ids of the beam loop, for each source row (B, S)."""
+    return [
+        best.tokens
+        for best in beam_search_hypotheses(
+            model, src, beam_size, alpha, max_len_offset, use_cache, max_len
+        )
+    ]
+
+
+def beam_search_hypotheses(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    use_cache: bool = True,
+    max_len: int | None = None,
+) -> list[Hypothesis]:
+    """Like ``beam_search``, returning the best ``Hypothesis`` (tokens and score) per row."""
+    found = beam_search_nbest(
+        model, src, beam_size, alpha, max_len_offset, use_cache=use_cache, max_len=max_len
+    )
+    return [hyps[0] if hyps else Hypothesis([], float("-inf")) for hyps in found]
+
+
+def beam_search_nbest(
+    model: Transformer,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    n_best: int = 1,
+    *,
+    use_cache: bool = True,
+    max_len: int | None = None,
+    constraint: BracketVocab | None = None,
+) -> list[list[Hypothesis]]:
+    """The ``n_best`` best hypotheses per row, with the tree constraint when ``constraint`` is
+    given."""
+    settings = SearchSettings(
+        beam_size=beam_size,
+        alpha=alpha,
+        max_len_offset=max_len_offset,
+        max_len=max_len,
+        n_best=n_best,
+        use_cache=use_cache,
+    )
+    return search(model, src, settings, None if constraint is None else TreeConstraint(constraint))

@@ -1,0 +1,152 @@
+"""The console a person reads: our progress lines, the stage table, the scores, and errors.
+
+Without ``-v``, what the libraries say goes to the run's log, ``<workdir>/logs/tfm.log``:
+Ray Data's INFO lines (its logging config, which Ray's local workers inherit through the
+environment), other libraries' log records that reach the root logger, and Python warnings
+(``logging.captureWarnings``). MLflow's loggers keep their own console handler (INFO).
+MLflow's artifact download bars and its "View run ... at" links are switched off with MLflow's
+own variables (a progress bar is not a log line). ``-v`` leaves every library as it is and logs
+at DEBUG. Our own records, warnings included, and anyone's errors stay on the console.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+OURS = (
+    "pipelines", "tasks", "corpora", "parsing", "training", "evaluation", "serving",
+    "transformer_core", "__main__", "prefect.flow_runs", "prefect.task_runs",
+)  # fmt: skip
+"""Loggers whose records are ours: the packages, and the Prefect run loggers our stages log to."""
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FILE = Path("logs") / "tfm.log"
+"""The run's log, under its work dir: everything logged, the libraries' records included."""
+RAY_DATA_CONFIG_VAR = "RAY_DATA_LOGGING_CONFIG"
+"""Ray Data's logging config file (ray 2.60, ``ray.data._internal.logging``), read when
+``ray.data`` is imported, in the driver and in every worker."""
+QUIET_MLFLOW = {
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+}
+"""Not ``MLFLOW_CONFIGURE_LOGGING=false``: Ray's workers inherit it, and there it unleashed
+alembic's INFO lines (9 per training run) that MLflow's own setup keeps at WARNING."""
+
+
+def is_ours(name: str) -> bool:
+    """Whether logger ``name`` belongs to this project (or is a Prefect run logger we log to)."""
+    return any(name == ours or name.startswith(ours + ".") for ours in OURS)
+
+
+def for_console(record: logging.LogRecord) -> bool:
+    """Without ``-v``: our records, and anyone's errors."""
+    return record.levelno >= logging.ERROR or is_ours(record.name)
+
+
+def _without_traceback(record: logging.LogRecord) -> bool:
+    record.exc_info, record.exc_text = None, None
+    return True
+
+
+@contextlib.contextmanager
+def routed(verbose: bool) -> Iterator[None]:
+    """``setup`` for one command; after it the root logger and the environment are as they
+    were (tests run many commands in one process)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    switches = {name: os.environ.get(name) for name in (*QUIET_MLFLOW, RAY_DATA_CONFIG_VAR)}
+    setup(verbose)
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)
+        logging.captureWarnings(False)
+        for name, value in switches.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def setup(verbose: bool) -> None:
+    """First thing a command does: the console handler, and the libraries' switches, in the
+    environment before anything starts Ray or MLflow."""
+    root = logging.getLogger()
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if verbose:
+        return
+    handler.addFilter(for_console)
+    for name, value in QUIET_MLFLOW.items():
+        os.environ.setdefault(name, value)
+    logging.captureWarnings(True)  # to the "py.warnings" logger: the log, not the console
+    # One line per HTTP call to the Prefect API buries the stage log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # A failed task or flow is logged with its traceback; the error's one line ends the output
+    # anyway, and -v keeps the tracebacks.
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logging.getLogger(name).addFilter(_without_traceback)
+
+
+def log_to(workdir: Path, verbose: bool) -> Path:
+    """Write every log record to ``workdir``'s run log from now on; without ``-v`` Ray Data's
+    INFO lines go there instead of the console (call before Ray starts). Returns the log."""
+    path = workdir / LOG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    if not any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in root.handlers):
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter(FORMAT))
+        root.addHandler(handler)
+    if not verbose and RAY_DATA_CONFIG_VAR not in os.environ:
+        config = path.with_name("ray-data-logging.json")  # JSON is YAML, which Ray Data reads
+        config.write_text(json.dumps(ray_data_logging(path.resolve()), indent=1), encoding="utf-8")
+        os.environ[RAY_DATA_CONFIG_VAR] = str(config.resolve())
+    return path
+
+
+def ray_data_logging(log: Path) -> dict:
+    """Ray Data's default logging config (ray 2.60) with its console at WARNING and its records
+    appended to ``log`` too (by the driver and the local workers: one machine, one file)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"ray": {"format": FORMAT}},
+        "filters": {"console_filter": {"()": "ray.data._internal.logging.HiddenRecordFilter"}},
+        "handlers": {
+            "file": {
+                "class": "ray.data._internal.logging.SessionFileHandler",
+                "formatter": "ray",
+                "filename": "ray-data.log",
+            },
+            "run_log": {
+                "class": "logging.FileHandler",
+                "formatter": "ray",
+                "level": "INFO",
+                "filename": str(log),
+                "delay": True,
+            },
+            "console": {
+                "class": "ray._private.log.PlainRayHandler",
+                "formatter": "ray",
+                "level": "WARNING",
+                "filters": ["console_filter"],
+            },
+        },
+        "loggers": {
+            "ray.data": {
+                "level": "DEBUG",
+                "handlers": ["file", "run_log", "console"],
+                "propagate": False,
+            }
+        },
+    }

@@ -1,0 +1,78 @@
+"""The console filter and the run log: ours on the console, the libraries' lines in the log."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from pipelines import console
+
+
+def _record(name: str, level: int) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, "message", None, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "level", "shown"),
+    [
+        ("tasks.contract", logging.INFO, True),  # our progress lines
+        ("training.trainer", logging.WARNING, True),
+        ("prefect.task_runs", logging.INFO, True),  # what our stages log through Prefect
+        ("ray.data", logging.INFO, False),
+        ("py.warnings", logging.WARNING, False),  # a library's UserWarning
+        ("mlflow.store.db.utils", logging.INFO, False),
+        ("tasksmith", logging.INFO, False),  # a prefix of a name is not the package
+        ("ray.data", logging.ERROR, True),  # anyone's errors
+    ],
+)
+def test_the_console_shows_ours_and_errors(name, level, shown):
+    assert console.for_console(_record(name, level)) is shown
+
+
+@pytest.fixture
+def clean_logging(monkeypatch):
+    """Leave the root and ``ray.data`` loggers and the environment as they were."""
+    # Set, then removed: monkeypatch records that it was absent, and removes what log_to sets.
+    monkeypatch.setenv(console.RAY_DATA_CONFIG_VAR, "")
+    monkeypatch.delenv(console.RAY_DATA_CONFIG_VAR)
+    root, ray_data = logging.getLogger(), logging.getLogger("ray.data")
+    saved = (list(root.handlers), list(ray_data.handlers), ray_data.level, ray_data.propagate)
+    yield
+    for handler in root.handlers + ray_data.handlers:
+        if handler not in saved[0] + saved[1]:
+            handler.close()
+    root.handlers[:], ray_data.handlers[:] = saved[0], saved[1]
+    ray_data.setLevel(saved[2])
+    ray_data.propagate = saved[3]
+
+
+def test_ray_data_info_lines_go_to_the_run_log_not_the_console(tmp_path, clean_logging):
+    from ray.data._internal.logging import configure_logging
+
+    log = console.log_to(tmp_path, verbose=False)
+    configure_logging()  # what importing ray.data does, in the driver and in each worker
+    logging.getLogger("ray.data.test").info("Execution plan of Dataset x")
+    logging.getLogger("ray.data.test").warning("a warning of Ray Data's")
+    text = log.read_text(encoding="utf-8")
+    assert "Execution plan of Dataset x" in text and "a warning of Ray Data's" in text
+    levels = {h.name: h.level for h in logging.getLogger("ray.data").handlers}
+    assert levels["console"] == logging.WARNING
+
+
+def test_verbose_leaves_ray_data_as_it_is(tmp_path, clean_logging):
+    console.log_to(tmp_path, verbose=True)
+    assert console.RAY_DATA_CONFIG_VAR not in os.environ
+
+
+def test_a_command_leaves_logging_and_the_environment_as_it_found_them(tmp_path, clean_logging):
+    root = logging.getLogger()
+    handlers, bars = list(root.handlers), os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    with console.routed(verbose=False):
+        console.log_to(tmp_path, verbose=False)
+        assert console.RAY_DATA_CONFIG_VAR in os.environ
+        assert len(root.handlers) == len(handlers) + 2  # the console and the run log
+    assert root.handlers == handlers
+    assert console.RAY_DATA_CONFIG_VAR not in os.environ
+    assert os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR") == bars
