@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # three `tfm stage` processes, ~1 min idle
 
 RAY_DATA_INFO = "Execution plan of Dataset"
 """Ray Data's INFO line at the start of every dataset's execution (ray 2.60's streaming executor)."""
