@@ -17,8 +17,9 @@ from evaluation.evalb import (
 )
 from parsing.linearize import linearize
 from parsing.trees import Tree, parse_tree, write_tree
-from tasks.config import config_from_dict
-from tasks.contract import StageError, run_stage
+from tasks.framework.config import config_from_dict
+from tasks.framework.contract import StageError
+from tasks.framework.runner import build_folder
 from tasks.parse_score import run
 
 # Words: The cat sat on the mat .   The period is deleted, leaving positions 0..6 over 6 words.
@@ -194,7 +195,7 @@ def _artifact(path, stage, files):
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
 
-    return run_stage(stage, path, {"files": sorted(files)}, {}, build).path
+    return build_folder(stage, path, {"files": sorted(files)}, {}, build).path
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from evaluation.evalb import score_corpus
 from parsing.linearize import FORMS, linearize, punctuation_tag, repair, source, structure_tokens
 from parsing.trees import parse_tree, read_trees, write_tree
-from tasks.config import config_from_dict
-from tasks.contract import run_stage
+from tasks.framework.config import config_from_dict
+from tasks.framework.runner import build_folder
 from tasks.linearize import run
 
 JOHN = parse_tree("(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (. .))")
@@ -250,7 +250,7 @@ def _treebank_folder(tmp_path, trees):
         (tmp / "dev.trees").write_text(write_tree(trees[3]) + "\n")
         (tmp / "test.trees").write_text("".join(write_tree(t) + "\n" for t in trees[3:]))
 
-    return run_stage("treebank", tmp_path / "run" / "treebank", {"test": 1}, {}, build).path
+    return build_folder("treebank", tmp_path / "run" / "treebank", {"test": 1}, {}, build).path
 
 
 @pytest.mark.parametrize("form", FORMS)

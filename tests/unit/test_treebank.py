@@ -16,8 +16,8 @@ from parsing.trees import (
     strip_label,
     write_tree,
 )
-from tasks.config import ParsingConfig, config_from_dict
-from tasks.contract import StageError
+from tasks.framework.config import ParsingConfig, config_from_dict
+from tasks.framework.contract import StageError
 from tasks.treebank import run, split_files
 
 # Three WSJ-style trees as in a .mrg file: empty root bracket, several lines per tree, function
