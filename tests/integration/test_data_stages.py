@@ -238,7 +238,7 @@ def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, mo
     which stays the identity tokenizer and shard were made from, so nothing reruns."""
     import shutil
 
-    from tasks.framework import code_fingerprint, graph
+    from tasks.framework import code_fingerprint, runner
 
     config = make_config(tmp_path / "run", data=DataConfig(synthetic_train=300, synthetic_dev=20,
                                                             synthetic_test=20))
@@ -251,14 +251,14 @@ def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, mo
     filters.write_text(filters.read_text() + "\n\ndef _added_helper():\n    return 1\n")
     monkeypatch.setattr(code_fingerprint, "REPO", copy)
 
-    rows = dict(graph.status(config))
+    rows = dict(runner.status(config))
     assert rows["download"].up_to_date
     assert (rows["clean"].state, rows["clean"].reason) == ("stale", "code changed (corpora/filters.py)")
     assert rows["shard"].reason == "waits for clean, tokenizer"
 
-    accepted = graph.accept_one(config, "clean")
+    accepted = runner.accept_stage(config, "clean")
     assert accepted.reason == "accepted: code changed (corpora/filters.py)" and not accepted.ran
-    rows = dict(graph.status(config))
+    rows = dict(runner.status(config))
     assert all(rows[s].up_to_date for s in folders), rows
     assert "accepted" in rows["clean"].reason
     (entry,) = read_manifest(folders["clean"])["accepted"]

@@ -569,7 +569,7 @@ def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
     """An edited local file makes download stale, naming the file; a touched one does not."""
     import os
 
-    from tasks.framework import graph
+    from tasks.framework import runner
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the digest cache: this test's
     folder = tmp_path / "data"
@@ -581,7 +581,7 @@ def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
     assert run_stage(config, "download", {}).ran
 
     def download_status():
-        return dict(graph.status(config))["download"]
+        return dict(runner.status(config))["download"]
 
     later = (folder / "train.en").stat().st_mtime_ns + 5_000_000_000
     os.utime(folder / "train.en", ns=(later, later))

@@ -177,11 +177,11 @@ def test_second_run_skips_every_stage(first_run):
 
 
 def test_status_reports_every_stage_up_to_date(first_run):
-    from tasks.framework import graph
+    from tasks.framework import runner
     from tasks.framework.config import load_config
 
     _, path, _ = first_run
-    rows = graph.status(load_config(path))
+    rows = runner.status(load_config(path))
     assert [name for name, _ in rows] == WMT14_STAGES
     assert all(st.up_to_date for _, st in rows), rows
 
@@ -202,13 +202,13 @@ def test_force_shard_reruns_shard_and_everything_after_it(first_run):
 @pytest.mark.slow  # a rerun of train .. register: ~25 s
 def test_deleted_tokenizer_folder_reruns_tokenizer_and_after(first_run):
     from pipelines.flows import pipeline_flow
-    from tasks.framework import graph
+    from tasks.framework import runner
     from tasks.framework.config import load_config
 
     _, path, _ = first_run
     config = load_config(path)
     shutil.rmtree(config.root / "tokenizer")
-    status = dict(graph.status(config))
+    status = dict(runner.status(config))
     assert status["tokenizer"].state == "missing"
     assert status["clean"].up_to_date and not status["shard"].up_to_date
     outcomes = pipeline_flow(config_path=path)

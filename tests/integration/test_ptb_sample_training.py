@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from parsing.linearize import POS_TAGS, structure_tokens
-from tasks.framework import graph
+from tasks.framework import runner
 from tasks.framework.config import load_config
 from tasks.framework.contract import read_manifest
 
@@ -54,7 +54,7 @@ def test_the_sample_config_learns_to_parse(tmp_path):
         },
     )
     for name in STAGES:
-        graph.run_one(config, name)
+        runner.run_stage(config, name)
     root = config.root
 
     # Every label, closing label and tag is one piece.
