@@ -11,6 +11,7 @@ imports no stage: the stages import the framework. Every stage folder is
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -42,7 +43,7 @@ class StageSpec:
         """What the stage fingerprints besides its inputs (the module's ``stage_config``)."""
         return stage_module(self.name).stage_config(config)
 
-    def build(self, ctx: BuildContext, **options: object) -> Any:
+    def build(self, ctx: BuildContext, **options: object) -> Mapping[str, Any] | None:
         """Write the stage's output into ``ctx.tmp``; its stats (the module's ``build``)."""
         return stage_module(self.name).build(ctx, **options)
 
