@@ -144,7 +144,6 @@ def trained_and_sockets(ray_local, tmp_path_factory):
     (its Ray, the workers' torch store and gloo pairs), seen from the main thread."""
     import psutil
 
-    from tasks import train
 
     root = tmp_path_factory.mktemp("train")
     inputs = make_inputs(root)
@@ -159,7 +158,7 @@ def trained_and_sockets(ray_local, tmp_path_factory):
 
     patch = pytest.MonkeyPatch()
     patch.setattr(contract, "input_fingerprint", counted)
-    thread = threading.Thread(target=lambda: outcome.append(_attempt(train.run, config, inputs)))
+    thread = threading.Thread(target=lambda: outcome.append(_attempt(run_stage, config, "train", inputs)))
     thread.start()
     me, sockets = psutil.Process(), set()
     while thread.is_alive():
