@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpora.filters import normalize_array  # noqa: E402
-from tasks import clean, shard, tokenizer  # noqa: E402
-from tasks.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
-from tasks.contract import read_manifest, run_stage  # noqa: E402
+from tasks.framework.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
+from tasks.framework.contract import read_manifest  # noqa: E402
+from tasks.framework.runner import build_folder, run_stage  # noqa: E402
 
 
 def replicate(src: Path, dst: Path, pairs: int) -> None:
@@ -139,7 +139,7 @@ def main() -> None:
 
     import ray
 
-    from tasks.runtime import ensure_ray
+    from tasks.framework.runtime import ensure_ray
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-data-"))
     actors = args.actors or args.cpus
@@ -180,11 +180,11 @@ def main() -> None:
         )
         return {}
 
-    download = run_stage(
+    download = build_folder(
         "download", work / "download", {"pairs": args.pairs}, {}, write_download, hash_files=False
     ).path
-    tok_input = run_stage("tok_input", work / "tok_input", {}, {}, write_tok_input).path
-    tok_dir = tokenizer.run(config, {"clean": tok_input}).path
+    tok_input = build_folder("tok_input", work / "tok_input", {}, {}, write_tok_input).path
+    tok_dir = run_stage(config, "tokenizer", {"clean": tok_input}).path
     start = time.perf_counter()
     ensure_ray(config.ray)
     ray_init_s = time.perf_counter() - start
@@ -195,10 +195,10 @@ def main() -> None:
 
     with PeakMemory() as memory:
         start = time.perf_counter()
-        clean_dir = clean.run(config, {"download": download}, force=True).path
+        clean_dir = run_stage(config, "clean", {"download": download}, force=True).path
         clean_s = time.perf_counter() - start
         start = time.perf_counter()
-        shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}, force=True).path
+        shard_dir = run_stage(config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}, force=True).path
         shard_s = time.perf_counter() - start
     ray.shutdown()
 

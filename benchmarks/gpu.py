@@ -355,7 +355,7 @@ def multi30k_bleu(workdir: Path, config_path: str, minutes: float) -> list[dict]
     from corpora.text import read_lines
     from serving import tokenizer as tokenizer_lib
     from serving.translator import Translator
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
     from training.dev_bleu import DevBleu
 
     config = load_config(config_path)

@@ -1,6 +1,6 @@
 """Constituency parsing on the NLTK WSJ sample within a CPU time budget (paper section 6.3).
 
-Runs the real parsing stages (``tasks.graph.run_one``: treebank -> linearize -> tokenizer ->
+Runs the real parsing stages (``tasks.framework.runner.run_stage``: treebank -> linearize -> tokenizer ->
 shard -> train -> average -> translate -> parse_score) with ``configs/ptb_sample.yaml`` plus
 overrides: 3,501 training trees (wsj_0001-0169), 176 dev, 237 test (wsj_0181-0199). Training
 is bounded by ``--steps`` and by ``--minutes``: a short first run (``train.stop_after``) measures
@@ -46,10 +46,10 @@ def stats(folder: Path) -> dict:
 
 
 def timed(config, name: str) -> tuple[Path, float]:
-    from tasks import graph
+    from tasks.framework import runner
 
     started = time.perf_counter()
-    path = graph.run_one(config, name).path
+    path = runner.run_stage(config, name).path
     return path, time.perf_counter() - started
 
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     torch.set_num_threads(1)  # the driver only plans; the Ray workers do the work
     overrides = {"workdir": args.workdir, **parse_overrides(args.set)}

@@ -33,11 +33,11 @@ def prepare(config):
 
     from corpora.parquet import part_files
     from serving import tokenizer as tokenizer_lib
-    from tasks import graph
+    from tasks.framework import runner
     from tasks.train import target_vocab_size
 
     for name in ("treebank", "linearize", "tokenizer"):
-        graph.run_one(config, name)
+        runner.run_stage(config, name)
     root = config.root
     tok = tokenizer_lib.load(root / "tokenizer")
     table = pa.concat_tables(pq.read_table(f) for f in part_files(root / "linearize" / "train"))
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
 
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
     from transformer_core import Transformer
     from transformer_core.batching import collate, plan_batches
     from transformer_core.loss import label_smoothed_nll

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--png", default=None)
     args = parser.parse_args(argv)
 
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     overrides = args.overrides + ([f"data.mirror={args.mirror}"] if args.mirror else [])
     workdir = Path(args.workdir).resolve()

@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 from data import SAMPLE, replicate  # noqa: E402
 
-from tasks import clean, shard, tokenizer  # noqa: E402
-from tasks.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
-from tasks.contract import read_manifest, run_stage  # noqa: E402
+from tasks.framework.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
+from tasks.framework.contract import read_manifest  # noqa: E402
+from tasks.framework.runner import build_folder, run_stage  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from transformer_core import presets  # noqa: E402
 
@@ -60,7 +60,7 @@ def build_shards(work: Path, pairs: int, vocab: int, cpus: int) -> Path:
     import shutil as sh
 
     from corpora.filters import normalize_array
-    from tasks.runtime import ensure_ray
+    from tasks.framework.runtime import ensure_ray
 
     config = RunConfig(
         name="bench",
@@ -92,14 +92,14 @@ def build_shards(work: Path, pairs: int, vocab: int, cpus: int) -> Path:
         pq.write_table(table, tmp / "train" / "part-00000.parquet")
         return {}
 
-    download = run_stage(
+    download = build_folder(
         "download", work / "download", {"pairs": pairs}, {}, write_download, hash_files=False
     ).path
-    tok_input = run_stage("tok_input", work / "tok_input", {}, {}, write_tok_input).path
-    tok_dir = tokenizer.run(config, {"clean": tok_input}).path
+    tok_input = build_folder("tok_input", work / "tok_input", {}, {}, write_tok_input).path
+    tok_dir = run_stage(config, "tokenizer", {"clean": tok_input}).path
     ensure_ray(config.ray)
-    clean_dir = clean.run(config, {"download": download}).path
-    return shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}).path
+    clean_dir = run_stage(config, "clean", {"download": download}).path
+    return run_stage(config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}).path
 
 
 def parquet_only(shards: Path, out: Path) -> Path:

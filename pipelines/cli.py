@@ -14,8 +14,8 @@ from corpora.redact import redact_uri
 from parsing.trees import TreebankError
 from pipelines import console, signals
 from serving import ServingError
-from tasks.config import ConfigError
-from tasks.contract import StageError
+from tasks.framework.config import ConfigError
+from tasks.framework.contract import StageError
 
 PROG = "tfm"
 
@@ -44,13 +44,13 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
 
 
 def _load(path: str, overrides: list[str] | None = None):
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     return load_config(path, _overrides(overrides))
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    from tasks.contract import code_version
+    from tasks.framework.contract import code_version
 
     print(f"{PROG} {code_version()}")
     return 0
@@ -98,20 +98,19 @@ def cmd_stage(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
     console.log_to(config.root, args.verbose)
     from pipelines import watchdog
-    from tasks import graph, tracking
+    from tasks.framework import graph, runner, tracking
 
     graph.spec(config, args.name)
     if args.accept:
         if args.force:
             raise ConfigError("", "--accept keeps the output as it is; --force reruns it: give one")
-        result = graph.accept_one(config, args.name)
+        result = runner.accept_stage(config, args.name)
         print(f"{result.stage}: {result.reason}")
         print(result.path)
         return 0
     watchdog.start()  # a local Ray ends with this process, however it ends
     with tracking.stage_run(config, args.name):
-        result = graph.run_one(config, args.name, force=args.force)
-        tracking.log_stage_result(result)
+        result = runner.run_stage(config, args.name, force=args.force)  # logs its result there
     print(f"{result.stage}: {'ran' if result.ran else 'up to date, skipped'} ({result.reason})")
     print(result.path)
     return 0
@@ -120,7 +119,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
     """Write what an MLflow outage left in the work dir's spill files; exit 1 if some is left."""
     config = _load(args.config, args.set)
-    from tasks import tracking
+    from tasks.framework import tracking
 
     files = [f for f in tracking.spill_files(config) if f.pending()]
     if not files:
@@ -132,9 +131,9 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
-    from tasks import graph
+    from tasks.framework import runner
 
-    rows = graph.status(config, full=args.verify)
+    rows = runner.status(config, full=args.verify)
     print(f"{'stage':<12} {'state':<11} why")
     for name, st in rows:
         print(f"{name:<12} {st.state:<11} {st.reason}")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks import graph
-from tasks.config import RunConfig
+from tasks.framework import graph
+from tasks.framework.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,9 +1,10 @@
 """Prefect flows: a config's whole pipeline (``pipeline_flow``) and a single stage (``stage_flow``).
 
-Each stage is a thin Prefect task around ``tasks.graph.run_one``; tasks pass artifact paths.
-The stage contract does the skipping (a stage whose manifest is up to date returns at once), so
-Prefect's own result caching is not used: a cached path to a deleted folder cannot happen.
-One MLflow parent run per flow run, one child run per stage, which logs the stage's result.
+Each stage is a thin Prefect task around ``tasks.framework.runner.run_stage``; tasks pass
+artifact paths. The runner does the skipping (a stage whose manifest is up to date returns at
+once), so Prefect's own result caching is not used: a cached path to a deleted folder cannot
+happen. One MLflow parent run per flow run, one child run per stage, into which the runner logs
+the stage's result.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from corpora.redact import redact_uri
-from tasks import graph, tracking
-from tasks.config import RunConfig, load_config
-from tasks.contract import StageResult
+from tasks.framework import graph, runner, tracking
+from tasks.framework.config import RunConfig, load_config
+from tasks.framework.contract import StageResult
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)
@@ -29,8 +30,7 @@ def stage_task(
     tags = {"prefect.flow_run_id": str(flow_run.id)}
     with tracking.stage_run(config, name, parent_run_id=parent_run_id, tags=tags) as run:
         logger.info("stage %s: MLflow run %s", name, run.info.run_id)
-        result = graph.run_one(config, name, force=force)
-        tracking.log_stage_result(result)
+        result = runner.run_stage(config, name, force=force)  # logs its result into that run
     logger.info(
         "stage %s: %s in %.1fs (%s) -> %s", name, "ran" if result.ran else "skipped",
         result.seconds, result.reason, result.path,

@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from tasks.config import RunConfig, to_dict
-from tasks.contract import StageError, StageResult, run_stage
+from tasks.framework.config import RunConfig, to_dict
+from tasks.framework.contract import BuildContext, StageError
 
 log = logging.getLogger(__name__)
 
@@ -59,24 +58,13 @@ def pick_checkpoints(
     return picked[::-1]
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """Average the train stage's checkpoints into ``<root>/average/model.pt``."""
-    inputs = {"train": Path(inputs["train"])}
-    return run_stage(
-        STAGE,
-        config.root / STAGE,
-        stage_config(config),
-        inputs,
-        lambda tmp: _average(config, inputs["train"], tmp),
-        force=force,
-    )
-
-
-def _average(config: RunConfig, train_dir: Path, tmp: Path) -> dict[str, Any]:
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """Average the train stage's checkpoints into ``ctx.tmp/model.pt``."""
     from transformer_core import checkpoint
     from transformer_core.averaging import average_checkpoints
     from transformer_core.config import ModelConfig
 
+    config, train_dir, tmp = ctx.config, ctx.inputs["train"], ctx.tmp
     listing_file = train_dir / "checkpoints.json"
     if not listing_file.is_file():
         raise StageError(f"{listing_file} does not exist (run `tfm stage train` first)")

@@ -9,12 +9,10 @@ the bound on characters per side that the whitespace-token bounds cannot give).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from tasks.config import RunConfig, to_dict
-from tasks.contract import StageResult, run_stage
+from tasks.framework.config import RunConfig, to_dict
+from tasks.framework.contract import BuildContext
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +24,14 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return to_dict(config.clean)
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """``inputs["download"]`` -> ``<root>/clean``."""
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """``inputs["download"]`` -> the clean corpus in ``ctx.tmp``."""
     from corpora.cleaning import clean_corpus
-    from tasks.runtime import ensure_ray
+    from tasks.framework.runtime import ensure_ray
 
-    download = Path(inputs["download"])
+    config = ctx.config
     src, tgt = config.languages
-
-    def build(tmp: Path) -> dict[str, Any]:
-        ensure_ray(config.ray)
-        stats = clean_corpus(download, tmp, config.clean, src, tgt)
-        log.info("clean: %d of %d pairs kept; dropped %s", stats["kept"], stats["input"], stats["dropped"])
-        return stats
-
-    return run_stage(STAGE, config.root / STAGE, stage_config(config), {"download": download}, build, force=force)
+    ensure_ray(config.ray)
+    stats = clean_corpus(ctx.inputs["download"], ctx.tmp, config.clean, src, tgt)
+    log.info("clean: %d of %d pairs kept; dropped %s", stats["kept"], stats["input"], stats["dropped"])
+    return stats

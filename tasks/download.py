@@ -11,12 +11,11 @@ pipeline reads treebank files in its own first stage instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.config import RunConfig, to_dict
-from tasks.contract import StageError, StageResult, run_stage
+from tasks.framework.config import RunConfig, to_dict
+from tasks.framework.contract import BuildContext, StageError
 
 STAGE = "download"
 
@@ -28,7 +27,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     if config.data.source == "synthetic":
         data["seed"] = config.seed
     if config.data.source == "local" and config.data.local_dir:
-        from tasks.content import file_digests
+        from tasks.framework.content import file_digests
 
         folder = Path(config.data.local_dir)
         prefixes = (*config.data.local_train, config.data.local_dev, config.data.local_test)
@@ -47,39 +46,34 @@ def lock_path(config: RunConfig) -> Path:
     return Path(config.data.lock_file) if config.data.lock_file else config.root / "downloads.lock.json"
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """Write ``<root>/download`` from the configured source (no inputs)."""
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """The raw corpus from the configured source into ``ctx.tmp`` (no inputs)."""
     from corpora import assemble, synthetic
 
+    config, out = ctx.config, ctx.tmp
     data = config.data
     if data.source == "wmt14":
-        def build(out: Path) -> dict[str, Any]:
-            return assemble.from_wmt14(
-                out, pair=data.pair, corpora=data.corpora, dev=data.dev, test=data.test,
-                test_variant=data.test_variant, mirror=data.mirror, cache=cache_dir(config),
-                lock_file=lock_path(config), max_retries=data.max_retries,
-            )
-    elif data.source == "multi30k":
-        def build(out: Path) -> dict[str, Any]:
-            return assemble.from_multi30k(
-                out, pair=data.pair, dev=data.dev, test=data.test, mirror=data.mirror,
-                cache=cache_dir(config), lock_file=lock_path(config), max_retries=data.max_retries,
-            )
-    elif data.source == "local":
-        def build(out: Path) -> dict[str, Any]:
-            return assemble.from_local(
-                out, pair=data.pair, local_dir=data.local_dir, train=data.local_train,
-                dev=data.local_dev, test=data.local_test,
-            )
-    elif data.source == "synthetic":
-        def build(out: Path) -> dict[str, Any]:
-            return synthetic.write_corpus(
-                out, pair=data.pair, seed=config.seed, train=data.synthetic_train,
-                dev=data.synthetic_dev, test=data.synthetic_test,
-            )
-    else:
-        raise StageError(
-            f"data.source={data.source!r} is not read by the download stage (the parsing "
-            "pipeline reads treebank files in its treebank stage)"
+        return assemble.from_wmt14(
+            out, pair=data.pair, corpora=data.corpora, dev=data.dev, test=data.test,
+            test_variant=data.test_variant, mirror=data.mirror, cache=cache_dir(config),
+            lock_file=lock_path(config), max_retries=data.max_retries,
         )
-    return run_stage(STAGE, config.root / STAGE, stage_config(config), {}, build, force=force)
+    if data.source == "multi30k":
+        return assemble.from_multi30k(
+            out, pair=data.pair, dev=data.dev, test=data.test, mirror=data.mirror,
+            cache=cache_dir(config), lock_file=lock_path(config), max_retries=data.max_retries,
+        )
+    if data.source == "local":
+        return assemble.from_local(
+            out, pair=data.pair, local_dir=data.local_dir, train=data.local_train,
+            dev=data.local_dev, test=data.local_test,
+        )
+    if data.source == "synthetic":
+        return synthetic.write_corpus(
+            out, pair=data.pair, seed=config.seed, train=data.synthetic_train,
+            dev=data.synthetic_dev, test=data.synthetic_test,
+        )
+    raise StageError(
+        f"data.source={data.source!r} is not read by the download stage (the parsing "
+        "pipeline reads treebank files in its treebank stage)"
+    )

@@ -9,12 +9,12 @@ trees in the semi-supervised setting), ``{dev,test}.words``, ``{dev,test}.tree``
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tasks.config import RunConfig
-from tasks.contract import StageError, StageResult, run_stage
+from tasks.framework.config import RunConfig
+from tasks.framework.contract import BuildContext, StageError
 
 STAGE = "linearize"
 ROWS_PER_PART = 1_000_000
@@ -25,7 +25,7 @@ BATCH = 50_000
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
     """The form and the silver corpus (its path and bytes)."""
-    from tasks.content import file_digests
+    from tasks.framework.content import file_digests
 
     silver = config.parsing.silver_corpus
     info = None
@@ -35,40 +35,36 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return {"form": config.parsing.form, "silver_corpus": info}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """``inputs["treebank"]`` -> ``<root>/linearize``."""
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """``inputs["treebank"]`` -> the linearized corpus in ``ctx.tmp``."""
     from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
     from parsing.linearize import pairs
     from parsing.trees import read_trees
 
-    treebank = Path(inputs["treebank"])
-    form = config.parsing.form
-    silver = Path(config.parsing.silver_corpus) if config.parsing.silver_corpus else None
+    treebank, tmp, parsing = ctx.inputs["treebank"], ctx.tmp, ctx.config.parsing
+    form = parsing.form
+    silver = Path(parsing.silver_corpus) if parsing.silver_corpus else None
     if silver is not None and not silver.is_file():
         raise StageError(f"parsing.silver_corpus: {silver} is not a file")
-
-    def build(tmp: Path) -> dict[str, Any]:
-        stats: dict[str, Any] = {"form": form}
-        writer = ParquetShardWriter(tmp / "train", TEXT_SCHEMA, ROWS_PER_PART)
-        stats.update(_write(writer, pairs(read_trees(treebank / "train.trees"), form), "train"))
-        if silver is not None:
-            stats.update(_write(writer, pairs(read_trees(silver, clean=True), form), "silver"))
-        stats["parts"] = len(writer.close())
-        for split in ("dev", "test"):
-            n = 0
-            with (
-                open(tmp / f"{split}.words", "w", encoding="utf-8") as src_out,
-                open(tmp / f"{split}.tree", "w", encoding="utf-8") as tgt_out,
-            ):
-                for src, tgt in pairs(read_trees(treebank / f"{split}.trees"), form):
-                    src_out.write(src + "\n")
-                    tgt_out.write(tgt + "\n")
-                    n += 1
-            stats[f"{split}_pairs"] = n
-        shutil.copyfile(treebank / "test.trees", tmp / "gold.trees")
-        return stats
-
-    return run_stage(STAGE, config.root / STAGE, stage_config(config), {"treebank": treebank}, build, force=force)
+    stats: dict[str, Any] = {"form": form}
+    writer = ParquetShardWriter(tmp / "train", TEXT_SCHEMA, ROWS_PER_PART)
+    stats.update(_write(writer, pairs(read_trees(treebank / "train.trees"), form), "train"))
+    if silver is not None:
+        stats.update(_write(writer, pairs(read_trees(silver, clean=True), form), "silver"))
+    stats["parts"] = len(writer.close())
+    for split in ("dev", "test"):
+        n = 0
+        with (
+            open(tmp / f"{split}.words", "w", encoding="utf-8") as src_out,
+            open(tmp / f"{split}.tree", "w", encoding="utf-8") as tgt_out,
+        ):
+            for src, tgt in pairs(read_trees(treebank / f"{split}.trees"), form):
+                src_out.write(src + "\n")
+                tgt_out.write(tgt + "\n")
+                n += 1
+        stats[f"{split}_pairs"] = n
+    shutil.copyfile(treebank / "test.trees", tmp / "gold.trees")
+    return stats
 
 
 def _write(writer: Any, rows: Iterable[tuple[str, str]], name: str) -> dict[str, Any]:

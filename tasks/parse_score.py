@@ -13,12 +13,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from tasks.config import RunConfig
-from tasks.contract import StageError, StageResult, run_stage
+from tasks.framework.config import RunConfig
+from tasks.framework.contract import BuildContext, StageError
 
 STAGE = "parse_score"
 HYPOTHESES = "hyp.tree"
@@ -33,80 +31,68 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """Score ``translate/hyp.tree`` against ``linearize/gold.trees`` into ``<root>/parse_score/``:
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """Score ``translate/hyp.tree`` against ``linearize/gold.trees`` into ``ctx.tmp``:
     ``scores.json``, ``sentences.tsv`` and ``repaired.trees``."""
-    for role in ("translate", "linearize"):
-        if role not in inputs:
-            raise StageError(f"the parse_score stage needs the input {role!r}")
-    hyp_path = Path(inputs["translate"]) / HYPOTHESES
-    gold_path = Path(inputs["linearize"]) / "gold.trees"
-    words_path = Path(inputs["linearize"]) / "test.words"
+    from corpora.text import read_lines
+    from evaluation.evalb import COLLINS, TooManyErrors, score_corpus, summarize
+    from parsing.linearize import repair
+    from parsing.trees import read_trees, write_tree
+
+    config, tmp = ctx.config, ctx.tmp
+    hyp_path = ctx.inputs["translate"] / HYPOTHESES
+    gold_path = ctx.inputs["linearize"] / "gold.trees"
+    words_path = ctx.inputs["linearize"] / "test.words"
     form = config.parsing.form
 
-    def build(tmp: Path) -> dict[str, Any]:
-        from corpora.text import read_lines
-        from evaluation.evalb import COLLINS, TooManyErrors, score_corpus, summarize
-        from parsing.linearize import repair
-        from parsing.trees import read_trees, write_tree
-
-        for path in (hyp_path, gold_path, words_path):
-            if not path.is_file():
-                raise StageError(f"{path} is missing")
-        golds = list(read_trees(gold_path))
-        hyps = read_lines(hyp_path)
-        sources = read_lines(words_path)
-        if len(hyps) != len(golds):
-            raise StageError(
-                f"{hyp_path} has {len(hyps)} lines but {gold_path} has {len(golds)} trees: "
-                "the hypotheses must be one per test sentence, in order"
-            )
-        if len(sources) != len(golds):
-            raise StageError(
-                f"{words_path} has {len(sources)} lines, {gold_path} {len(golds)} trees"
-            )
-        # The vinyals form predicts no POS tags: the gold ones fill its XX slots.
-        repaired = [
-            repair(hyp, src, form, tags=gold.tags() if form == "vinyals" else None)
-            for gold, hyp, src in zip(golds, hyps, sources, strict=True)
-        ]
-        params = dataclasses.replace(COLLINS, max_error=config.parsing.evalb_max_error)
-        try:
-            total, scores = score_corpus(golds, [r.tree for r in repaired], params)
-        except TooManyErrors as exc:
-            raise StageError(
-                f"{exc}; set parsing.evalb_max_error: null to score every sentence"
-            ) from None
-        (tmp / "repaired.trees").write_text(
-            "".join(write_tree(r.tree) + "\n" for r in repaired), encoding="utf-8"
+    for path in (hyp_path, gold_path, words_path):
+        if not path.is_file():
+            raise StageError(f"{path} is missing")
+    golds = list(read_trees(gold_path))
+    hyps = read_lines(hyp_path)
+    sources = read_lines(words_path)
+    if len(hyps) != len(golds):
+        raise StageError(
+            f"{hyp_path} has {len(hyps)} lines but {gold_path} has {len(golds)} trees: "
+            "the hypotheses must be one per test sentence, in order"
         )
-        with open(tmp / "sentences.tsv", "w", encoding="utf-8") as tsv:
-            tsv.write(
-                "id\tlength\tstatus\tmatched\tgold\ttest\tprecision\trecall\tf1\t"
-                "words\tcorrect_tags\ttag_accuracy\tfixes\n"
-            )
-            for i, (result, fixed) in enumerate(zip(scores, repaired, strict=True), start=1):
-                fixes = ",".join(f"{k}={v}" for k, v in sorted(fixed.fixes.items())) or "-"
-                tsv.write(
-                    f"{i}\t{result.length}\t{result.status}\t{result.matched}\t{result.gold}\t"
-                    f"{result.test}\t{result.precision:.2f}\t{result.recall:.2f}\t{result.f1:.2f}\t"
-                    f"{result.words}\t{result.correct_tags}\t{result.tagging_accuracy:.2f}\t{fixes}\n"
-                )
-        stats = total.to_dict()
-        stats["f1_le40"] = round(summarize(scores, COLLINS.cutoff_len).f1, 4)
-        if form == "vinyals":
-            stats["tagging_accuracy"] = None  # gold tags were filled in: nothing was predicted
-        stats["repaired_sentences"] = sum(bool(r.fixes) for r in repaired)
-        stats["fixes"] = dict(sorted(sum((Counter(r.fixes) for r in repaired), Counter()).items()))
-        stats["form"] = form
-        (tmp / "scores.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
-        return stats
-
-    return run_stage(
-        STAGE,
-        config.root / STAGE,
-        stage_config(config),
-        {"translate": Path(inputs["translate"]), "linearize": Path(inputs["linearize"])},
-        build,
-        force=force,
+    if len(sources) != len(golds):
+        raise StageError(
+            f"{words_path} has {len(sources)} lines, {gold_path} {len(golds)} trees"
+        )
+    # The vinyals form predicts no POS tags: the gold ones fill its XX slots.
+    repaired = [
+        repair(hyp, src, form, tags=gold.tags() if form == "vinyals" else None)
+        for gold, hyp, src in zip(golds, hyps, sources, strict=True)
+    ]
+    params = dataclasses.replace(COLLINS, max_error=config.parsing.evalb_max_error)
+    try:
+        total, scores = score_corpus(golds, [r.tree for r in repaired], params)
+    except TooManyErrors as exc:
+        raise StageError(
+            f"{exc}; set parsing.evalb_max_error: null to score every sentence"
+        ) from None
+    (tmp / "repaired.trees").write_text(
+        "".join(write_tree(r.tree) + "\n" for r in repaired), encoding="utf-8"
     )
+    with open(tmp / "sentences.tsv", "w", encoding="utf-8") as tsv:
+        tsv.write(
+            "id\tlength\tstatus\tmatched\tgold\ttest\tprecision\trecall\tf1\t"
+            "words\tcorrect_tags\ttag_accuracy\tfixes\n"
+        )
+        for i, (result, fixed) in enumerate(zip(scores, repaired, strict=True), start=1):
+            fixes = ",".join(f"{k}={v}" for k, v in sorted(fixed.fixes.items())) or "-"
+            tsv.write(
+                f"{i}\t{result.length}\t{result.status}\t{result.matched}\t{result.gold}\t"
+                f"{result.test}\t{result.precision:.2f}\t{result.recall:.2f}\t{result.f1:.2f}\t"
+                f"{result.words}\t{result.correct_tags}\t{result.tagging_accuracy:.2f}\t{fixes}\n"
+            )
+    stats = total.to_dict()
+    stats["f1_le40"] = round(summarize(scores, COLLINS.cutoff_len).f1, 4)
+    if form == "vinyals":
+        stats["tagging_accuracy"] = None  # gold tags were filled in: nothing was predicted
+    stats["repaired_sentences"] = sum(bool(r.fixes) for r in repaired)
+    stats["fixes"] = dict(sorted(sum((Counter(r.fixes) for r in repaired), Counter()).items()))
+    stats["form"] = form
+    (tmp / "scores.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    return stats

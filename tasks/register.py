@@ -30,10 +30,10 @@ from typing import Any
 
 from corpora.redact import redacted
 from evaluation.champion import decide_champion, protocol
-from tasks import tracking
-from tasks.code_fingerprint import git_state, stage_code
-from tasks.config import RunConfig, fingerprint, to_dict
-from tasks.contract import StageError, StageResult, code_version, lineage, run_stage
+from tasks.framework import tracking
+from tasks.framework.code_fingerprint import git_state, stage_code
+from tasks.framework.config import RunConfig, fingerprint, to_dict
+from tasks.framework.contract import BuildContext, StageError, code_version, lineage
 
 log = logging.getLogger(__name__)
 
@@ -250,37 +250,29 @@ def version_tags(
 # ----------------------------------------------------------------------------- the stage
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """Register the averaged model; writes ``registered.json``."""
-    average, tokenizer_dir, score = (Path(inputs[k]) for k in ("average", "tokenizer", "score"))
-    inputs = {"average": average, "tokenizer": tokenizer_dir, "score": score}
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """Register the averaged model; writes ``ctx.tmp/registered.json``."""
+    from transformer_core.checkpoint import MODEL_FILE
 
-    def build(tmp: Path) -> dict[str, Any]:
-        from transformer_core.checkpoint import MODEL_FILE
-
-        weights = average / MODEL_FILE
-        if not weights.is_file():
-            raise StageError(
-                f"register: no checkpoint at {weights} (run `tfm stage average` first)"
-            )
-        scores = read_scores(score, config.register.metric)
-        record = register_model(
-            config, weights, tokenizer_dir, scores, version_tags(config, inputs, scores)
+    config, inputs = ctx.config, ctx.inputs
+    weights = inputs["average"] / MODEL_FILE
+    if not weights.is_file():
+        raise StageError(
+            f"register: no checkpoint at {weights} (run `tfm stage average` first)"
         )
-        (tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        return {
-            "name": record["name"],
-            "version": record["version"],
-            "aliases": record["aliases"],
-            "champion": record["champion"],
-            "decision": record["decision"],
-            config.register.metric: record["metric"]["value"],
-        }
-
-    return run_stage(
-        STAGE, config.root / STAGE, stage_config(config), inputs, build, force=force,
-        outdated=lambda out: outdated(config, out),
+    scores = read_scores(inputs["score"], config.register.metric)
+    record = register_model(
+        config, weights, inputs["tokenizer"], scores, version_tags(config, inputs, scores)
     )
+    (ctx.tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return {
+        "name": record["name"],
+        "version": record["version"],
+        "aliases": record["aliases"],
+        "champion": record["champion"],
+        "decision": record["decision"],
+        config.register.metric: record["metric"]["value"],
+    }
 
 
 def outdated(config: RunConfig, out_dir: Path) -> str | None:

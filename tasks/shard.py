@@ -15,12 +15,10 @@ micro-batch. The limit is in the fingerprint, so changing it reshards. Test rows
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from tasks.config import RunConfig, to_dict
-from tasks.contract import StageResult, run_stage
+from tasks.framework.config import RunConfig, to_dict
+from tasks.framework.contract import BuildContext
 
 log = logging.getLogger(__name__)
 
@@ -37,28 +35,22 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return {**to_dict(config.shard), "max_pieces": max_pieces(config)}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """``inputs["clean"]`` + ``inputs["tokenizer"]`` -> ``<root>/shard``."""
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """``inputs["clean"]`` + ``inputs["tokenizer"]`` -> the shards in ``ctx.tmp``."""
     from corpora.encoding import shard_corpus
     from serving import tokenizer
-    from tasks.runtime import ensure_ray
+    from tasks.framework.runtime import ensure_ray
 
-    clean, tokenizer_dir = Path(inputs["clean"]), Path(inputs["tokenizer"])
+    config, tmp = ctx.config, ctx.tmp
+    clean, tokenizer_dir = ctx.inputs["clean"], ctx.inputs["tokenizer"]
     src, tgt = config.languages
-
-    def build(tmp: Path) -> dict[str, Any]:
-        tok = tokenizer.load(tokenizer_dir)  # fails early and clearly if the model is missing
-        ensure_ray(config.ray)
-        limit = max_pieces(config)
-        stats = shard_corpus(
-            clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit, pretokenizer=tok.pretokenizer
-        )
-        log.info("shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
-                 stats["train"]["rows"], stats["train"]["shards"], stats["train"]["dropped_too_long"],
-                 stats["dev"]["dropped_too_long"], limit)
-        return {"vocab_size": tok.vocab_size, "max_pieces": limit, **stats}
-
-    return run_stage(
-        STAGE, config.root / STAGE, stage_config(config), {"clean": clean, "tokenizer": tokenizer_dir},
-        build, force=force,
+    tok = tokenizer.load(tokenizer_dir)  # fails early and clearly if the model is missing
+    ensure_ray(config.ray)
+    limit = max_pieces(config)
+    stats = shard_corpus(
+        clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit, pretokenizer=tok.pretokenizer
     )
+    log.info("shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
+             stats["train"]["rows"], stats["train"]["shards"], stats["train"]["dropped_too_long"],
+             stats["dev"]["dropped_too_long"], limit)
+    return {"vocab_size": tok.vocab_size, "max_pieces": limit, **stats}

@@ -11,12 +11,11 @@ an exact vocabulary size) are explained in ``corpora.subwords``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from tasks.config import RunConfig, to_dict
-from tasks.contract import StageResult, run_stage
+from tasks.framework.config import RunConfig, to_dict
+from tasks.framework.contract import BuildContext
 
 log = logging.getLogger(__name__)
 
@@ -28,46 +27,42 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return {"tokenizer": to_dict(config.tokenizer), "seed": config.seed}
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """``inputs["clean"]`` -> ``<root>/tokenizer``."""
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """``inputs["clean"]`` -> the subword model in ``ctx.tmp``."""
     from corpora import subwords
     from corpora.parquet import part_files
     from corpora.pretokenize import Pretokenizer
     from serving.tokenizer import MODEL_FILE, VOCAB_FILE, Tokenizer
 
-    clean = Path(inputs["clean"])
+    config, tmp = ctx.config, ctx.tmp
+    clean = ctx.inputs["clean"]
     tok = config.tokenizer
-
     pretokenizer = Pretokenizer(config.languages, moses=tok.moses, lowercase=tok.lowercase)
-
-    def build(tmp: Path) -> dict[str, Any]:
-        files = part_files(clean / "train")
-        prepare = pretokenizer.prepare if pretokenizer.active else None
-        sentences = subwords.sample_sentences(files, tok.sample_size, config.seed, prepare)
-        symbols = []
-        if tok.target_symbols:
-            tgt = config.languages[1]
-            texts = [clean / f"{split}.{tgt}" for split in ("dev", "test")]
-            symbols = subwords.target_tokens(
-                files, [t for t in texts if t.is_file()], _tokens_of(config)
-            )
-        model = subwords.train(sentences, tok, symbols)
-        (tmp / MODEL_FILE).write_bytes(model.proto)
-        (tmp / VOCAB_FILE).write_text(model.vocab_listing(), encoding="utf-8")
-        pretokenizer.save(tmp)  # every reader of the folder applies the same step
-        vocab_size = Tokenizer(tmp / MODEL_FILE).vocab_size  # and the ids the pipeline expects
-        log.info("tokenizer: %s, %d pieces from %d sentences", tok.kind, vocab_size, model.sentences)
-        return {
-            "kind": tok.kind,
-            "model_type": subwords.MODEL_TYPES[tok.kind],
-            "vocab_size": vocab_size,
-            "sentences": model.sentences,
-            "normalization": subwords.NORMALIZATION,
-            "pretokenize": pretokenizer.description,
-            "target_symbols": len(symbols),
-        }
-
-    return run_stage(STAGE, config.root / STAGE, stage_config(config), {"clean": clean}, build, force=force)
+    files = part_files(clean / "train")
+    prepare = pretokenizer.prepare if pretokenizer.active else None
+    sentences = subwords.sample_sentences(files, tok.sample_size, config.seed, prepare)
+    symbols = []
+    if tok.target_symbols:
+        tgt = config.languages[1]
+        texts = [clean / f"{split}.{tgt}" for split in ("dev", "test")]
+        symbols = subwords.target_tokens(
+            files, [t for t in texts if t.is_file()], _tokens_of(config)
+        )
+    model = subwords.train(sentences, tok, symbols)
+    (tmp / MODEL_FILE).write_bytes(model.proto)
+    (tmp / VOCAB_FILE).write_text(model.vocab_listing(), encoding="utf-8")
+    pretokenizer.save(tmp)  # every reader of the folder applies the same step
+    vocab_size = Tokenizer(tmp / MODEL_FILE).vocab_size  # and the ids the pipeline expects
+    log.info("tokenizer: %s, %d pieces from %d sentences", tok.kind, vocab_size, model.sentences)
+    return {
+        "kind": tok.kind,
+        "model_type": subwords.MODEL_TYPES[tok.kind],
+        "vocab_size": vocab_size,
+        "sentences": model.sentences,
+        "normalization": subwords.NORMALIZATION,
+        "pretokenize": pretokenizer.description,
+        "target_symbols": len(symbols),
+    }
 
 
 def _tokens_of(config: RunConfig) -> Callable[[str], list[str]]:

@@ -22,18 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from corpora.redact import redacted
-from tasks import tracking
-from tasks.config import RunConfig, flatten, to_dict
-from tasks.contract import (
+from tasks.framework import tracking
+from tasks.framework.config import RunConfig, flatten, to_dict
+from tasks.framework.contract import (
+    BuildContext,
     StageError,
-    StageResult,
     code_version,
-    input_fingerprints,
     read_manifest,
-    run_stage,
     stage_fingerprint,
 )
-from tasks.runtime import ensure_ray
+from tasks.framework.runtime import ensure_ray
 from training.data import open_fs, shard_files
 from training.job import CHECKPOINTS_JSON, JobError, TrainJob, run_job
 from training.tracking import learning_curve, log_params
@@ -88,31 +86,12 @@ def storage_location(config: RunConfig, input_fps: Mapping[str, str]) -> tuple[s
     return str((config.root / "train_ray").resolve()), f"train-{key}"
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """Train on ``inputs["shard"]`` with the tokenizer ``inputs["tokenizer"]``."""
-    return run_with_callbacks(config, inputs, (), force=force)
-
-
-def run_with_callbacks(
-    config: RunConfig,
-    inputs: Mapping[str, Path],
-    callbacks: Sequence[Callback],
-    *,
-    force: bool | str = False,
-) -> StageResult:
-    """``run``, with ``callbacks(trainer)`` called after every step in every worker (the tests
-    kill a worker this way). They are not fingerprinted: they must not change what is trained."""
-    inputs = {name: Path(inputs[name]) for name in ("shard", "tokenizer")}
-    input_fps = input_fingerprints(inputs)  # checked once: the stage's identity and Ray's folder
-    return run_stage(
-        STAGE,
-        config.root / STAGE,
-        stage_config(config),
-        inputs,
-        lambda tmp: _train(config, inputs, input_fps, callbacks, tmp),
-        force=force,
-        input_fps=input_fps,
-    )
+def build(ctx: BuildContext, *, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Train on ``inputs["shard"]`` with the tokenizer ``inputs["tokenizer"]``; the weights into
+    ``ctx.tmp``. ``callbacks(trainer)`` are called after every step in every worker (the tests
+    kill a worker this way); not fingerprinted, they must not change what is trained."""
+    # The inputs' fingerprints, checked once by the runner, name Ray's run folder too.
+    return _train(ctx.config, ctx.inputs, ctx.input_fps, callbacks, ctx.tmp)
 
 
 # ----------------------------------------------------------------------------- checks

@@ -6,13 +6,12 @@ In: nothing (``parsing.treebank_dir`` and the split patterns in the config). Out
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ParsingConfig, RunConfig
-from tasks.content import files_digest
-from tasks.contract import StageError, StageResult, run_stage
+from tasks.framework.config import ParsingConfig, RunConfig
+from tasks.framework.content import files_digest
+from tasks.framework.contract import BuildContext, StageError
 
 STAGE = "treebank"
 SPLITS = ("train", "dev", "test")
@@ -71,30 +70,27 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return data
 
 
-def run(config: RunConfig, inputs: Mapping[str, Path], *, force: bool | str = False) -> StageResult:
-    """Read, clean and split the treebank into ``<root>/treebank/{train,dev,test}.trees``."""
+def build(ctx: BuildContext) -> dict[str, Any]:
+    """Read, clean and split the treebank into ``ctx.tmp/{train,dev,test}.trees``."""
     from parsing.trees import clean_tree, read_trees, write_tree
 
-    files = split_files(config.parsing)
-
-    def build(tmp: Path) -> dict[str, Any]:
-        stats: dict[str, Any] = {}
-        for split in SPLITS:
-            trees = emptied = words = 0
-            with open(tmp / f"{split}.trees", "w", encoding="utf-8") as out:
-                for path in files[split]:
-                    for tree in read_trees(path):
-                        cleaned = clean_tree(tree)
-                        if cleaned is None:
-                            emptied += 1
-                            continue
-                        out.write(write_tree(cleaned) + "\n")
-                        trees += 1
-                        words += len(cleaned.leaves())
-            stats[f"{split}_files"] = len(files[split])
-            stats[f"{split}_trees"] = trees
-            stats[f"{split}_words"] = words
-            stats[f"{split}_emptied"] = emptied
-        return stats
-
-    return run_stage(STAGE, config.root / STAGE, stage_config(config), {}, build, force=force)
+    tmp = ctx.tmp
+    files = split_files(ctx.config.parsing)
+    stats: dict[str, Any] = {}
+    for split in SPLITS:
+        trees = emptied = words = 0
+        with open(tmp / f"{split}.trees", "w", encoding="utf-8") as out:
+            for path in files[split]:
+                for tree in read_trees(path):
+                    cleaned = clean_tree(tree)
+                    if cleaned is None:
+                        emptied += 1
+                        continue
+                    out.write(write_tree(cleaned) + "\n")
+                    trees += 1
+                    words += len(cleaned.leaves())
+        stats[f"{split}_files"] = len(files[split])
+        stats[f"{split}_trees"] = trees
+        stats[f"{split}_words"] = words
+        stats[f"{split}_emptied"] = emptied
+    return stats

@@ -1,6 +1,6 @@
 """MLflow for training: rank 0's ``Tracker`` inside the workers (queued, never waiting on the
 server: ``training.tracking_queue``), and on the driver the run's params and learning curve.
-The run itself is opened by ``tasks.tracking.training_run``."""
+The run itself is opened by ``tasks.framework.tracking.training_run``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Fixtures the integration tests share: one local Ray and one Prefect test harness per session.
 
 Both are expensive to start (Ray ~5 s, the harness ~14 s), so every module uses the same ones;
-stages that find Ray running reuse it (``tasks.runtime.ensure_ray``).
+stages that find Ray running reuse it (``tasks.framework.runtime.ensure_ray``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ def ray_local():
     """A local 2-CPU Ray started as the stages start it (``ensure_ray``), shut down at the end."""
     import ray
 
-    from tasks.config import RayConfig
-    from tasks.runtime import ensure_ray
+    from tasks.framework.config import RayConfig
+    from tasks.framework.runtime import ensure_ray
 
     ensure_ray(RayConfig(num_cpus=2))
     yield

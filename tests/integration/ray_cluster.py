@@ -15,7 +15,7 @@ def local_cluster(workers: int) -> Iterator[tuple[Any, list[Any]]]:
     from ray.cluster_utils import Cluster
 
     # The session's local Ray (conftest.ray_local) goes: a driver joins one cluster at a time,
-    # and stages started later find none and start it again (tasks.runtime.ensure_ray).
+    # and stages started later find none and start it again (tasks.framework.runtime.ensure_ray).
     ray.shutdown()
     cluster = Cluster(
         initialize_head=True,

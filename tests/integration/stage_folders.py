@@ -43,9 +43,9 @@ def finished_folder(
     inputs: Mapping[str, Path] | None = None,
 ) -> Path:
     """A stage folder made by ``build(tmp) -> stats`` through the real stage contract."""
-    from tasks.contract import run_stage
+    from tasks.framework.runner import build_folder
 
-    return run_stage(stage, path, config, inputs or {}, build).path
+    return build_folder(stage, path, config, inputs or {}, build).path
 
 
 def tokenizer_folder(path: Path, sentences: list[str], vocab_size: int, **options: Any) -> Path:

@@ -16,9 +16,17 @@ from corpora import CorpusError, synthetic
 from corpora.encoding import SHARD_SCHEMA
 from corpora.filters import normalize_array
 from serving.tokenizer import load as load_tokenizer
-from tasks import clean, download, shard, tokenizer
-from tasks.config import CleanConfig, DataConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
-from tasks.contract import StageError, read_manifest, run_stage
+from tasks import shard
+from tasks.framework.config import (
+    CleanConfig,
+    DataConfig,
+    RayConfig,
+    RunConfig,
+    ShardConfig,
+    TokenizerConfig,
+)
+from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.runner import build_folder, run_stage
 from training.data import TokenData
 from transformer_core.config import EOS_ID
 
@@ -54,7 +62,7 @@ def write_download(root: Path, train: dict[str, tuple[list[bytes], list[bytes]]]
         return {}
 
     tag = json.dumps([sorted(train), len(dev[0])])
-    return run_stage("download", root / "download", {"hand": tag}, {}, build).path
+    return build_folder("download", root / "download", {"hand": tag}, {}, build).path
 
 
 # ----------------------------------------------------------------------------- clean
@@ -85,7 +93,7 @@ def test_clean_reports_every_filter_count(tmp_path):
     download = write_download(tmp_path, {"europarl": (src, tgt), "zz": (other_src, other_tgt)},
                               (["dev one two", "dev three four"], ["dev eins zwei", "dev drei vier"]),
                               (test_src, test_tgt))
-    result = clean.run(config, {"download": download})
+    result = run_stage(config, "clean", {"download": download})
     out, stats = result.path, result.stats
     assert stats == read_manifest(out)["stats"]
     print("clean stats:", json.dumps(stats))
@@ -112,7 +120,7 @@ def test_clean_fails_on_misaligned_corpus(tmp_path):
     download = write_download(tmp_path, {"commoncrawl": ([b"a b", b"c d", b"e f"], [b"x y", b"z w"])},
                               (["d"], ["d"]), (["t"], ["t"]))
     with pytest.raises(CorpusError, match=r"commoncrawl.*3 lines.*2"):
-        clean.run(config, {"download": download})
+        run_stage(config, "clean", {"download": download})
     assert not (config.root / "clean").exists()
 
 
@@ -130,10 +138,10 @@ def test_tokenizer_round_trips_and_is_deterministic(tmp_path, kind):
                        tmp / "train" / "part-00000.parquet")
         return {}
 
-    clean_dir = run_stage("clean", tmp_path / "clean", {"hand": True}, {}, build).path
-    first = tokenizer.run(config, {"clean": clean_dir}).path
+    clean_dir = build_folder("clean", tmp_path / "clean", {"hand": True}, {}, build).path
+    first = run_stage(config, "tokenizer", {"clean": clean_dir}).path
     model_bytes = (first / "spm.model").read_bytes()
-    again = tokenizer.run(config, {"clean": clean_dir}, force=True).path
+    again = run_stage(config, "tokenizer", {"clean": clean_dir}, force=True).path
     assert (again / "spm.model").read_bytes() == model_bytes
     tok = load_tokenizer(first)
     assert tok.vocab_size == 300
@@ -147,17 +155,17 @@ def test_tokenizer_round_trips_and_is_deterministic(tmp_path, kind):
 
     too_big = config.replace(tokenizer=TokenizerConfig(kind=kind, vocab_size=60000, sample_size=1500))
     with pytest.raises(CorpusError, match="tokenizer.vocab_size"):
-        tokenizer.run(too_big, {"clean": clean_dir})
+        run_stage(too_big, "tokenizer", {"clean": clean_dir})
 
 
 # ----------------------------------------------------------------------------- the chain
 
 
 def run_chain(config: RunConfig) -> dict[str, Path]:
-    raw = download.run(config, {}).path
-    clean_dir = clean.run(config, {"download": raw}).path
-    tok_dir = tokenizer.run(config, {"clean": clean_dir}).path
-    shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}).path
+    raw = run_stage(config, "download", {}).path
+    clean_dir = run_stage(config, "clean", {"download": raw}).path
+    tok_dir = run_stage(config, "tokenizer", {"clean": clean_dir}).path
+    shard_dir = run_stage(config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}).path
     return {"download": raw, "clean": clean_dir, "tokenizer": tok_dir, "shard": shard_dir}
 
 
@@ -230,7 +238,7 @@ def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, mo
     which stays the identity tokenizer and shard were made from, so nothing reruns."""
     import shutil
 
-    from tasks import code_fingerprint, graph
+    from tasks.framework import code_fingerprint, runner
 
     config = make_config(tmp_path / "run", data=DataConfig(synthetic_train=300, synthetic_dev=20,
                                                             synthetic_test=20))
@@ -243,14 +251,14 @@ def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, mo
     filters.write_text(filters.read_text() + "\n\ndef _added_helper():\n    return 1\n")
     monkeypatch.setattr(code_fingerprint, "REPO", copy)
 
-    rows = dict(graph.status(config))
+    rows = dict(runner.status(config))
     assert rows["download"].up_to_date
     assert (rows["clean"].state, rows["clean"].reason) == ("stale", "code changed (corpora/filters.py)")
     assert rows["shard"].reason == "waits for clean, tokenizer"
 
-    accepted = graph.accept_one(config, "clean")
+    accepted = runner.accept_stage(config, "clean")
     assert accepted.reason == "accepted: code changed (corpora/filters.py)" and not accepted.ran
-    rows = dict(graph.status(config))
+    rows = dict(runner.status(config))
     assert all(rows[s].up_to_date for s in folders), rows
     assert "accepted" in rows["clean"].reason
     (entry,) = read_manifest(folders["clean"])["accepted"]
@@ -285,15 +293,15 @@ def test_overlong_rows_are_dropped_and_counted(tmp_path):
              for split in ("dev", "test")}
     download = write_download(tmp_path, {"synthetic": (src, tgt)}, evals["dev"], evals["test"])
 
-    clean_dir = clean.run(config, {"download": download}).path
+    clean_dir = run_stage(config, "clean", {"download": download}).path
     clean_stats = read_manifest(clean_dir)["stats"]
     assert clean_stats["dropped"]["too_many_chars"] == 1
     clean_src = pq.read_table(clean_dir / "train")["src"].to_pylist()
     assert long_pair[0] in clean_src and not any(len(s) > 1000 for s in clean_src)
 
-    tok_dir = tokenizer.run(config, {"clean": clean_dir}).path
+    tok_dir = run_stage(config, "tokenizer", {"clean": clean_dir}).path
     assert len(load_tokenizer(tok_dir).encode(long_pair[0])) > limit
-    shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}).path
+    shard_dir = run_stage(config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}).path
     stats = read_manifest(shard_dir)["stats"]
     print("shard stats:", json.dumps(stats))
     assert stats["max_pieces"] == limit

@@ -28,9 +28,9 @@ from corpora import CorpusError, sources
 from corpora.archives import CorruptArchiveError, MissingMemberError, UnsafeArchiveError
 from corpora.fetch import ChecksumError, NetworkError, download
 from corpora.lockfile import LockFile
-from tasks import download as download_stage
-from tasks.config import RunConfig, config_from_dict
-from tasks.contract import MANIFEST, StageError, read_manifest
+from tasks.framework.config import RunConfig, config_from_dict
+from tasks.framework.contract import MANIFEST, StageError, read_manifest
+from tasks.framework.runner import run_stage
 
 pytestmark = pytest.mark.integration
 
@@ -234,7 +234,7 @@ def read_lines(path: Path) -> list[str]:
 
 def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: MirrorServer):
     config = make_config(tmp_path, pair="en-de", mirror=server.url)
-    result = download_stage.run(config, {})
+    result = run_stage(config, "download", {})
     out = result.path
 
     assert out == config.root / "download" and result.ran
@@ -266,15 +266,15 @@ def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: M
 
     # A rerun is skipped; a forced rerun reuses the download cache: no new requests either way.
     n = len(server.requests)
-    assert not download_stage.run(config, {}).ran
-    assert download_stage.run(config, {}, force=True).ran
+    assert not run_stage(config, "download", {}).ran
+    assert run_stage(config, "download", {}, force=True).ran
     assert len(server.requests) == n
     assert read_manifest(out)["fingerprint"] == manifest["fingerprint"]
 
 
 def test_filtered_test_set_and_corpus_subset(tmp_path: Path, server: MirrorServer):
     config = make_config(tmp_path, pair="de-en", mirror=server.url, corpora=["news-commentary-v9"], test_variant="filtered")
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     assert sorted(p.name for p in (out / "train").iterdir()) == ["news-commentary-v9.de", "news-commentary-v9.en"]
     assert read_lines(out / "test.de") == lines("filtered", "de", FILTERED_SIZE)
     requested = {path for path, _ in server.requests}
@@ -283,7 +283,7 @@ def test_filtered_test_set_and_corpus_subset(tmp_path: Path, server: MirrorServe
 
 def test_file_mirror_en_fr_reads_un_and_gzipped_giga_members(tmp_path: Path, mirror_root: Path):
     config = make_config(tmp_path, pair="fr-en", mirror=mirror_root.as_uri(), corpora=["un", "giga-fren"])
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     assert read_lines(out / "train" / "giga-fren.fr") == lines("giga-fren", "fr", 5)
     assert read_lines(out / "train" / "un.en") == lines("un", "en", 3)
     assert read_lines(out / "test.fr") == lines("full", "fr", FULL_SIZE)  # fren-src.fr is the source
@@ -299,7 +299,7 @@ def test_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorSer
     path = "wmt13/training-parallel-europarl-v7.tgz"
     served = (server.root / path).read_bytes()
     server.drop_after[path] = 100
-    out = download_stage.run(make_config(tmp_path, pair="en-de", mirror=server.url), {}).path
+    out = run_stage(make_config(tmp_path, pair="en-de", mirror=server.url), "download", {}).path
 
     europarl_requests = [rng for p, rng in server.requests if p == path]
     assert europarl_requests == [None, "bytes=100-"]
@@ -365,7 +365,7 @@ def test_checksum_mismatch_fails_and_leaves_nothing_complete(
     monkeypatch.setitem(sources.ARCHIVES, "europarl-v7", dataclasses.replace(sources.ARCHIVES["europarl-v7"], sha256="0" * 64))
     config = make_config(tmp_path, pair="en-de", mirror=server.url)
     with pytest.raises(ChecksumError, match="training-parallel-europarl-v7.tgz: sha256 is .* expects 0{64}"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     cached = config.root / "cache" / "downloads" / "wmt13"
     assert not list(cached.iterdir())  # neither the final file nor a .part
     assert_nothing_looks_complete(config)
@@ -373,13 +373,13 @@ def test_checksum_mismatch_fails_and_leaves_nothing_complete(
 
 def test_a_changed_upstream_file_fails_against_the_lock(tmp_path: Path, mirror_root: Path):
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
-    download_stage.run(config, {})
+    run_stage(config, "download", {})
     layout = wmt_layout()["wmt13/training-parallel-commoncrawl.tgz"]
     layout["commoncrawl.de-en.de"] = text(lines("changed", "de", 3))
     write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", layout)
     fresh_cache = config.replace(data=dataclasses.replace(config.data, cache_dir=str(tmp_path / "cache2")))
     with pytest.raises(ChecksumError, match="downloads.lock.json expects"):
-        download_stage.run(fresh_cache, {}, force=True)
+        run_stage(fresh_cache, "download", {}, force=True)
     assert not (tmp_path / "cache2" / "wmt13" / "training-parallel-commoncrawl.tgz").exists()
 
 
@@ -390,7 +390,7 @@ def test_misaligned_corpus_names_both_counts(tmp_path: Path, mirror_root: Path):
     write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", cc)
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
     with pytest.raises(CorpusError, match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, commoncrawl.de-en.de \(de\) has 3 lines"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     assert_nothing_looks_complete(config)
 
 
@@ -403,7 +403,7 @@ def test_unsafe_tarball_is_refused(tmp_path: Path, mirror_root: Path, bad: str):
     write_archive(archive, wmt_layout()["wmt14/training-parallel-nc-v9.tgz"], extra=[info])
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["news-commentary-v9", "europarl-v7"])
     with pytest.raises(UnsafeArchiveError, match=f"refusing member '{info.name}' of .*training-parallel-nc-v9.tgz"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     assert not (tmp_path / "evil").exists() and not (config.root / "evil").exists()
     assert_nothing_looks_complete(config)
 
@@ -414,7 +414,7 @@ def test_missing_member_points_at_the_registry(tmp_path: Path, mirror_root: Path
     monkeypatch.setitem(sources.TRAIN["de-en"], "commoncrawl", wrong)
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
     with pytest.raises(CorpusError, match="no member 'training/commoncrawl.de-en.de' .*sources.py.*similar members: commoncrawl.de-en.de"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
 
 
 # ----------------------------------------------------------------------------- a broken mirror, then a fixed one
@@ -493,13 +493,13 @@ def test_a_broken_archive_is_not_kept_so_a_fixed_mirror_succeeds(
     _break(case, mirror_root / archive, wmt_layout()[archive])
 
     with pytest.raises(error, match=f"{message}.*; removed the cached {cached} and pinned nothing"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     assert not cached.exists()
     assert url not in (json.loads(lock_file.read_text())["files"] if lock_file.exists() else {})
     assert_nothing_looks_complete(config)
 
     write_archive(mirror_root / archive, wmt_layout()[archive])
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     good = hashlib.sha256((mirror_root / archive).read_bytes()).hexdigest()
     assert json.loads(lock_file.read_text())["files"][url]["sha256"] == good
     assert hashlib.sha256(cached.read_bytes()).hexdigest() == good
@@ -519,16 +519,16 @@ def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(tmp_path: Path
 
     entry = re.escape(f"remove the entry {url!r} from {lock_file} and rerun")
     with pytest.raises(UnsafeArchiveError, match=f"refusing member .*; removed the cached {cached}\\. If the pinned file is bad.*{entry}"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     assert not cached.exists()
     with pytest.raises(ChecksumError, match=f"(bytes|sha256) is .* but the lock file {lock_file} expects .*{entry}"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
 
     # The user follows the advice: drop the entry, rerun.
     lock = json.loads(lock_file.read_text())
     del lock["files"][url]
     lock_file.write_text(json.dumps(lock))
-    download_stage.run(config, {})
+    run_stage(config, "download", {})
     good = hashlib.sha256((server.root / CC).read_bytes()).hexdigest()
     assert json.loads(lock_file.read_text())["files"][url]["sha256"] == good
 
@@ -546,7 +546,7 @@ def test_local_source_copies_the_shared_sample(tmp_path: Path):
             "local_train": ["train"], "local_dev": "newstest2012", "local_test": "newstest2014.full",
         },
     })
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     stats = read_manifest(out)["stats"]
     assert (stats["train_lines"], stats["dev_lines"], stats["test_lines"]) == (10000, 3000, 3003)
     assert sorted(p.name for p in (out / "train").iterdir()) == ["train.de", "train.en"]
@@ -562,14 +562,14 @@ def test_local_source_names_missing_files(tmp_path: Path):
         (folder / name).write_text("a\n")
     config = config_from_dict({"name": "l", "workdir": str(tmp_path / "run"), "data": {"source": "local", "local_dir": str(folder)}})
     with pytest.raises(CorpusError, match=r"missing file\(s\): .*test\.de"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
 
 
 def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
     """An edited local file makes download stale, naming the file; a touched one does not."""
     import os
 
-    from tasks import graph
+    from tasks.framework import runner
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the digest cache: this test's
     folder = tmp_path / "data"
@@ -578,10 +578,10 @@ def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
         (folder / name).write_text("a b\nc d\n")
     config = config_from_dict({"name": "l", "workdir": str(tmp_path / "run"),
                                "data": {"source": "local", "local_dir": str(folder)}})
-    assert download_stage.run(config, {}).ran
+    assert run_stage(config, "download", {}).ran
 
     def download_status():
-        return dict(graph.status(config))["download"]
+        return dict(runner.status(config))["download"]
 
     later = (folder / "train.en").stat().st_mtime_ns + 5_000_000_000
     os.utime(folder / "train.en", ns=(later, later))
@@ -589,7 +589,7 @@ def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
     (folder / "train.en").write_text("a b\nc e\n")  # the same size, other bytes
     assert (download_status().state, download_status().reason) == (
         "stale", "config changed (local_files.train.en)")
-    rerun = download_stage.run(config, {})
+    rerun = run_stage(config, "download", {})
     assert rerun.ran and read_lines(rerun.path / "train" / "train.en")[-1] == "c e"
 
 
@@ -600,16 +600,17 @@ def test_synthetic_source_writes_the_layout_from_the_seed(tmp_path: Path):
             "data": {"source": "synthetic", "synthetic_train": 30, "synthetic_dev": 5, "synthetic_test": 5},
         })
 
-    first = download_stage.run(config(1), {})
+    first = run_stage(config(1), "download", {})
     assert first.stats == {"corpus": "synthetic", "train": 30, "dev": 5, "test": 5}
     assert len(read_lines(first.path / "train" / "synthetic.de")) == 30
     before = read_lines(first.path / "test.en")
     # The grammar draws from the run's seed: another seed is another corpus, not "up to date".
-    second = download_stage.run(config(2), {})
+    second = run_stage(config(2), "download", {})
     assert second.ran and read_lines(second.path / "test.en") != before
 
 
 def test_treebank_source_is_refused(tmp_path: Path):
     config = config_from_dict({"name": "tb", "workdir": str(tmp_path / "run"), "data": {"source": "treebank", "pair": "words-tree"}})
-    with pytest.raises(StageError, match="treebank stage"):
-        download_stage.run(config, {})
+    # The parsing pipeline has no download stage: it reads treebank files in its treebank stage.
+    with pytest.raises(StageError, match="unknown stage 'download' for the parsing pipeline; stages: treebank"):
+        run_stage(config, "download", {})

@@ -18,8 +18,9 @@ from ray_cluster import local_cluster
 from test_train import make_inputs, tiny_config
 from test_train_resume import TRACES, traces
 
-from tasks.config import RayConfig
-from tasks.contract import read_manifest
+from tasks.framework.config import RayConfig
+from tasks.framework.contract import read_manifest
+from tasks.framework.runner import run_stage
 
 # Slow (a cluster of four raylets, two Ray Train runs and two resizes, ~2-3 min): `make test-slow`.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -91,7 +92,6 @@ def test_two_workers_shrink_to_one_and_grow_back_with_the_fixed_run_s_batches(
 ):
     import ray.cloudpickle
 
-    from tasks import train
 
     # Right after a node is lost Ray Train may still count it and wait for two workers: give
     # up on that after 20 s (default 60) and start the one that fits. Ray Train hands RAY_TRAIN_*
@@ -105,7 +105,7 @@ def test_two_workers_shrink_to_one_and_grow_back_with_the_fixed_run_s_batches(
     fixed_config = cluster_config(  # checkpoints change nothing a step computes
         root, tracking, cluster.address, num_workers=2, checkpoint_every=STEPS
     )
-    fixed = traces(fixed_config, train.run(fixed_config, make_inputs(root)).path)
+    fixed = traces(fixed_config, run_stage(fixed_config, "train", make_inputs(root)).path)
 
     root = tmp_path_factory.mktemp("elastic")
     where = root / "steps"
@@ -116,7 +116,7 @@ def test_two_workers_shrink_to_one_and_grow_back_with_the_fixed_run_s_batches(
 
     def fit() -> None:
         try:
-            result["out"] = train.run_with_callbacks(config, make_inputs(root), [Record(where)])
+            result["out"] = run_stage(config, "train", make_inputs(root), callbacks=[Record(where)])
         except BaseException as error:  # re-raised below, in the test's thread
             result["error"] = error
 

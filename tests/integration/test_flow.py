@@ -70,7 +70,7 @@ def ran(results) -> list[str]:
 def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(first_run):
     from mlflow import MlflowClient
 
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     workdir, path, outcomes = first_run
     assert [r.stage for r in outcomes] == WMT14_STAGES
@@ -133,7 +133,7 @@ def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_ru
     from prefect.logging.handlers import APILogHandler
 
     from pipelines.flows import artifact_key
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     _, path, _ = first_run
     config = load_config(path)
@@ -177,11 +177,11 @@ def test_second_run_skips_every_stage(first_run):
 
 
 def test_status_reports_every_stage_up_to_date(first_run):
-    from tasks import graph
-    from tasks.config import load_config
+    from tasks.framework import runner
+    from tasks.framework.config import load_config
 
     _, path, _ = first_run
-    rows = graph.status(load_config(path))
+    rows = runner.status(load_config(path))
     assert [name for name, _ in rows] == WMT14_STAGES
     assert all(st.up_to_date for _, st in rows), rows
 
@@ -202,13 +202,13 @@ def test_force_shard_reruns_shard_and_everything_after_it(first_run):
 @pytest.mark.slow  # a rerun of train .. register: ~25 s
 def test_deleted_tokenizer_folder_reruns_tokenizer_and_after(first_run):
     from pipelines.flows import pipeline_flow
-    from tasks import graph
-    from tasks.config import load_config
+    from tasks.framework import runner
+    from tasks.framework.config import load_config
 
     _, path, _ = first_run
     config = load_config(path)
     shutil.rmtree(config.root / "tokenizer")
-    status = dict(graph.status(config))
+    status = dict(runner.status(config))
     assert status["tokenizer"].state == "missing"
     assert status["clean"].up_to_date and not status["shard"].up_to_date
     outcomes = pipeline_flow(config_path=path)
@@ -223,7 +223,7 @@ def test_failing_stage_stops_the_flow_and_a_fixed_rerun_continues_there(first_ru
     bad = write_config(
         workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8, "average.last": 50, "average.spacing": "sideways"})
     )
-    from tasks.config import ConfigError
+    from tasks.framework.config import ConfigError
 
     with pytest.raises(ConfigError, match="average.spacing"):
         pipeline_flow(config_path=bad)
@@ -243,7 +243,7 @@ def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path
     from prefect.client.schemas.actions import WorkPoolCreate
 
     from pipelines.deploy import deploy
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     path = write_config(tmp_path / "tiny.yaml", tiny_config(tmp_path))
     config = load_config(path)

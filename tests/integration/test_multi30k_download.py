@@ -16,9 +16,9 @@ from test_download import MirrorServer, read_lines
 from corpora import CorpusError, assemble, sources
 from corpora.archives import CorruptArchiveError
 from corpora.fetch import ChecksumError
-from tasks import download as download_stage
-from tasks.config import RunConfig, config_from_dict
-from tasks.contract import MANIFEST, read_manifest
+from tasks.framework.config import RunConfig, config_from_dict
+from tasks.framework.contract import MANIFEST, read_manifest
+from tasks.framework.runner import run_stage
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def lock_entries(config: RunConfig) -> dict:
 @pytest.mark.parametrize(("pair", "src", "tgt"), [("en-de", "en", "de"), ("de-en", "de", "en")])
 def test_file_mirror_gives_the_contract_layout_in_either_direction(tmp_path: Path, mirror_root: Path, pair: str, src: str, tgt: str):
     config = make_config(tmp_path, pair=pair, mirror=mirror_root.as_uri())
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
 
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted([MANIFEST, "dev.de", "dev.en", "test.de", "test.en", "train/multi30k.de", "train/multi30k.en"])
@@ -122,7 +122,7 @@ def test_a_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorS
     served = (server.root / path).read_bytes()
     server.drop_after[path] = 100
     config = make_config(tmp_path, pair="en-de", mirror=server.url)
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
 
     assert [rng for p, rng in server.requests if p == path] == [None, "bytes=100-"]
     assert read_lines(out / "train" / "multi30k.de") == captions("train", "de", 40)
@@ -130,7 +130,7 @@ def test_a_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorS
     assert inputs["sha256"] == hashlib.sha256(served).hexdigest()
     # A forced rerun reuses the cache: no request at all.
     n = len(server.requests)
-    assert download_stage.run(config, {}, force=True).ran and len(server.requests) == n
+    assert run_stage(config, "download", {}, force=True).ran and len(server.requests) == n
 
 
 def test_a_partial_download_left_by_an_interrupted_run_is_resumed(tmp_path: Path, server: MirrorServer):
@@ -145,7 +145,7 @@ def test_a_partial_download_left_by_an_interrupted_run_is_resumed(tmp_path: Path
     etag = '"' + hashlib.sha256(served).hexdigest()[:16] + '"'  # as MirrorServer sends it
     Path(f"{part}.json").write_text(json.dumps({"url": f"{server.url}/{path}", "validator": etag}))
 
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     assert [rng for p, rng in server.requests if p == path] == ["bytes=64-"]
     assert read_lines(out / "train" / "multi30k.en") == captions("train", "en", 40)
     assert not part.exists() and not Path(f"{part}.json").exists()
@@ -181,7 +181,7 @@ def test_a_corrupt_gz_names_the_file_and_a_fixed_mirror_succeeds(tmp_path: Path,
     _break(case, mirror_root / RAW / "val.de.gz")
 
     with pytest.raises(CorruptArchiveError) as err:
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     message = str(err.value)
     assert message.startswith(f"truncated or corrupt archive {cache / 'val.de.gz'} ({cause}")
     assert f"removed the cached {cache / 'val.en.gz'} and {cache / 'val.de.gz'} and pinned nothing" in message
@@ -191,7 +191,7 @@ def test_a_corrupt_gz_names_the_file_and_a_fixed_mirror_succeeds(tmp_path: Path,
     assert not (config.root / "download").exists()
 
     write_file(mirror_root, "val", "de")
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     assert read_lines(out / "dev.de") == captions("val", "de", 3)
     good = hashlib.sha256((mirror_root / RAW / "val.de.gz").read_bytes()).hexdigest()
     assert lock_entries(config)[f"{CANONICAL}{RAW}/val.de.gz"]["sha256"] == good
@@ -205,7 +205,7 @@ def test_misaligned_languages_name_both_files_and_counts(tmp_path: Path, mirror_
         match=r"corpus test_2016_flickr is misaligned: data/task1/raw/test_2016_flickr.en.gz \(en\) has 3 lines, "
         r"data/task1/raw/test_2016_flickr.de.gz \(de\) has 4 lines; removed the cached .* and pinned nothing",
     ):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     assert not [url for url in lock_entries(config) if "test_2016" in url]
 
 
@@ -216,14 +216,14 @@ def test_an_empty_dev_set_fails_in_one_line_and_a_fixed_mirror_recovers(tmp_path
         write_file(mirror_root, "val", lang, n=0)
     config = make_config(tmp_path, mirror=mirror_root.as_uri())
     with pytest.raises(CorpusError) as err:
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     message = str(err.value)
     assert "corpus val is empty" in message and "val.en.gz" in message and "\n" not in message
     assert "a rerun downloads them again" in message
     assert not any("val." in url for url in lock_entries(config))
     for lang in ("en", "de"):
         write_file(mirror_root, "val", lang)
-    result = download_stage.run(config, {})
+    result = run_stage(config, "download", {})
     assert result.ran and len(read_lines(result.path / "dev.en")) == SPLITS["val"][1]
 
 
@@ -241,7 +241,7 @@ def test_a_pinned_empty_file_is_named_with_the_lock_entry_that_keeps_it(tmp_path
         url = f"{CANONICAL}{RAW}/val.{lang}.gz"
         lock.pin(url, hash_file(mirror_root / RAW / f"val.{lang}.gz"))
     with pytest.raises(CorpusError, match=r"corpus val is empty.*lock") as err:
-        download_stage.run(config, {}, force=True)
+        run_stage(config, "download", {}, force=True)
     assert "val.en.gz" in str(err.value)
 
 
@@ -249,7 +249,7 @@ def test_a_file_the_mirror_lacks_is_named(tmp_path: Path, mirror_root: Path):
     config = make_config(tmp_path, pair="en-cs", test="test_2018_flickr", mirror=mirror_root.as_uri())
     (mirror_root / RAW / "val.cs.gz").unlink()
     with pytest.raises(CorpusError, match=r"val\.cs\.gz: no such file .*is the mirror folder complete"):
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
 
 
 # ----------------------------------------------------------------------------- the real shared mirror
@@ -258,7 +258,7 @@ def test_a_file_the_mirror_lacks_is_named(tmp_path: Path, mirror_root: Path):
 @pytest.mark.shared_data("multi30k/data/task1/raw")
 def test_the_shared_mirror_gives_the_published_counts(tmp_path: Path):
     config = make_config(tmp_path, pair="en-de", mirror=SHARED_MULTI30K.resolve().as_uri())
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     stats = read_manifest(out)["stats"]
     assert (stats["train_lines"], stats["dev_lines"], stats["test_lines"]) == (29000, 1014, 1000)
     for name in ("train/multi30k.en", "train/multi30k.de", "dev.en", "dev.de", "test.en", "test.de"):
@@ -296,7 +296,7 @@ def test_a_file_one_byte_off_the_published_one_fails_in_a_fresh_work_dir(tmp_pat
     assert not (config.root / "downloads.lock.json").exists()
 
     with pytest.raises(ChecksumError) as err:
-        download_stage.run(config, {})
+        run_stage(config, "download", {})
     message = str(err.value)
     assert message.startswith(f"{real_server.url}/{RAW}/val.de.gz: sha256 is {hashlib.sha256(tampered).hexdigest()}, ")
     assert f"the source registry expects {hashlib.sha256(published).hexdigest()}" in message
@@ -306,5 +306,5 @@ def test_a_file_one_byte_off_the_published_one_fails_in_a_fresh_work_dir(tmp_pat
     assert not [url for url in lock_entries(config) if "/val." in url]
 
     (real_server.root / RAW / "val.de.gz").write_bytes(published)  # the mirror fixed: it passes
-    out = download_stage.run(config, {}).path
+    out = run_stage(config, "download", {}).path
     assert read_manifest(out)["stats"]["corpora"]["dev"]["inputs"]["de"]["sha256"] == hashlib.sha256(published).hexdigest()

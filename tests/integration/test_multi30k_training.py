@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import clean, download, shard, tokenizer, train
-from tasks.config import load_config
-from tasks.contract import read_manifest
+from tasks.framework.config import load_config
+from tasks.framework.contract import read_manifest
+from tasks.framework.runner import run_stage
 
 REPO = Path(__file__).resolve().parents[2]
 MIRROR = REPO.parent / "shared" / "data" / "multi30k"
@@ -46,12 +46,12 @@ def test_the_multi30k_recipe_learns_to_translate(tmp_path):
             "train.bleu_sentences": 200,
         },
     )
-    raw = download.run(config, {}).path
+    raw = run_stage(config, "download", {}).path
     assert read_manifest(raw)["stats"]["train_lines"] == 29_000
-    cleaned = clean.run(config, {"download": raw}).path
-    tok = tokenizer.run(config, {"clean": cleaned}).path
-    shards = shard.run(config, {"clean": cleaned, "tokenizer": tok}).path
-    out = train.run(config, {"shard": shards, "tokenizer": tok}).path
+    cleaned = run_stage(config, "clean", {"download": raw}).path
+    tok = run_stage(config, "tokenizer", {"clean": cleaned}).path
+    shards = run_stage(config, "shard", {"clean": cleaned, "tokenizer": tok}).path
+    out = run_stage(config, "train", {"shard": shards, "tokenizer": tok}).path
 
     stats = read_manifest(out)["stats"]
     client = MlflowClient(stats["tracking_uri"])

@@ -17,8 +17,9 @@ from ray_cluster import local_cluster
 from test_train import make_inputs, tiny_config
 from test_train_resume import assert_same_weights, final_weights, traces
 
-from tasks.config import RayConfig
-from tasks.contract import input_fingerprints, read_manifest
+from tasks.framework.config import RayConfig
+from tasks.framework.contract import input_fingerprints, read_manifest
+from tasks.framework.runner import run_stage
 
 # Slow (a cluster of four raylets and two Ray Train runs, ~2 min): `make test-slow`.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -104,7 +105,7 @@ def test_a_lost_node_resumes_on_the_cluster_and_ends_bit_identical(cluster, tmp_
 
     root = tmp_path_factory.mktemp("uninterrupted")
     config = cluster_config(root, tracking, cluster.address)
-    uninterrupted = train.run(config, make_inputs(root)).path
+    uninterrupted = run_stage(config, "train", make_inputs(root)).path
     expected_trace, expected_weights = traces(config, uninterrupted), final_weights(uninterrupted)
 
     root = tmp_path_factory.mktemp("interrupted")
@@ -116,7 +117,7 @@ def test_a_lost_node_resumes_on_the_cluster_and_ends_bit_identical(cluster, tmp_
     done = threading.Event()
     killed = kill_when_stopped(workers, where, run_dir, done)
     try:
-        out = train.run_with_callbacks(config, inputs, [WhereAndStop(where)]).path
+        out = run_stage(config, "train", inputs, callbacks=[WhereAndStop(where)]).path
     finally:
         done.set()
 

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from stage_folders import TINY_TRAINING
 
+from tasks.framework.runner import run_stage
+
 pytestmark = pytest.mark.integration
 
 PARSING_STAGES = [
@@ -124,7 +126,7 @@ def stats(folder: Path) -> dict:
 
 @pytest.mark.slow  # the whole parsing flow: ~30 s
 def test_every_stage_runs_and_hands_its_output_on(first_run):
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     _, path, sizes, outcomes = first_run
     assert [r.stage for r in outcomes] == PARSING_STAGES
@@ -169,7 +171,7 @@ def test_every_stage_runs_and_hands_its_output_on(first_run):
 def test_mlflow_holds_the_parse_f1_in_the_parse_score_child_run(first_run):
     from mlflow import MlflowClient
 
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     _, path, _, _ = first_run
     config = load_config(path)
@@ -204,8 +206,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_shipped_parsing_configs_hold_the_papers_settings():
-    from tasks.config import load_config
-    from tasks.graph import pipeline_name
+    from tasks.framework.config import load_config
+    from tasks.framework.graph import pipeline_name
     from transformer_core import presets
 
     wsj = load_config(CONFIGS / "wsj_parsing.yaml")
@@ -233,11 +235,10 @@ def test_shipped_parsing_configs_hold_the_papers_settings():
 
 @pytest.mark.shared_data("ptb_sample/combined")
 def test_ptb_sample_config_splits_the_sample_by_file(tmp_path, monkeypatch):
-    from tasks import treebank
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
 
     monkeypatch.chdir(CONFIGS.parent)  # treebank_dir is relative to the repo root
     config = load_config(CONFIGS / "ptb_sample.yaml", {"workdir": str(tmp_path / "run")})
-    got = treebank.run(config, {}).stats
+    got = run_stage(config, "treebank", {}).stats
     assert (got["train_files"], got["dev_files"], got["test_files"]) == (169, 11, 19)
     assert (got["train_trees"], got["dev_trees"], got["test_trees"]) == (3501, 176, 237)

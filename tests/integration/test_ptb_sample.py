@@ -13,9 +13,8 @@ from stage_folders import finished_folder
 from evaluation.evalb import score_corpus
 from parsing.linearize import FORMS, linearize, punctuation_tag, repair
 from parsing.trees import clean_tree, read_trees, write_tree
-from tasks import linearize as linearize_stage
-from tasks import parse_score, treebank
-from tasks.config import config_from_dict
+from tasks.framework.config import config_from_dict
+from tasks.framework.runner import run_stage
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ptb_sample"
 COMBINED = SAMPLE / "combined"
@@ -83,14 +82,14 @@ def test_stages_on_the_sample(tmp_path, golds):
             },
         }
     )
-    tb = treebank.run(config, {}).path
+    tb = run_stage(config, "treebank", {}).path
     stats = json.loads((tb / "manifest.json").read_text())["stats"]
     assert (stats["train_files"], stats["dev_files"], stats["test_files"]) == (180, 0, 19)
     assert stats["train_trees"] + stats["test_trees"] == 3914 and stats["dev_trees"] == 0
     test_trees = (tb / "test.trees").read_text().splitlines()
     assert test_trees == [write_tree(t) for t in golds[-stats["test_trees"] :]]
 
-    lin = linearize_stage.run(config, {"treebank": tb}).path
+    lin = run_stage(config, "linearize", {"treebank": tb}).path
     table = pq.read_table(lin / "train" / "part-00000.parquet")
     assert table.num_rows == stats["train_trees"]
     first = golds[0]
@@ -102,7 +101,7 @@ def test_stages_on_the_sample(tmp_path, golds):
 
     # Up to date: a second run returns at once.
     started = json.loads((lin / "manifest.json").read_text())["started"]
-    assert not linearize_stage.run(config, {"treebank": tb}).ran
+    assert not run_stage(config, "linearize", {"treebank": tb}).ran
     assert json.loads((lin / "manifest.json").read_text())["started"] == started
 
     # A perfect "translation" (the gold sequences) scores 100 through parse_score.
@@ -110,7 +109,7 @@ def test_stages_on_the_sample(tmp_path, golds):
         (tmp / "hyp.tree").write_text((lin / "test.tree").read_text())
 
     translated = finished_folder(tmp_path / "run" / "translate", "translate", {"fake": 1}, fake_translate)
-    scored = parse_score.run(config, {"translate": translated, "linearize": lin}).path
+    scored = run_stage(config, "parse_score", {"translate": translated, "linearize": lin}).path
     scores = json.loads((scored / "scores.json").read_text())
     assert scores["f1"] == 100.0 and scores["sentences"] == stats["test_trees"]
     assert scores["repaired_sentences"] == 0 and scores["length_errors"] == 0

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from parsing.linearize import POS_TAGS, structure_tokens
-from tasks import graph
-from tasks.config import load_config
-from tasks.contract import read_manifest
+from tasks.framework import runner
+from tasks.framework.config import load_config
+from tasks.framework.contract import read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO.parent / "shared" / "data" / "ptb_sample" / "combined"
@@ -54,7 +54,7 @@ def test_the_sample_config_learns_to_parse(tmp_path):
         },
     )
     for name in STAGES:
-        graph.run_one(config, name)
+        runner.run_stage(config, name)
     root = config.root
 
     # Every label, closing label and tag is one piece.

@@ -17,8 +17,9 @@ from stage_folders import finished_folder
 from serving.stream import ModelNotFoundError, from_registry, translate_stream
 from serving.translator import Translator
 from tasks import register
-from tasks.config import DecodeConfig, MlflowConfig, RegisterConfig, RunConfig
-from tasks.contract import StageError, read_manifest
+from tasks.framework.config import DecodeConfig, MlflowConfig, RegisterConfig, RunConfig
+from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.runner import run_stage
 from transformer_core import presets
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,7 @@ def setup(tmp_path_factory, tiny_model, tiny_tokenizer):
 def _register(
     config: RunConfig, inputs: dict, root: Path, bleu: float, variant: str = "full"
 ) -> dict:
-    out = register.run(config, {**inputs, "score": make_score(root, bleu, variant)}).path
+    out = run_stage(config, "register", {**inputs, "score": make_score(root, bleu, variant)}).path
     return json.loads((out / "registered.json").read_text())
 
 
@@ -104,8 +105,8 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     assert tags["lineage.train"] == read_manifest(inputs["average"].parent / "train")["fingerprint"]
     assert tags["lineage.tokenizer"] == read_manifest(inputs["tokenizer"])["fingerprint"]
     # The code behind each stage, and the checkout it came from.
-    from tasks.code_fingerprint import REPO
-    from tasks.config import fingerprint
+    from tasks.framework.code_fingerprint import REPO
+    from tasks.framework.config import fingerprint
 
     assert tags["code.average"] == fingerprint(read_manifest(inputs["average"])["code"])
     assert tags["code.register"] and tags["code.register"] != tags["code.average"]
@@ -226,7 +227,7 @@ def test_missing_metric_is_a_clear_error(setup, tmp_path) -> None:
         lambda tmp: (tmp / "scores.json").write_text(json.dumps({"chrf": 1.0})) and {},
     )
     with pytest.raises(StageError, match=r"scores\.json has no numeric 'bleu_sacre'"):
-        register.run(config.replace(workdir=str(tmp_path / "run")), {**inputs, "score": score})
+        run_stage(config.replace(workdir=str(tmp_path / "run")), "register", {**inputs, "score": score})
 
 
 def test_decide_champion_rules() -> None:

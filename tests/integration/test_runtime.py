@@ -60,8 +60,8 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
 
 ANOTHER_RAY = (
     "import sys, ray\n"
-    "from tasks.config import RayConfig\n"
-    "from tasks.runtime import ensure_ray\n"
+    "from tasks.framework.config import RayConfig\n"
+    "from tasks.framework.runtime import ensure_ray\n"
     "ensure_ray(RayConfig(num_cpus=1, dashboard=False))\n"
     "print('up', flush=True)\n"
     "sys.stdin.read()\n"
@@ -106,8 +106,8 @@ def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
 LOCAL_THEN_CLUSTER = (
     "import ray\n"
     "from ray.cluster_utils import Cluster\n"
-    "from tasks.config import RayConfig\n"
-    "from tasks.runtime import ensure_ray\n"
+    "from tasks.framework.config import RayConfig\n"
+    "from tasks.framework.runtime import ensure_ray\n"
     "ensure_ray(RayConfig(num_cpus=1))\n"
     "ray.shutdown()\n"
     "cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 1})\n"

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from evaluation.bleu import score_texts
-from tasks import score
-from tasks.config import DataConfig, MlflowConfig, RunConfig
-from tasks.contract import StageError, read_manifest, run_stage
-from tasks.tracking import log_stage_result
+from tasks.framework.config import DataConfig, MlflowConfig, RunConfig
+from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.runner import build_folder, run_stage
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +42,7 @@ def _folder(root: Path, stage: str, files: dict[str, list[str]]) -> Path:
             (tmp / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         return {}
 
-    return run_stage(stage, root / stage, {"files": files}, {}, build).path
+    return build_folder(stage, root / stage, {"files": files}, {}, build).path
 
 
 def _config(root: Path, **data) -> RunConfig:
@@ -64,7 +63,7 @@ def _inputs(root: Path, hyps=HYPOTHESES, refs=REFERENCES, sources=SOURCES) -> di
 
 def test_stage_writes_scores_sentences_plot_and_manifest(tmp_path):
     config = _config(tmp_path)
-    out = score.run(config, _inputs(tmp_path)).path
+    out = run_stage(config, "score", _inputs(tmp_path)).path
     assert out == config.root / "score"
 
     scores = json.loads((out / "scores.json").read_text(encoding="utf-8"))
@@ -95,29 +94,29 @@ def test_stage_writes_scores_sentences_plot_and_manifest(tmp_path):
 
 
 def test_synthetic_test_split_is_not_named_as_newstest(tmp_path):
-    scores = json.loads((score.run(_config(tmp_path, source="synthetic"), _inputs(tmp_path)).path / "scores.json").read_text())
+    scores = json.loads((run_stage(_config(tmp_path, source="synthetic"), "score", _inputs(tmp_path)).path / "scores.json").read_text())
     assert scores["test_set"] == "synthetic" and scores["test_variant"] == "synthetic"
 
 
 def test_second_run_is_skipped_and_force_reruns(tmp_path):
     config = _config(tmp_path)
     inputs = _inputs(tmp_path)
-    first = read_manifest(score.run(config, inputs).path)
-    skipped = score.run(config, inputs)
+    first = read_manifest(run_stage(config, "score", inputs).path)
+    skipped = run_stage(config, "score", inputs)
     assert not skipped.ran and read_manifest(skipped.path)["started"] == first["started"]
     assert skipped.stats == first["stats"]
-    assert read_manifest(score.run(config, inputs, force=True).path)["started"] != first["started"]
+    assert read_manifest(run_stage(config, "score", inputs, force=True).path)["started"] != first["started"]
 
 
 def test_empty_test_set_is_an_error(tmp_path):
     with pytest.raises(StageError, match=r"test\.de is empty \(0 segments\)"):
-        score.run(_config(tmp_path), _inputs(tmp_path, hyps=[], refs=[], sources=[]))
+        run_stage(_config(tmp_path), "score", _inputs(tmp_path, hyps=[], refs=[], sources=[]))
     assert not (tmp_path / "run" / "score").exists()
 
 
 def test_line_count_mismatch_names_both_files(tmp_path):
     with pytest.raises(StageError) as info:
-        score.run(_config(tmp_path), _inputs(tmp_path, hyps=HYPOTHESES[:3]))
+        run_stage(_config(tmp_path), "score", _inputs(tmp_path, hyps=HYPOTHESES[:3]))
     message = str(info.value)
     assert "hyp.de has 3 lines" in message and "test.de has 4" in message
     assert not (tmp_path / "run" / "score").exists()
@@ -127,7 +126,7 @@ def test_missing_hypothesis_file(tmp_path):
     inputs = _inputs(tmp_path)
     (inputs["translate"] / "hyp.de").unlink()
     with pytest.raises(StageError, match=r"input 'translate' .* is damaged: hyp\.de is missing"):
-        score.run(_config(tmp_path), inputs)
+        run_stage(_config(tmp_path), "score", inputs)
 
 
 def test_the_result_reaches_the_active_mlflow_run_once(tmp_path):
@@ -136,15 +135,15 @@ def test_the_result_reaches_the_active_mlflow_run_once(tmp_path):
     mlflow.set_tracking_uri(config.tracking_uri)
     mlflow.set_experiment("score-test")
     with mlflow.start_run() as run:
-        result = score.run(config, _inputs(tmp_path))
-        # The stage itself logs nothing: whoever runs it logs the result, once.
-        assert mlflow.get_run(run.info.run_id).data.metrics == {}
-        log_stage_result(result)
+        # The stage itself logs nothing: the runner logs its result into the active run, once.
+        result = run_stage(config, "score", _inputs(tmp_path))
     scores = json.loads((result.path / "scores.json").read_text(encoding="utf-8"))
     logged = mlflow.get_run(run.info.run_id).data
     for key in ("bleu_sacre", "bleu_tok_compound", "chrf"):
         assert logged.metrics[key] == pytest.approx(scores[key])
     assert logged.metrics["test_segments"] == 4
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "bleu_sacre")
+    assert len(history) == 1
     assert logged.tags["stats.test_set"] == "newstest2014"
     assert logged.tags["skipped"] == "false" and logged.tags["fingerprint"] == read_manifest(result.path)["fingerprint"]
     assert logged.tags["input.translate"] and logged.tags["input.download"]

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from stage_folders import tokenizer_folder
 
-from tasks import contract
-from tasks.config import RunConfig, config_from_dict
-from tasks.contract import StageError, read_manifest, run_stage
+from tasks.framework import contract
+from tasks.framework.config import RunConfig, config_from_dict
+from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.runner import build_folder, run_stage
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +79,7 @@ def make_shards(root: Path, n_train: int = 384, n_dev: int = 48, stats: dict | N
         return {"vocab_size": VOCAB} if stats is None else stats
 
     cfg = {"test": "reverse", "n": n_train, "stats": stats}
-    return run_stage("shard", root / "shard", cfg, {}, build).path
+    return build_folder("shard", root / "shard", cfg, {}, build).path
 
 
 def make_inputs(root: Path) -> dict[str, Path]:
@@ -143,7 +144,6 @@ def trained_and_sockets(ray_local, tmp_path_factory):
     (its Ray, the workers' torch store and gloo pairs), seen from the main thread."""
     import psutil
 
-    from tasks import train
 
     root = tmp_path_factory.mktemp("train")
     inputs = make_inputs(root)
@@ -158,7 +158,7 @@ def trained_and_sockets(ray_local, tmp_path_factory):
 
     patch = pytest.MonkeyPatch()
     patch.setattr(contract, "input_fingerprint", counted)
-    thread = threading.Thread(target=lambda: outcome.append(_attempt(train.run, config, inputs)))
+    thread = threading.Thread(target=lambda: outcome.append(_attempt(run_stage, config, "train", inputs)))
     thread.start()
     me, sockets = psutil.Process(), set()
     while thread.is_alive():
@@ -275,11 +275,10 @@ def test_dev_bleu_is_logged_and_the_best_checkpoint_kept(trained):
 
 
 def test_up_to_date_stage_is_skipped(trained):
-    from tasks import train
 
     config, inputs, out = trained
     before = read_manifest(out)["started"]
-    result = train.run(config, inputs)
+    result = run_stage(config, "train", inputs)
     assert result.path == out and not result.ran
     assert read_manifest(out)["started"] == before
 
@@ -287,12 +286,11 @@ def test_up_to_date_stage_is_skipped(trained):
 def test_average_stage_means_the_last_checkpoints(trained):
     import torch
 
-    from tasks import average
     from transformer_core import checkpoint
 
     config, _, train_out = trained
     config = config.replace(average=config.average.__class__(last=3, spacing="step"))
-    out = average.run(config, {"train": train_out}).path
+    out = run_stage(config, "average", {"train": train_out}).path
     manifest = read_manifest(out)
     assert manifest["stats"]["steps"] == [12, 18, 24]
     averaged = checkpoint.load(out / "model.pt")
@@ -307,23 +305,21 @@ def test_average_stage_means_the_last_checkpoints(trained):
 
 
 def test_average_with_too_few_checkpoints_warns(trained):
-    from tasks import average
 
     config, _, train_out = trained
     config = config.replace(average=config.average.__class__(last=50, spacing="step"))
-    out = average.run(config, {"train": train_out}).path
+    out = run_stage(config, "average", {"train": train_out}).path
     stats = read_manifest(out)["stats"]
     assert stats["count"] == 4 and stats["requested"] == 50 and "warning" in stats
 
 
 def test_average_select_best_takes_the_best_checkpoint_by_dev_bleu(trained, tmp_path):
-    from tasks import average
     from transformer_core import checkpoint
 
     config, _, train_out = trained
     best = json.loads((train_out / "checkpoints.json").read_text())["best"]
     picked = config.replace(workdir=str(tmp_path), average=config.average.__class__(select="best"))
-    out = average.run(picked, {"train": train_out}).path
+    out = run_stage(picked, "average", {"train": train_out}).path
     stats = read_manifest(out)["stats"]
     assert stats["steps"] == [best["step"]] and stats["val_bleu"] == best["val_bleu"]
     chosen = checkpoint.load(out / "model.pt")["model"]
@@ -337,16 +333,15 @@ def test_average_select_best_takes_the_best_checkpoint_by_dev_bleu(trained, tmp_
         (tmp / "checkpoints.json").write_text(json.dumps(listing))
         return {}
 
-    no_bleu = run_stage("train", tmp_path / "no_bleu", {"fake": True}, {}, build).path
+    no_bleu = build_folder("train", tmp_path / "no_bleu", {"fake": True}, {}, build).path
     with pytest.raises(StageError, match="average.select: best.*bleu_sentences"):
-        average.run(picked.replace(workdir=str(tmp_path / "other")), {"train": no_bleu})
+        run_stage(picked.replace(workdir=str(tmp_path / "other")), "average", {"train": no_bleu})
 
 
 # ----------------------------------------------------------------------------- bad input
 
 
 def test_missing_shards_error(ray_local, tmp_path):
-    from tasks import train
 
     inputs = make_inputs(tmp_path)
     for f in (inputs["shard"] / "train").iterdir():
@@ -355,47 +350,43 @@ def test_missing_shards_error(ray_local, tmp_path):
     with pytest.raises(
         StageError, match=r"input 'shard' in .* is damaged: train/part-00000.parquet is missing"
     ):
-        train.run(tiny_config(tmp_path), inputs)
+        run_stage(tiny_config(tmp_path), "train", inputs)
 
 
 def test_missing_input_folder_error(ray_local, tmp_path):
-    from tasks import train
 
     inputs = {"shard": tmp_path / "nope", "tokenizer": make_tokenizer(tmp_path)}
     with pytest.raises(StageError, match="'shard' is missing"):
-        train.run(tiny_config(tmp_path), inputs)
+        run_stage(tiny_config(tmp_path), "train", inputs)
 
 
 def test_empty_shards_error(ray_local, tmp_path):
-    from tasks import train
 
     def build(tmp: Path) -> dict:
         write_split(tmp / "train", 0, seed=1, parts=1)
         write_split(tmp / "dev", 4, seed=2, parts=1)
         return {}
 
-    shard = run_stage("shard", tmp_path / "shard", {"empty": True}, {}, build).path
+    shard = build_folder("shard", tmp_path / "shard", {"empty": True}, {}, build).path
     inputs = {"shard": shard, "tokenizer": make_tokenizer(tmp_path)}
     with pytest.raises(StageError, match="0 rows"):
-        train.run(tiny_config(tmp_path), inputs)
+        run_stage(tiny_config(tmp_path), "train", inputs)
 
 
 def test_vocabulary_mismatch_errors(ray_local, tmp_path):
-    from tasks import train
 
     inputs = make_inputs(tmp_path)
     config = tiny_config(tmp_path)
     wrong = config.replace(tokenizer=config.tokenizer.__class__(vocab_size=32))
     with pytest.raises(StageError, match="tokenizer.vocab_size"):
-        train.run(wrong, inputs)
+        run_stage(wrong, "train", inputs)
     other = tmp_path / "other"
     inputs["shard"] = make_shards(other, stats={"vocab_size": 37})
     with pytest.raises(StageError, match="vocab_size 37"):
-        train.run(config, inputs)
+        run_stage(config, "train", inputs)
 
 
 def test_rows_longer_than_the_model_or_budget_are_refused_before_ray_train(ray_local, tmp_path):
-    from tasks import train
 
     tokenizer = make_tokenizer(tmp_path)
 
@@ -413,43 +404,41 @@ def test_rows_longer_than_the_model_or_budget_are_refused_before_ray_train(ray_l
     with pytest.raises(
         StageError, match=r"shard/train holds a row of 600 pieces but model.max_len is 512"
     ):
-        train.run(tiny_config(tmp_path, max_tokens_per_batch=1024), inputs)  # debug: max_len 512
+        run_stage(tiny_config(tmp_path, max_tokens_per_batch=1024), "train", inputs)  # debug: max_len 512
     inputs["shard"] = make_shards(tmp_path / "b", stats=manifest_says(200))
     with pytest.raises(
         StageError, match=r"train.max_tokens_per_batch is 128: rerun `tfm stage shard --config"
     ):
-        train.run(tiny_config(tmp_path), inputs)
+        run_stage(tiny_config(tmp_path), "train", inputs)
     # no manifest lengths: the shards' own Parquet statistics (rows of up to 9 pieces here)
     inputs["shard"] = make_shards(tmp_path / "c")
     with pytest.raises(
         StageError, match=r"shard/train holds a row of 9 pieces .* train.max_tokens_per_batch is 8"
     ):
-        train.run(tiny_config(tmp_path, max_tokens_per_batch=8), inputs)
+        run_stage(tiny_config(tmp_path, max_tokens_per_batch=8), "train", inputs)
     assert not (tmp_path / "train_ray").exists() and not (tmp_path / "train").exists()
 
 
 def test_gpu_requested_without_gpu_errors(ray_local, tmp_path):
     import ray
 
-    from tasks import train
 
     if ray.cluster_resources().get("GPU", 0):
         pytest.skip("this machine has a GPU")
     with pytest.raises(StageError, match="train.use_gpu"):
-        train.run(tiny_config(tmp_path, use_gpu=True), make_inputs(tmp_path))
+        run_stage(tiny_config(tmp_path, use_gpu=True), "train", make_inputs(tmp_path))
 
 
 def test_average_without_checkpoints_errors(tmp_path):
-    from tasks import average
 
     def build(tmp: Path) -> dict:
         (tmp / "checkpoints.json").write_text(json.dumps({"checkpoints": []}))
         return {}
 
-    train_out = run_stage("train", tmp_path / "train", {"fake": True}, {}, build).path
+    train_out = build_folder("train", tmp_path / "train", {"fake": True}, {}, build).path
     config = tiny_config(tmp_path)
     with pytest.raises(StageError, match="no checkpoints"):
-        average.run(config, {"train": train_out})
+        run_stage(config, "average", {"train": train_out})
 
 
 @pytest.mark.slow  # one more Ray Train run
@@ -458,7 +447,6 @@ def test_progress_lines_and_the_collapse_warning_reach_the_console(ray_local, tm
 
     from mlflow.tracking import MlflowClient
 
-    from tasks import train
 
     # A spread floor no encoder can reach: every validation warns.
     config = tiny_config(
@@ -470,7 +458,7 @@ def test_progress_lines_and_the_collapse_warning_reach_the_console(ray_local, tm
         eval_every=3,
         warn_encoder_spread=2.0,
     )
-    train.run(config, make_inputs(tmp_path))
+    run_stage(config, "train", make_inputs(tmp_path))
     out = ""
     for _ in range(30):  # Ray forwards worker output to the driver asynchronously
         out += "".join(capfd.readouterr())

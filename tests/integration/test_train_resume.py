@@ -3,7 +3,8 @@ and after a crash, training continues at the next step with the next batch and e
 weights and the loss trace of an uninterrupted run (CPU, same seed, dropout on).
 
 Failures are injected by a Trainer callback defined here (``FailOnce``), handed to the workers
-through ``tasks.train.run_with_callbacks``: nothing in the config or the training code knows."""
+through ``run_stage(config, "train", inputs, callbacks=...)`` (``tasks.train.build``'s
+``callbacks``): nothing in the config or the training code knows."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 import torch
 from test_train import make_inputs, metric_history, tiny_config
 
-from tasks.contract import StageError, read_manifest
+from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.runner import run_stage
 from transformer_core import checkpoint
 
 # Slow (three Ray Train runs, ~2 min): `make test-slow`, which CI runs too. The default suite
@@ -73,20 +75,18 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 @pytest.fixture(scope="module")
 def baseline(ray_local, tracking, tmp_path_factory):
-    from tasks import train
 
     root = tmp_path_factory.mktemp("baseline")
     config = tiny_config(root, tracking, **STEPS)
-    out = train.run(config, make_inputs(root)).path
+    out = run_stage(config, "train", make_inputs(root)).path
     return traces(config, out), final_weights(out)
 
 
 def test_worker_failure_restarts_from_last_checkpoint(baseline, tracking, tmp_path):
-    from tasks import train
 
     config = tiny_config(tmp_path, tracking, max_failures=1, **STEPS)
     marker = tmp_path / "failed-at-step-8"
-    out = train.run_with_callbacks(config, make_inputs(tmp_path), fail_once(8, marker)).path
+    out = run_stage(config, "train", make_inputs(tmp_path), callbacks=fail_once(8, marker)).path
     stats = read_manifest(out)["stats"]
     assert stats["resumed_from_step"] == 6  # the restarted workers began at the step-6 checkpoint
     assert marker.is_file()
@@ -97,18 +97,17 @@ def test_worker_failure_restarts_from_last_checkpoint(baseline, tracking, tmp_pa
 def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_path, capfd):
     import time
 
-    from tasks import train
 
     inputs = make_inputs(tmp_path)
     stopped = tiny_config(tmp_path, tracking, stop_after=5, **STEPS)
-    out = train.run(stopped, inputs).path
+    out = run_stage(stopped, "train", inputs).path
     stats = read_manifest(out)["stats"]
     assert stats["step"] == 5 and not stats["complete"]
     listing = json.loads((out / "checkpoints.json").read_text())["checkpoints"]
     assert [c["step"] for c in listing] == [3, 5]
 
     config = tiny_config(tmp_path, tracking, **STEPS)  # the same run, without the stop
-    out = train.run(config, inputs).path
+    out = run_stage(config, "train", inputs).path
     stats = read_manifest(out)["stats"]
     assert stats["resumed_from_step"] == 5 and stats["complete"] and stats["step"] == 12
     console = ""
@@ -126,15 +125,14 @@ def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_pat
 
 @pytest.mark.slow
 def test_crash_then_rerun_of_the_same_config_resumes(baseline, tracking, tmp_path):
-    from tasks import train
 
     inputs = make_inputs(tmp_path)
     config = tiny_config(tmp_path, tracking, max_failures=0, **STEPS)
     callbacks = fail_once(8, tmp_path / "failed-at-step-8")
     with pytest.raises(StageError, match="rerun the same config"):
-        train.run_with_callbacks(config, inputs, callbacks)
+        run_stage(config, "train", inputs, callbacks=callbacks)
     assert not (tmp_path / "train").exists()
-    out = train.run_with_callbacks(config, inputs, callbacks).path  # it fails only once
+    out = run_stage(config, "train", inputs, callbacks=callbacks).path  # it fails only once
     assert read_manifest(out)["stats"]["resumed_from_step"] == 6
     assert_same_weights(final_weights(out), baseline[1])
     assert traces(config, out) == baseline[0]
@@ -157,14 +155,13 @@ class SlowRank0:
 def test_time_trigger_checkpoints_every_rank_on_rank_0s_clock(tracking, tmp_path):
     import ray.cloudpickle
 
-    from tasks import train
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     # No step trigger; 0.6 s between checkpoints, rank 0 taking 0.25 s more a step than rank 1.
     config = tiny_config(
         tmp_path, tracking, steps=12, eval_every=12, checkpoint_every=0, checkpoint_minutes=0.01
     )
-    out = train.run_with_callbacks(config, make_inputs(tmp_path), [SlowRank0(0.25)]).path
+    out = run_stage(config, "train", make_inputs(tmp_path), callbacks=[SlowRank0(0.25)]).path
     listing = json.loads((out / "checkpoints.json").read_text())["checkpoints"]
     steps = [c["step"] for c in listing]
     assert steps[-1] == 12 and len(steps) >= 3, steps  # saved on time, not only at the end

@@ -11,8 +11,9 @@ from corpora import CorpusError
 from corpora.text import read_lines
 from serving.translator import Translator
 from tasks import translate
-from tasks.config import DataConfig, DecodeConfig, RayConfig, RunConfig
-from tasks.contract import StageError, read_manifest
+from tasks.framework.config import DataConfig, DecodeConfig, RayConfig, RunConfig
+from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.runner import run_stage
 from transformer_core import presets
 
 pytestmark = pytest.mark.integration
@@ -54,7 +55,7 @@ def inputs(tmp_path_factory, tiny_model, tiny_tokenizer) -> dict[str, Path]:
 
 def test_distributed_equals_single_process_in_input_order(ray_local, inputs, tmp_path) -> None:
     config = run_config(tmp_path)
-    out = translate.run(config, inputs).path
+    out = run_stage(config, "translate", inputs).path
     texts = read_lines(inputs["download"] / "test.en")
     hyps = read_lines(out / "hyp.de")
     reference = translate_here(inputs, texts, config.decode)
@@ -76,7 +77,7 @@ def test_distributed_equals_single_process_in_input_order(ray_local, inputs, tmp
 
     # Up to date: a second call returns at once without decoding again.
     started = read_manifest(out)["started"]
-    assert not translate.run(config, inputs).ran
+    assert not run_stage(config, "translate", inputs).ran
     assert read_manifest(out)["started"] == started
 
 
@@ -91,14 +92,14 @@ def test_single_process_batching_does_not_change_the_order(inputs) -> None:
 def test_empty_test_set_is_a_clear_error(ray_local, inputs, tmp_path) -> None:
     empty = make_download(tmp_path, [], name="download_empty")
     with pytest.raises(StageError, match=r"test\.en is empty"):
-        translate.run(run_config(tmp_path), {**inputs, "download": empty})
+        run_stage(run_config(tmp_path), "translate", {**inputs, "download": empty})
     assert not (tmp_path / "translate").exists()
 
 
 def test_missing_test_file_is_a_clear_error(inputs, tmp_path) -> None:
     config = run_config(tmp_path).replace(data=DataConfig(source="local", pair="fr-de"))
     with pytest.raises(CorpusError, match=r"test\.fr does not exist"):
-        translate.run(config, inputs)
+        run_stage(config, "translate", inputs)
 
 
 def test_parsing_pipeline_decodes_with_the_parsing_settings(tmp_path) -> None:

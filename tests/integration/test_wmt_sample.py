@@ -9,9 +9,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from serving.tokenizer import load as load_tokenizer
-from tasks import clean, download, shard, tokenizer
-from tasks.config import CleanConfig, DataConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig
-from tasks.contract import read_manifest
+from tasks.framework.config import (
+    CleanConfig,
+    DataConfig,
+    RayConfig,
+    RunConfig,
+    ShardConfig,
+    TokenizerConfig,
+)
+from tasks.framework.contract import read_manifest
+from tasks.framework.runner import run_stage
 from transformer_core.config import UNK_ID
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wmt14_ende_sample"
@@ -35,8 +42,8 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
         shard=ShardConfig(rows_per_shard=4000, num_actors=2, batch_size=1000, cpus_per_actor=0.5),
         ray=RayConfig(num_cpus=2),
     )
-    raw = download.run(config, {}).path
-    clean_dir = clean.run(config, {"download": raw}).path
+    raw = run_stage(config, "download", {}).path
+    clean_dir = run_stage(config, "clean", {"download": raw}).path
     stats = read_manifest(clean_dir)["stats"]
     print("WMT sample clean:", json.dumps({k: stats[k] for k in ("input", "dropped", "kept")}))
     assert stats["input"] == 10_000
@@ -44,7 +51,7 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
     assert 5_000 < stats["kept"] < 10_000
     assert stats["dev"]["lines"] == 3000 and stats["test"]["lines"] == 3003
 
-    tok_dir = tokenizer.run(config, {"clean": clean_dir}).path
+    tok_dir = run_stage(config, "tokenizer", {"clean": clean_dir}).path
     tok = load_tokenizer(tok_dir)
     assert tok.vocab_size == 8000
     test_lines = (clean_dir / "test.de").read_text(encoding="utf-8").splitlines()
@@ -57,7 +64,7 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
     print(f"WMT sample tokenizer: {len(covered)}/{len(test_lines)} test.de lines free of UNK, all round-trip")
     assert len(covered) > 0.8 * len(test_lines)
 
-    shard_dir = shard.run(config, {"clean": clean_dir, "tokenizer": tok_dir}).path
+    shard_dir = run_stage(config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}).path
     shard_stats = read_manifest(shard_dir)["stats"]
     print("WMT sample shard:", json.dumps(shard_stats))
     assert shard_stats["train"]["rows"] == stats["kept"]

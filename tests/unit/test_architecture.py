@@ -44,10 +44,11 @@ def test_import_contracts_hold():
 @pytest.mark.parametrize(
     ("module", "source", "contract"),
     [
-        ("transformer_core/_probe.py", "import tasks.graph\n", "Layers"),
+        ("transformer_core/_probe.py", "import tasks.framework.graph\n", "Layers"),
         ("transformer_core/_probe.py", "import ray\n", "The model library"),
         ("serving/_probe.py", "import prefect\n", "Prefect"),
         ("serving/ct2.py", "import serving.translator\n", "No import cycles"),
+        ("tasks/framework/graph.py", "import tasks.clean\n", "No import cycles"),
     ],
 )
 def test_import_contracts_catch_a_broken_rule(tmp_path, module, source, contract):
@@ -86,3 +87,21 @@ def test_no_benchmark_script_shadows_a_package():
     packages = {p.parent.name for p in root.glob("*/__init__.py")}
     scripts = {p.stem for p in (root / "benchmarks").glob("*.py")}
     assert not scripts & packages
+
+
+def test_the_top_level_of_tasks_holds_only_stages_and_none_runs_itself():
+    """``tasks/`` holds the stages, ``tasks/framework/`` what runs them: every module at the top
+    level is a stage of a pipeline that says what it builds (``stage_config``, ``build``) and
+    leaves running it to the runner (no ``run``, no import of the runner)."""
+    from tasks.framework.graph import PIPELINES, stage_module
+
+    stages = {s.name for pipeline in PIPELINES.values() for s in pipeline}
+    assert {p.stem for p in (ROOT / "tasks").glob("*.py")} - {"__init__"} == stages
+    for name in sorted(stages):
+        module = stage_module(name)
+        assert callable(module.stage_config) and callable(module.build), name
+        assert not hasattr(module, "run"), name
+        tree = ast.parse((ROOT / "tasks" / f"{name}.py").read_text(encoding="utf-8"))
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "tasks.framework.runner" not in imported, name

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tasks.contract import (
+from tasks.framework.contract import (
     MANIFEST,
     StageError,
     check,
     input_fingerprint,
     read_manifest,
-    run_stage,
     stage_fingerprint,
     stage_identity,
 )
+from tasks.framework.runner import build_folder
 from transformer_core.folders import sha256_file
 
 
@@ -33,7 +33,7 @@ def _writer(calls: list[str], text: str = "hello\n"):
 
 def test_run_writes_manifest_with_files_and_stats(tmp_path: Path):
     calls: list[str] = []
-    result = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    result = build_folder("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
     out = result.path
     assert (result.stage, out, result.ran, result.stats) == ("demo", tmp_path / "demo", True, {"rows": 2})
     assert result.reason == f"{out} does not exist"
@@ -50,37 +50,37 @@ def test_run_writes_manifest_with_files_and_stats(tmp_path: Path):
 
 def test_rerun_skips_and_force_reruns(tmp_path: Path):
     calls: list[str] = []
-    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls)).path
+    out = build_folder("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls)).path
     first = read_manifest(out)["started"]
-    skipped = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
+    skipped = build_folder("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
     assert len(calls) == 1 and read_manifest(out)["started"] == first
     # A skipped stage still reports the stats its output holds, and why it was skipped.
     assert not skipped.ran and skipped.stats == {"rows": 2} and "matches" in skipped.reason
-    forced = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls), force=True)
+    forced = build_folder("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls), force=True)
     assert len(calls) == 2 and forced.ran and forced.reason == "forced"
-    changed = run_stage("demo", tmp_path / "demo", {"k": 2}, {}, _writer(calls))
+    changed = build_folder("demo", tmp_path / "demo", {"k": 2}, {}, _writer(calls))
     assert len(calls) == 3 and changed.ran and changed.reason == "config changed (k)"
 
 
 def test_outdated_hook_reruns_an_up_to_date_output(tmp_path: Path):
     calls: list[str] = []
-    run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls))
-    kept = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: None)
+    build_folder("demo", tmp_path / "demo", {}, {}, _writer(calls))
+    kept = build_folder("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: None)
     assert not kept.ran and len(calls) == 1
-    gone = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: "version gone")
+    gone = build_folder("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: "version gone")
     assert gone.ran and gone.reason == "version gone" and len(calls) == 2
 
 
 def test_changed_or_missing_file_makes_the_stage_stale(tmp_path: Path):
     calls: list[str] = []
-    out = run_stage("demo", tmp_path / "demo", {}, {}, _writer(calls)).path
+    out = build_folder("demo", tmp_path / "demo", {}, {}, _writer(calls)).path
     fp = stage_identity("demo", {}, {})
     assert check(out, fp).up_to_date
     (out / "out.txt").write_text("truncated")
     assert check(out, fp).state == "stale"
     (out / "out.txt").unlink()
     assert "out.txt is missing" in check(out, fp).reason
-    run_stage("demo", out, {}, {}, _writer(calls))
+    build_folder("demo", out, {}, {}, _writer(calls))
     assert len(calls) == 2 and check(out, fp).up_to_date
     assert check(tmp_path / "other", fp).state == "missing"
 
@@ -91,34 +91,34 @@ def test_a_failing_build_leaves_nothing_that_looks_complete(tmp_path: Path):
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
-        run_stage("demo", tmp_path / "demo", {}, {}, build)
+        build_folder("demo", tmp_path / "demo", {}, {}, build)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failing_rerun_keeps_the_previous_output(tmp_path: Path):
-    out = run_stage("demo", tmp_path / "demo", {"k": 1}, {}, _writer([])).path
+    out = build_folder("demo", tmp_path / "demo", {"k": 1}, {}, _writer([])).path
 
     def broken(tmp: Path) -> dict:
         raise ValueError("bad row")
 
     with pytest.raises(ValueError):
-        run_stage("demo", out, {"k": 2}, {}, broken)
+        build_folder("demo", out, {"k": 2}, {}, broken)
     assert (out / "out.txt").read_text() == "hello\n"
     assert read_manifest(out)["config"] == {"k": 1}
 
 
 def test_inputs_are_fingerprinted_and_must_exist(tmp_path: Path):
-    up = run_stage("up", tmp_path / "up", {"v": 1}, {}, _writer([])).path
+    up = build_folder("up", tmp_path / "up", {"v": 1}, {}, _writer([])).path
     calls: list[str] = []
-    down = run_stage("down", tmp_path / "down", {}, {"up": up}, _writer(calls)).path
+    down = build_folder("down", tmp_path / "down", {}, {"up": up}, _writer(calls)).path
     manifest = read_manifest(down)
     assert manifest["inputs"]["up"]["fingerprint"] == input_fingerprint(up, "up")
     # A changed upstream changes the downstream fingerprint: it reruns.
-    run_stage("up", up, {"v": 2}, {}, _writer([]))
-    run_stage("down", down, {}, {"up": up}, _writer(calls))
+    build_folder("up", up, {"v": 2}, {}, _writer([]))
+    build_folder("down", down, {}, {"up": up}, _writer(calls))
     assert len(calls) == 2
     with pytest.raises(StageError, match="input 'nothing' is missing"):
-        run_stage("down", tmp_path / "d2", {}, {"nothing": tmp_path / "absent"}, _writer([]))
+        build_folder("down", tmp_path / "d2", {}, {"nothing": tmp_path / "absent"}, _writer([]))
 
 
 def test_manifest_is_valid_json_and_written_last(tmp_path: Path):
@@ -129,7 +129,7 @@ def test_manifest_is_valid_json_and_written_last(tmp_path: Path):
         seen["manifest_during_build"] = (tmp / MANIFEST).exists()
         return {}
 
-    out = run_stage("demo", tmp_path / "demo", {}, {}, build).path
+    out = build_folder("demo", tmp_path / "demo", {}, {}, build).path
     assert seen["manifest_during_build"] is False
     json.loads((out / MANIFEST).read_text())
 
@@ -138,7 +138,7 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tasks.contract import SMALL_FILE
+    from tasks.framework.contract import SMALL_FILE
 
     def build(tmp: Path) -> dict:
         (tmp / "small.txt").write_text("abcdef")
@@ -146,7 +146,7 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
         pq.write_table(pa.table({"a": list(range(100))}), tmp / "part-00000.parquet")
         return {}
 
-    up = run_stage("up", tmp_path / "up", {}, {}, build).path
+    up = build_folder("up", tmp_path / "up", {}, {}, build).path
     manifest = read_manifest(up)
     assert manifest["files"]["part-00000.parquet"]["rows"] == 100
     fp = stage_identity("up", {}, {})
@@ -160,7 +160,7 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
     original = corrupt("small.txt", 2)
     assert check(up, fp).reason == "small.txt differs from the sha256 in manifest.json"
     with pytest.raises(StageError, match=r"input 'up' in .* is damaged: small.txt .*tfm stage up .*--force"):
-        run_stage("down", tmp_path / "down", {}, {"up": up}, _writer([]))
+        build_folder("down", tmp_path / "down", {}, {"up": up}, _writer([]))
     (up / "small.txt").write_bytes(original)
     # A big file by size only, unless a full check is asked for (`tfm status --verify`).
     original = corrupt("big.bin", 10)
@@ -172,7 +172,7 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
     assert "part-00000.parquet is not a readable Parquet file" in check(up, fp).reason
     (up / "part-00000.parquet").write_bytes(original)
     assert check(up, fp, full=True).up_to_date
-    assert run_stage("down", tmp_path / "down", {}, {"up": up}, _writer([])).ran
+    assert build_folder("down", tmp_path / "down", {}, {"up": up}, _writer([])).ran
 
 
 def test_a_rerun_removes_what_killed_runs_left_behind(tmp_path: Path):
@@ -186,5 +186,5 @@ def test_a_rerun_removes_what_killed_runs_left_behind(tmp_path: Path):
     for folder in [*left, running]:
         folder.mkdir()
         (folder / "half.txt").write_text("half")
-    run_stage("demo", tmp_path / "demo", {}, {}, _writer([]))
+    build_folder("demo", tmp_path / "demo", {}, {}, _writer([]))
     assert not any(p.exists() for p in left) and running.is_dir()

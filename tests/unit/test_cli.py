@@ -87,13 +87,13 @@ def test_ui_prints_loopback_commands(tmp_path, capsys):
 
 
 def test_any_failure_is_one_line_naming_the_stage_and_v_shows_the_traceback(tmp_path, capsys):
-    from tasks.contract import run_stage
+    from tasks.framework.runner import build_folder
 
     config = _config(tmp_path)
     # A finished train folder whose checkpoint listing is not JSON: not an error written for
     # users, so its type is named, and the traceback waits for -v.
-    run_stage("train", tmp_path / "cli" / "train", {"t": 1}, {},
-              lambda tmp: (tmp / "checkpoints.json").write_text("{not json") and {})
+    build_folder("train", tmp_path / "cli" / "train", {"t": 1}, {},
+                 lambda tmp: (tmp / "checkpoints.json").write_text("{not json") and {})
     assert main(["stage", "average", "--config", config]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -106,11 +106,11 @@ def test_any_failure_is_one_line_naming_the_stage_and_v_shows_the_traceback(tmp_
 
 
 def test_status_verify_checks_every_files_sha256(tmp_path, capsys):
-    from tasks import download
-    from tasks.config import load_config
+    from tasks.framework.config import load_config
+    from tasks.framework.runner import run_stage
 
     path = _config(tmp_path, data={"source": "synthetic", "synthetic_train": 25000})
-    out = download.run(load_config(path), {}).path
+    out = run_stage(load_config(path), "download", {}).path
     big = out / "train" / "synthetic.en"
     assert big.stat().st_size > (1 << 20)  # checked by size unless --verify
     data = bytearray(big.read_bytes())

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import ConfigError, RunConfig, config_from_dict, fingerprint, load_config, to_dict
+from tasks.framework.config import (
+    ConfigError,
+    RunConfig,
+    config_from_dict,
+    fingerprint,
+    load_config,
+    to_dict,
+)
 from transformer_core import presets
 from transformer_core.config import ModelConfig
 
@@ -121,7 +128,7 @@ def test_preset_table3_rows_load(tmp_path: Path):
 
 
 def test_tracking_uri_defaults_to_sqlite_in_workdir(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("tasks.config.TRACKING_URI_AT_START", None)
+    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", None)
     config = config_from_dict({"name": "r", "workdir": str(tmp_path / "{name}")})
     assert config.tracking_uri == f"sqlite:///{tmp_path / 'r' / 'mlflow.db'}"
     config = config_from_dict({"name": "r", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}})
@@ -130,7 +137,7 @@ def test_tracking_uri_defaults_to_sqlite_in_workdir(tmp_path: Path, monkeypatch)
 
 def test_tracking_uri_null_takes_the_team_server_the_process_started_with(monkeypatch):
     # MLFLOW_TRACKING_URI as read at start (mlflow.set_tracking_uri rewrites the variable later).
-    monkeypatch.setattr("tasks.config.TRACKING_URI_AT_START", "http://10.0.0.5:5000")
+    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", "http://10.0.0.5:5000")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/the-last-run.db")
     assert config_from_dict({"name": "r"}).tracking_uri == "http://10.0.0.5:5000"
     explicit = {"name": "r", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}

@@ -12,7 +12,7 @@ import pytest
 from test_trainer import as_checkpoint, make_trainer, settings
 from test_trainer_checkpoints import consumed
 
-from tasks.config import config_from_dict
+from tasks.framework.config import config_from_dict
 from transformer_core.config import ConfigError
 
 # 240 target tokens a step of 80-token micro-batches: 3 micro-batches, for 1, 2 or 3 workers.

@@ -17,9 +17,12 @@ from evaluation.evalb import (
 )
 from parsing.linearize import linearize
 from parsing.trees import Tree, parse_tree, write_tree
-from tasks.config import config_from_dict
-from tasks.contract import StageError, run_stage
-from tasks.parse_score import run
+from tasks.framework.config import config_from_dict
+from tasks.framework.contract import StageError
+from tasks.framework.runner import build_folder, run_stage
+
+PARSING_DATA = {"source": "treebank", "pair": "words-tree"}
+"""The data section of a parsing config: its pipeline is the one that runs these stages."""
 
 # Words: The cat sat on the mat .   The period is deleted, leaving positions 0..6 over 6 words.
 # Gold brackets: S(0,6) NP(0,2) VP(2,6) PP(3,6) NP(4,6) -> 5 (preterminals are not brackets).
@@ -194,7 +197,7 @@ def _artifact(path, stage, files):
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
 
-    return run_stage(stage, path, {"files": sorted(files)}, {}, build).path
+    return build_folder(stage, path, {"files": sorted(files)}, {}, build).path
 
 
 @pytest.fixture
@@ -211,13 +214,13 @@ def scored(tmp_path):
     # sentence 1 decoded without its PP; sentence 2 decoded with the closing brackets cut off
     hyps = " ".join(linearize(MISSING_PP)) + "\n" + "S NP PRP /NP VP VBD ADVP RP\n"
     translated = _artifact(tmp_path / "run" / "translate", "translate", {"hyp.tree": hyps})
-    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run")})
+    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA})
     return config, {"translate": translated, "linearize": linearized}
 
 
 def test_parse_score_stage(scored, tmp_path):
     config, inputs = scored
-    out = run(config, inputs).path
+    out = run_stage(config, "parse_score", inputs).path
     scores = json.loads((out / "scores.json").read_text())
     # sentence 1: 4/5 gold, 4/4 test. Sentence 2 repaired (no slot for '.', which joins the
     # innermost open ADVP with its punctuation tag; 3 unclosed) into
@@ -249,13 +252,13 @@ def test_parse_score_gives_up_where_evalb_does(tmp_path):
     hyps = "S NP PRP /NP VP VBD /VP . /S\n" * n
     translated = _artifact(tmp_path / "run" / "translate", "translate", {"hyp.tree": hyps})
     inputs = {"translate": translated, "linearize": linearized}
-    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run")})
+    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA})
     with pytest.raises(StageError, match="error number 12.*evalb_max_error: null"):
-        run(config, inputs)
+        run_stage(config, "parse_score", inputs)
     config = config_from_dict(
-        {"name": "p", "workdir": str(tmp_path / "run"), "parsing": {"evalb_max_error": None}}
+        {"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA, "parsing": {"evalb_max_error": None}}
     )
-    assert run(config, inputs).stats["length_errors"] == n
+    assert run_stage(config, "parse_score", inputs).stats["length_errors"] == n
 
 
 def test_parse_score_needs_one_hypothesis_per_gold_tree(scored, tmp_path):
@@ -264,7 +267,7 @@ def test_parse_score_needs_one_hypothesis_per_gold_tree(scored, tmp_path):
         tmp_path / "other" / "translate", "translate", {"hyp.tree": "S NP PRP /NP /S\n"}
     )
     with pytest.raises(StageError, match="has 1 lines but .* has 2 trees"):
-        run(config, inputs)
+        run_stage(config, "parse_score", inputs)
     assert not (tmp_path / "run" / "parse_score").exists()
 
 
@@ -319,8 +322,8 @@ def test_parse_score_stage_reproduces_real_evalb(tmp_path):
     )
     hyps = "".join(" ".join(linearize(t)) + "\n" for t in tests)
     translated = _artifact(tmp_path / "run" / "translate", "translate", {"hyp.tree": hyps})
-    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run")})
-    result = run(config, {"translate": translated, "linearize": linearized})
+    config = config_from_dict({"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA})
+    result = run_stage(config, "parse_score", {"translate": translated, "linearize": linearized})
 
     stats = result.stats
     assert (stats["sentences"], stats["length_errors"], stats["skipped_sentences"]) == (7, 0, 0)

@@ -11,9 +11,11 @@ import pytest
 from evaluation.evalb import score_corpus
 from parsing.linearize import FORMS, linearize, punctuation_tag, repair, source, structure_tokens
 from parsing.trees import parse_tree, read_trees, write_tree
-from tasks.config import config_from_dict
-from tasks.contract import run_stage
-from tasks.linearize import run
+from tasks.framework.config import config_from_dict
+from tasks.framework.runner import build_folder, run_stage
+
+PARSING_DATA = {"source": "treebank", "pair": "words-tree"}
+"""The data section of a parsing config: its pipeline is the one that runs these stages."""
 
 JOHN = parse_tree("(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (. .))")
 
@@ -250,16 +252,16 @@ def _treebank_folder(tmp_path, trees):
         (tmp / "dev.trees").write_text(write_tree(trees[3]) + "\n")
         (tmp / "test.trees").write_text("".join(write_tree(t) + "\n" for t in trees[3:]))
 
-    return run_stage("treebank", tmp_path / "run" / "treebank", {"test": 1}, {}, build).path
+    return build_folder("treebank", tmp_path / "run" / "treebank", {"test": 1}, {}, build).path
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_linearize_stage_writes_the_clean_layout(tmp_path, trees, form):
     treebank = _treebank_folder(tmp_path, trees)
     config = config_from_dict(
-        {"name": "p", "workdir": str(tmp_path / "run"), "parsing": {"form": form}}
+        {"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA, "parsing": {"form": form}}
     )
-    out = run(config, {"treebank": treebank}).path
+    out = run_stage(config, "linearize", {"treebank": treebank}).path
     assert out == tmp_path / "run" / "linearize"
     table = pq.read_table(out / "train" / "part-00000.parquet")
     assert table.schema.names == ["src", "tgt"]
@@ -281,9 +283,9 @@ def test_linearize_stage_adds_the_silver_corpus(tmp_path, trees):
     silver = tmp_path / "silver.mrg"
     silver.write_text(MRG, encoding="utf-8")  # raw PTB text: cleaned on the way in
     config = config_from_dict(
-        {"name": "p", "workdir": str(tmp_path / "run"), "parsing": {"silver_corpus": str(silver)}}
+        {"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA, "parsing": {"silver_corpus": str(silver)}}
     )
-    out = run(config, {"treebank": treebank}).path
+    out = run_stage(config, "linearize", {"treebank": treebank}).path
     rows = pq.read_table(out / "train").column("src").to_pylist()
     assert rows == [source(t) for t in trees[:3]] + [source(t) for t in trees]  # gold, then silver
     stats = json.loads((out / "manifest.json").read_text())["stats"]

@@ -10,7 +10,7 @@ import yaml
 
 from corpora import CorpusError, sources
 from corpora.fetch import mirror_url
-from tasks.config import ConfigError, DataConfig, config_from_dict, load_config, to_dict
+from tasks.framework.config import ConfigError, DataConfig, config_from_dict, load_config, to_dict
 
 RAW = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 

@@ -16,7 +16,7 @@ from parsing.linearize import POS_TAGS, linearize, repair, structure_tokens
 from parsing.trees import parse_tree
 from serving import tokenizer as tokenizer_lib
 from serving.translator import DecodeConfig, Translator
-from tasks.config import config_from_dict
+from tasks.framework.config import config_from_dict
 from transformer_core import Transformer, presets
 from transformer_core.config import ConfigError
 from transformer_core.search import beam_search_nbest
@@ -198,9 +198,7 @@ def test_parsing_constrained_sets_the_tree_constraint():
 
 
 def test_tokenizer_stage_makes_every_target_token_one_piece(tmp_path):
-    from tasks import linearize as linearize_stage
-    from tasks import tokenizer as tokenizer_stage
-    from tasks.contract import run_stage
+    from tasks.framework.runner import build_folder, run_stage
     from tasks.train import target_vocab_size
 
     trees = [parse_tree(t) for t in TREES]
@@ -211,7 +209,7 @@ def test_tokenizer_stage_makes_every_target_token_one_piece(tmp_path):
         (tmp / "dev.trees").write_text(f"{trees[0]}\n")
         (tmp / "test.trees").write_text(f"{only_in_test}\n")
 
-    treebank = run_stage("treebank", tmp_path / "run" / "treebank", {"t": 1}, {}, build).path
+    treebank = build_folder("treebank", tmp_path / "run" / "treebank", {"t": 1}, {}, build).path
     config = config_from_dict(
         {
             "name": "p",
@@ -220,8 +218,8 @@ def test_tokenizer_stage_makes_every_target_token_one_piece(tmp_path):
             "tokenizer": {"vocab_size": 120, "threads": 1, "target_symbols": True},
         }
     )
-    linearized = linearize_stage.run(config, {"treebank": treebank}).path
-    result = tokenizer_stage.run(config, {"clean": linearized})
+    linearized = run_stage(config, "linearize", {"treebank": treebank}).path
+    result = run_stage(config, "tokenizer", {"clean": linearized})
     tok = tokenizer_lib.load(result.path)
     symbols = result.stats["target_symbols"]
     for tree in [*trees, only_in_test]:

@@ -6,7 +6,7 @@ import pytest
 
 from corpora import CorpusError
 from corpora.pretokenize import FILE, Pretokenizer
-from tasks.config import config_from_dict
+from tasks.framework.config import config_from_dict
 
 
 def test_moses_and_lowercase_split_punctuation_per_language():

@@ -14,7 +14,8 @@ import pytest
 
 from corpora.encoding import SHARD_SCHEMA
 from corpora.parquet import ParquetShardWriter
-from tasks.contract import damage, read_manifest, run_stage
+from tasks.framework.contract import damage, read_manifest
+from tasks.framework.runner import build_folder
 from training.data import BatchStream, TokenData, ipc_folder, token_files
 
 VOCAB = 300
@@ -130,7 +131,7 @@ def test_the_manifest_counts_ipc_rows_and_damage_finds_a_broken_ipc_file(tmp_pat
         write_split(tmp / "train")
         return {}
 
-    out = run_stage("shard", tmp_path / "shard", {}, {}, build).path
+    out = build_folder("shard", tmp_path / "shard", {}, {}, build).path
     manifest = read_manifest(out)
     assert manifest["files"]["arrow/train/part-00001.arrow"]["rows"] == 180
     assert damage(out, manifest) is None

@@ -1,5 +1,5 @@
 """Training's MLflow logging off the loop (training/tracking_queue.py, tracking_spill.py,
-tracking.py; tasks/tracking.py at a stage's end): the bounded queue, the spill file and its
+tracking.py; tasks/framework/tracking.py at a stage's end): the bounded queue, the spill file and its
 replay, against a real MLflow SQLite store in tmp_path.
 
 An outage is a ``Switch`` in front of the real store: while it is off, a call raises as a
@@ -233,7 +233,7 @@ def test_other_ranks_and_runs_without_an_id_log_nothing(tmp_path):
 
 
 def test_the_mlflow_section_refuses_bad_tracking_knobs():
-    from tasks.config import ConfigError, config_from_dict
+    from tasks.framework.config import ConfigError, config_from_dict
 
     with pytest.raises(ConfigError, match="queue_size"):
         config_from_dict({"name": "r", "mlflow": {"queue_size": 0}})
@@ -294,16 +294,16 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_spills(store, t
     """A stage run (as `tfm stage` opens it) whose server goes away before its end: the result's
     tags and the run's end are kept in the work dir's spill file, the stage does not fail, and
     the replay ends the run on the server with its tags."""
-    from tasks import tracking
-    from tasks.config import config_from_dict
-    from tasks.contract import run_stage
+    from tasks.framework import tracking
+    from tasks.framework.config import config_from_dict
+    from tasks.framework.runner import build_folder
 
     client, _ = store
     good_uri = client._tracking_client.tracking_uri
     config = config_from_dict({"name": "r", "workdir": str(tmp_path / "work"),
                                "mlflow": {"tracking_uri": good_uri, "http_retries": 0}})
-    result = run_stage("clean", config.root / "clean", {"k": 1}, {},
-                       lambda tmp: {"kept": 5, "note": "x", "loss": 0.5})
+    result = build_folder("clean", config.root / "clean", {"k": 1}, {},
+                          lambda tmp: {"kept": 5, "note": "x", "loss": 0.5})
     with tracking.stage_run(config, "clean") as run:
         run_id = run.info.run_id
         client.log_metric(run_id, "loss", 2.0, step=3)  # logged by the stage itself, as training does
@@ -331,8 +331,8 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_spills(store, t
 
 
 def test_a_replay_leaves_a_file_that_a_training_holds(store, tmp_path):
-    from tasks import tracking
-    from tasks.config import config_from_dict
+    from tasks.framework import tracking
+    from tasks.framework.config import config_from_dict
 
     client, run_id = store
     config = config_from_dict({"name": "r", "workdir": str(tmp_path / "work"),

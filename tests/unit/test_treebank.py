@@ -16,9 +16,10 @@ from parsing.trees import (
     strip_label,
     write_tree,
 )
-from tasks.config import ParsingConfig, config_from_dict
-from tasks.contract import StageError
-from tasks.treebank import run, split_files
+from tasks.framework.config import ParsingConfig, config_from_dict
+from tasks.framework.contract import StageError
+from tasks.framework.runner import run_stage
+from tasks.treebank import split_files
 
 # Three WSJ-style trees as in a .mrg file: empty root bracket, several lines per tree, function
 # tags, indices, traces (-NONE-), a constituent holding only a trace, punctuation, PRT.
@@ -213,7 +214,7 @@ def test_treebank_stage_writes_cleaned_splits_and_skips_when_up_to_date(tmp_path
             "parsing": {"treebank_dir": str(root)},
         }
     )
-    out = run(config, {}).path
+    out = run_stage(config, "treebank", {}).path
     assert out == tmp_path / "run" / "treebank"
     train = (out / "train.trees").read_text().splitlines()
     assert len(train) == 20
@@ -224,12 +225,12 @@ def test_treebank_stage_writes_cleaned_splits_and_skips_when_up_to_date(tmp_path
     assert (stats["train_trees"], stats["dev_trees"], stats["test_trees"]) == (20, 1, 1)
     # sections 02..21: (s % 3 + 1) words each, plus the period
     assert stats["train_words"] == sum(s % 3 + 2 for s in range(2, 22))
-    again = run(config, {})
+    again = run_stage(config, "treebank", {})
     assert again.path == out and not again.ran
     assert json.loads((out / "manifest.json").read_text())["started"] == manifest["started"]
     # A changed treebank file changes the fingerprint: the stage runs again.
     (root / "23" / "wsj_2301.mrg").write_text("( (S (NN changed) (. .)) )\n", encoding="utf-8")
-    assert run(config, {}).ran
+    assert run_stage(config, "treebank", {}).ran
     assert (out / "test.trees").read_text() == "(S (NN changed) (. .))\n"
 
 
@@ -238,8 +239,9 @@ def test_treebank_stage_reports_a_malformed_file(tmp_path):
     bad = root / "05" / "wsj_0501.mrg"
     bad.write_text("( (S (NN a)\n", encoding="utf-8")
     config = config_from_dict(
-        {"name": "w", "workdir": str(tmp_path / "run"), "parsing": {"treebank_dir": str(root)}}
+        {"name": "w", "workdir": str(tmp_path / "run"), "parsing": {"treebank_dir": str(root)},
+         "data": {"source": "treebank", "pair": "words-tree"}}
     )
     with pytest.raises(TreebankError, match="wsj_0501.mrg:1: unbalanced"):
-        run(config, {})
+        run_stage(config, "treebank", {})
     assert not (tmp_path / "run" / "treebank").exists()

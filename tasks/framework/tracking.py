@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from corpora.redact import redact_text, redacted
-from tasks.config import RunConfig, flatten
-from tasks.contract import MANIFEST, StageResult
+from tasks.framework.config import RunConfig, flatten
+from tasks.framework.contract import MANIFEST, StageResult
 from training.tracking import TrackingOptions, spill_folder
 from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay
 

@@ -1,20 +1,20 @@
 """The stage contract: one output folder per stage, a manifest, fingerprints, atomic writes.
 
-Every stage is ``run(config, inputs, *, force=False) -> StageResult`` and
-``stage_config(config) -> dict`` (what it fingerprints besides its inputs), and does its work
-through ``run_stage``. A stage writes into a temporary sibling folder; ``manifest.json`` is
-written last and the folder is then renamed into place, so a crash never leaves a folder that
-looks complete. A stage whose folder holds a manifest with the same fingerprint, and whose files
-are all there with the recorded sizes, is up to date and is skipped. Whoever runs a stage logs
-its ``StageResult`` to MLflow once (``tasks.tracking.log_stage_result``); only train (its
-workers' curves) and register (the model) log on their own, through ``tasks.tracking`` too.
+A stage module has ``stage_config(config) -> dict`` (what it fingerprints besides its inputs)
+and ``build(ctx: BuildContext) -> stats`` (writes its output into ``ctx.tmp``); the one runner
+(``tasks.framework.runner``) does the rest. It writes into a temporary sibling folder;
+``manifest.json`` is written last and the folder is then renamed into place, so a crash never
+leaves a folder that looks complete. A stage whose folder holds a manifest with the same
+fingerprint, and whose files are all there with the recorded sizes, is up to date and is
+skipped. The runner logs each ``StageResult`` to MLflow once
+(``tasks.framework.tracking.log_stage_result``); only train (its workers' curves) and register
+(the model) log on their own, through ``tasks.framework.tracking`` too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,13 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from corpora.redact import redacted
-from tasks.code_fingerprint import stage_code
-from tasks.config import fingerprint, flatten, to_dict
+from tasks.framework.code_fingerprint import stage_code
+from tasks.framework.config import RunConfig, fingerprint, flatten, to_dict
 from transformer_core.folders import (
-    publish,
-    remove_stale_temporaries,
     sha256_file,
-    temporary_sibling,
     write_json_atomic,
 )
 
@@ -191,6 +188,18 @@ def _some(names: list[str], shown: int = 3) -> str:
 
 
 @dataclass(frozen=True)
+class BuildContext:
+    """What a stage's ``build`` is given: the run config, its input folders by role, their
+    fingerprints (checked by the runner: missing or damaged inputs never reach a build), and
+    the temporary folder it writes its output into."""
+
+    config: RunConfig
+    inputs: Mapping[str, Path]
+    input_fps: Mapping[str, str]
+    tmp: Path
+
+
+@dataclass(frozen=True)
 class StageResult:
     """What running a stage did: where its output is, whether it ran and why, its stats."""
 
@@ -258,11 +267,12 @@ def freshness(
     return status
 
 
-def accept(stage: str, out_dir: Path, config: Any, inputs: Mapping[str, Path]) -> StageResult:
+def accept(stage: str, out_dir: Path, current: Callable[[], Mapping[str, Any]]) -> StageResult:
     """Keep ``out_dir`` as the output for the current config, inputs and code, without running
     the stage: its manifest records the acceptance (when, what had changed, the fingerprint it
     now stands for) beside the fingerprint it was written with, which stays its identity for the
-    stages that read it. Its files must be intact."""
+    stages that read it. Its files must be intact. ``current()``: the stage's identity now
+    (``runner.identity``), asked once the folder is found intact."""
     started = time.time()
     out_dir = Path(out_dir)
     manifest = read_manifest(out_dir)
@@ -271,7 +281,7 @@ def accept(stage: str, out_dir: Path, config: Any, inputs: Mapping[str, Path]) -
     problem = damage(out_dir, manifest, full=True)
     if problem is not None:
         raise StageError(f"{out_dir} cannot be accepted: {problem}; rerun the stage instead")
-    identity = stage_identity(stage, config, input_fingerprints(inputs))
+    identity = dict(current())
     status = check(out_dir, identity)
     if status.up_to_date:
         return StageResult(stage, out_dir, False, status.reason, manifest.get("stats", {}),
@@ -298,65 +308,6 @@ def describe_files(folder: Path, hash_files: bool = True) -> dict[str, dict[str,
                 info["rows"] = table_rows(path)
             files[path.relative_to(folder).as_posix()] = info
     return files
-
-
-def run_stage(
-    stage: str,
-    out_dir: Path,
-    config: Any,
-    inputs: Mapping[str, Path],
-    build: Callable[[Path], Mapping[str, Any] | None],
-    *,
-    force: bool | str = False,
-    hash_files: bool = True,
-    outdated: Callable[[Path], str | None] | None = None,
-    input_fps: Mapping[str, str] | None = None,
-) -> StageResult:
-    """Run ``build(tmp_dir) -> stats`` unless ``out_dir`` is up to date; publish atomically.
-
-    ``force`` runs it anyway; a string says why (``upstream shard ran``), logged as the reason.
-    ``config`` is the stage's own config (``stage_config``); ``inputs`` maps input names to
-    finished artifact folders. ``outdated(out_dir)``, when given, can call an otherwise
-    up-to-date output stale for a reason outside the folder (a registry version that is gone).
-    ``input_fps``: the inputs' ``input_fingerprints``, when the stage needed them first.
-    """
-    out_dir = Path(out_dir)
-    started = time.time()
-    input_fps = dict(input_fps) if input_fps is not None else input_fingerprints(inputs)
-    identity = stage_identity(stage, config, input_fps)
-    fp = fingerprint(identity)
-    status = freshness(out_dir, identity, outdated=None if force else outdated)
-    reason = (force if isinstance(force, str) else "forced") if force else status.reason
-    if status.up_to_date and not force:
-        log.info("stage %s: up to date, skipped (%s)", stage, out_dir)
-        stats = (read_manifest(out_dir) or {}).get("stats", {})
-        return StageResult(stage, out_dir, False, status.reason, stats, time.time() - started)
-    log.info("stage %s: running (%s)", stage, reason)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out_dir)
-    tmp = temporary_sibling(out_dir)
-    tmp.mkdir()
-    try:
-        stats = redacted(to_dict(dict(build(tmp) or {})))
-        manifest = {
-            "stage": stage,
-            "fingerprint": fp,
-            "config": identity["config"],
-            "inputs": {n: {"path": str(Path(p).resolve()), "fingerprint": input_fps[n]} for n, p in inputs.items()},
-            "code_version": code_version(),
-            "code": identity["code"],
-            "started": started,
-            "seconds": round(time.time() - started, 3),
-            "stats": stats,
-            "files": describe_files(tmp, hash_files=hash_files),
-        }
-        write_json_atomic(tmp / MANIFEST, manifest)
-        publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("stage %s: done in %.1fs -> %s", stage, time.time() - started, out_dir)
-    return StageResult(stage, out_dir, True, reason, stats, time.time() - started)
 
 
 def lineage(inputs: Mapping[str, Path], key: str = "fingerprint") -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The run config's stage-only sections: where the corpus comes from, averaging, the registry,
 tracking, Ray and parsing. The libraries' sections (``ModelConfig``, ``CleanConfig``,
 ``TokenizerConfig``, ``ShardConfig``, ``TrainConfig``, ``DecodeConfig``) live with their
-libraries; ``tasks.config`` composes them all into ``RunConfig``."""
+libraries; ``tasks.framework.config`` composes them all into ``RunConfig``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every section is a keyword-only dataclass with a one-line doc per field; the libraries own the
 sections they read (``ModelConfig`` in transformer_core, ``DecodeConfig`` in serving), the
-stage-only ones are in ``tasks.config_sections``. Pydantic checks a file against the
+stage-only ones are in ``tasks.framework.config_sections``. Pydantic checks a file against the
 dataclasses' own type hints, strictly and as JSON (``"3"`` is no integer, ``yes`` no boolean, a
 list is a tuple), refuses unknown keys, and runs each section's ``__post_init__``; any failure
 is one ``ConfigError`` whose message starts with the dotted key path (``model.n_heads: ...``).
@@ -29,7 +29,7 @@ from corpora.filters import CleanConfig
 from corpora.sources import split_pair
 from corpora.subwords import TokenizerConfig
 from serving.translator import DecodeConfig
-from tasks.config_sections import (
+from tasks.framework.config_sections import (
     AverageConfig,
     DataConfig,
     MlflowConfig,

@@ -6,9 +6,11 @@ module level or inside a function, transitively, found by reading the sources (`
 by importing them. Each module counts by a digest of its syntax tree without docstrings, so only
 what Python executes counts. Two kinds of edge are not followed:
 
-- into the stage plumbing (``PLUMBING``, neither counted nor followed): how a stage is
-  configured, recorded and logged, not what it computes; the config's values are fingerprinted
-  themselves, so a refactor of the config loader or of MLflow logging reruns nothing.
+- into the stage framework (``tasks.framework``, this package: neither counted nor followed):
+  how a stage is configured, run, recorded and logged, not what it computes; the config's
+  values are fingerprinted themselves, so a refactor of the config loader or of MLflow logging
+  reruns nothing. The rule follows from the layout: every module of the framework package, and
+  the stages' package ``__init__`` above it, is plumbing (``is_plumbing``); nothing is listed.
 - into a package's ``__init__`` re-exports: importing ``transformer_core.config`` runs
   ``transformer_core/__init__.py``, whose own imports (the model) count only for a module that
   imports a name from the package itself.
@@ -26,14 +28,19 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("transformer_core", "corpora", "parsing", "training", "evaluation", "serving", "tasks")
 """The project's packages; imports of anything else (torch, ray, the standard library) do not count."""
-PLUMBING = frozenset({
-    "tasks", "tasks.config", "tasks.config_sections", "tasks.contract", "tasks.runtime",
-    "tasks.tracking", "tasks.graph", "tasks.code_fingerprint", "tasks.content",
-})
-"""Modules a stage's code never includes: see the module doc."""
+FRAMEWORK = __name__.rpartition(".")[0]
+"""The stage framework's package (``tasks.framework``): every module in it is plumbing."""
+STAGES = FRAMEWORK.rpartition(".")[0]
+"""The stages' package (``tasks``): stage ``x`` is module ``tasks.x``."""
+
+
+def is_plumbing(module: str) -> bool:
+    """Whether a stage's code leaves ``module`` out (module doc): the framework's modules and the
+    packages above it (the stages' ``__init__``, which holds no code)."""
+    return module == FRAMEWORK or module.startswith(FRAMEWORK + ".") or module in _parents(FRAMEWORK)
 
 
 def module_file(name: str, root: Path | None = None) -> Path | None:
@@ -90,9 +97,9 @@ def _closure(name: str, root: Path, mtimes: tuple[int, ...]) -> frozenset[str]:
             continue
         seen.add(module)
         seen.update(p for p in _parents(module) if module_file(p, root))  # counted, not followed
-        if module not in PLUMBING:
+        if not is_plumbing(module):
             follow.extend(imported(module, root))
-    return frozenset(seen - PLUMBING)
+    return frozenset(m for m in seen if not is_plumbing(m))
 
 
 def modules_of(stage_module: str) -> list[str]:
@@ -134,7 +141,7 @@ def source_digest(path: Path) -> str:
 def stage_code(stage: str) -> dict[str, str]:
     """``{file relative to the repository: digest}`` of the code stage ``stage`` runs
     (``tasks/<stage>.py`` and what it imports); empty for a name that is no stage module."""
-    files = (module_file(m) for m in modules_of(f"tasks.{stage}"))  # under REPO, as read now
+    files = (module_file(m) for m in modules_of(f"{STAGES}.{stage}"))  # under REPO, as read now
     return {p.relative_to(REPO).as_posix(): source_digest(p) for p in files if p is not None}
 
 

@@ -1,5 +1,5 @@
 """The runtime stages run in: Ray, local (every port on 127.0.0.1) or a cluster. MLflow's run
-lifetime is ``tasks.tracking``'s."""
+lifetime is ``tasks.framework.tracking``'s."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import logging
 import os
 from collections.abc import Iterator
 
-from tasks.config import RayConfig
-from tasks.contract import StageError
+from tasks.framework.config import RayConfig
+from tasks.framework.contract import StageError
 
 log = logging.getLogger(__name__)
 

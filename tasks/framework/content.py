@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from tasks.config import fingerprint
+from tasks.framework.config import fingerprint
 from transformer_core.folders import write_json_atomic
 
 

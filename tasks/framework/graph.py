@@ -1,0 +1,110 @@
+"""The stage graph: which stages each pipeline runs, what each reads, and where its output lives.
+
+A pipeline is an ordered tuple of ``StageSpec``; each names its stage and its inputs as
+``role -> upstream stage``, so the parsing pipeline can hand its linearized corpus to the same
+tokenizer and shard stages under the role ``clean``. Stage ``x`` is the module ``tasks.x``
+(``stage_module``), found by its name as the code fingerprint finds it, so the framework
+imports no stage: the stages import the framework. Every stage folder is
+``<workdir>/<stage name>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tasks.framework.code_fingerprint import STAGES
+from tasks.framework.config import RunConfig
+from tasks.framework.contract import BuildContext, StageError
+
+
+def stage_module(name: str) -> ModuleType:
+    """The module of stage ``name`` (``tasks.<name>``): its ``stage_config``, ``build`` and,
+    where it has one, ``outdated``."""
+    return importlib.import_module(f"{STAGES}.{name}")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of a pipeline: its name and what it reads; the rest is its module's."""
+
+    name: str
+    """Stage name: its module ``tasks.<name>`` and its output folder under the run's root."""
+    inputs: dict[str, str] = field(default_factory=dict)
+    """Input role -> upstream stage name."""
+    io_bound: bool = False
+    """Talks to the network or a server: the flow retries it."""
+
+    def stage_config(self, config: RunConfig) -> dict[str, Any]:
+        """What the stage fingerprints besides its inputs (the module's ``stage_config``)."""
+        return stage_module(self.name).stage_config(config)
+
+    def build(self, ctx: BuildContext, **options: object) -> Mapping[str, Any] | None:
+        """Write the stage's output into ``ctx.tmp``; its stats (the module's ``build``)."""
+        return stage_module(self.name).build(ctx, **options)
+
+    def outdated(self, config: RunConfig, folder: Path) -> str | None:
+        """Why an output with a matching fingerprint is stale anyway (the module's
+        ``outdated``: register's registry version that is gone); None for most stages."""
+        rule = getattr(stage_module(self.name), "outdated", None)
+        return None if rule is None else rule(config, folder)
+
+
+WMT14: tuple[StageSpec, ...] = (
+    StageSpec("download", io_bound=True),
+    StageSpec("clean", {"download": "download"}),
+    StageSpec("tokenizer", {"clean": "clean"}),
+    StageSpec("shard", {"clean": "clean", "tokenizer": "tokenizer"}),
+    StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
+    StageSpec("average", {"train": "train"}),
+    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "download": "download"}),
+    StageSpec("score", {"translate": "translate", "download": "download"}),
+    StageSpec("register", {"average": "average", "tokenizer": "tokenizer", "score": "score"},
+              io_bound=True),
+)
+
+PARSING: tuple[StageSpec, ...] = (
+    StageSpec("treebank"),
+    StageSpec("linearize", {"treebank": "treebank"}),
+    StageSpec("tokenizer", {"clean": "linearize"}),
+    StageSpec("shard", {"clean": "linearize", "tokenizer": "tokenizer"}),
+    StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
+    StageSpec("average", {"train": "train"}),
+    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "download": "linearize"}),
+    StageSpec("parse_score", {"translate": "translate", "linearize": "linearize"}),
+)
+
+PIPELINES: dict[str, tuple[StageSpec, ...]] = {"wmt14": WMT14, "parsing": PARSING}
+
+
+def pipeline_name(config: RunConfig) -> str:
+    """``parsing`` for treebank data, ``wmt14`` for every translation source."""
+    return "parsing" if config.data.source == "treebank" else "wmt14"
+
+
+def pipeline(config: RunConfig) -> tuple[StageSpec, ...]:
+    """The stages this config runs, in order."""
+    return PIPELINES[pipeline_name(config)]
+
+
+def spec(config: RunConfig, name: str) -> StageSpec:
+    """The named stage of this config's pipeline; a clear error for an unknown name."""
+    for s in pipeline(config):
+        if s.name == name:
+            return s
+    names = ", ".join(s.name for s in pipeline(config))
+    raise StageError(f"unknown stage {name!r} for the {pipeline_name(config)} pipeline; stages: {names}")
+
+
+def output_dir(config: RunConfig, name: str) -> Path:
+    """Where stage ``name`` writes its artifact folder."""
+    return config.root / name
+
+
+def inputs_of(config: RunConfig, stage: StageSpec) -> dict[str, Path]:
+    """Input role -> upstream artifact folder."""
+    return {role: output_dir(config, up) for role, up in stage.inputs.items()}
