@@ -17,7 +17,7 @@ def _record(name: str, level: int) -> logging.LogRecord:
 @pytest.mark.parametrize(
     ("name", "level", "shown"),
     [
-        ("tasks.contract", logging.INFO, True),  # our progress lines
+        ("tasks.framework.runner", logging.INFO, True),  # our progress lines
         ("training.trainer", logging.WARNING, True),
         ("prefect.task_runs", logging.INFO, True),  # what our stages log through Prefect
         ("ray.data", logging.INFO, False),
