@@ -151,7 +151,8 @@ class TrackingQueue:
             # Outside the lock, so that training's put never waits for this parse (up to
             # MAX_METRICS lines at every probe of an outage): the file only grows meanwhile, and
             # only this thread commits or rewrites it.
-            read = list(self.spill.read(self.spill.offset(), limit=MAX_METRICS))
+            # While the server is down the next try is a probe: one record, not a batch to parse.
+            read = list(self.spill.read(self.spill.offset(), limit=1 if s.down else MAX_METRICS))
             if read:
                 group = merge([r for r, _ in read])[0]
                 return group, read[len(group) - 1][1]

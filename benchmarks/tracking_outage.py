@@ -1,0 +1,150 @@
+"""What rank 0's MLflow logging costs a training step while the tracking server is up, refuses
+connections (stopped) or hangs (accepts, never answers), against no tracking at all.
+
+Each mode runs the same steps: a fixed torch workload on one thread (a stand-in for a step of
+the cluster tests' tiny model), then ``Tracker.metrics`` with one step's metrics, as the worker
+logs them. The modes are interleaved in rounds, so a busy machine skews them alike. The server:
+``up`` is ``mlflow server`` on loopback (SQLite, in a temporary folder; on this machine, so it
+takes CPU a remote server would not); ``refused`` a loopback port nothing listens on; ``hung`` a loopback socket that listens and never accepts, so every call
+waits out its timeout. MLflow's HTTP budget is the pipeline's default (``TrackingOptions``).
+
+    python benchmarks/tracking_outage.py [--steps 200] [--rounds 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from training.tracking import Tracker, TrackingOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import report  # noqa: E402
+
+METRICS = ("loss", "nll", "ppl", "lr", "tokens_per_s", "target_tokens_per_s", "grad_norm",
+           "memory_gb", "epoch", "batch_index")
+
+
+def step_work(size: int) -> None:
+    a = torch.randn(size, size)
+    for _ in range(4):
+        a = torch.tanh(a @ a) / size
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tracker_for(mode: str, folder: Path, hung_port: int, server_uri: str) -> Tracker | None:
+    """The Tracker of ``mode``, logging into a run that exists where a server answers."""
+    if mode == "none":
+        return None
+    options = TrackingOptions(drain_seconds=0.0)
+    if mode == "up":
+        from mlflow.tracking import MlflowClient
+
+        uri = server_uri
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name("bench") or client.get_experiment(
+            client.create_experiment("bench"))
+        run_id = client.create_run(experiment.experiment_id).info.run_id
+    else:
+        port = free_port() if mode == "refused" else hung_port
+        uri, run_id = f"http://127.0.0.1:{port}", "0" * 32
+    spill = folder / f"spill-{mode}-{time.monotonic_ns()}"
+    return Tracker(uri, run_id, True, spill_dir=spill, options=options, out=io.StringIO())
+
+
+def run_mode(mode: str, steps: int, size: int, folder: Path, hung_port: int,
+             server_uri: str) -> list[float]:
+    tracker = tracker_for(mode, folder, hung_port, server_uri)
+    took = []
+    for step in range(1, steps + 1):
+        started = time.perf_counter()
+        step_work(size)
+        if tracker is not None:
+            tracker.metrics({k: float(step) for k in METRICS}, step)
+        took.append(time.perf_counter() - started)
+    if tracker is not None:
+        tracker.close(timeout=0.0)
+    return took
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path) -> Iterator[str]:
+    """``mlflow server`` on a free loopback port; its URI once it answers."""
+    port = free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+               "--default-artifact-root", str(folder / "artifacts")]
+    with open(folder / "server.log", "wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()  # noqa: S310
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    raise SystemExit(f"mlflow server did not start; see {folder / 'server.log'}") from None
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def summary(mode: str, took: list[float], reference: float) -> dict:
+    ordered = sorted(took)
+    return {
+        "server": mode,
+        "steps": len(took),
+        "median_ms": 1000 * ordered[len(ordered) // 2],
+        "p99_ms": 1000 * ordered[int(0.99 * (len(ordered) - 1))],
+        "max_ms": 1000 * ordered[-1],
+        "median_vs_none": ordered[len(ordered) // 2] / reference,
+        "over_2x_none_median": sum(t > 2 * reference for t in took) / len(took),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="steps per mode and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--size", type=int, default=640, help="the step's matrix size")
+    parser.add_argument("--json", help="also write the table here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", "")  # no ambient server
+    modes = ("none", "up", "refused", "hung")
+    took: dict[str, list[float]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as hung, \
+            mlflow_server(Path(tmp)) as server_uri:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(0)  # connections queue in the backlog; none is ever accepted
+        for _ in range(args.rounds):
+            for mode in modes:
+                took[mode] += run_mode(mode, args.steps, args.size, Path(tmp),
+                                       hung.getsockname()[1], server_uri)
+    reference = sorted(took["none"])[len(took["none"]) // 2]
+    report("Rank 0's tracking, per training step, by the server's state",
+           [summary(m, took[m], reference) for m in modes], args.json)
+
+
+if __name__ == "__main__":
+    main()
