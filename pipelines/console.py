@@ -59,6 +59,12 @@ def routed(verbose: bool) -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     switches = {name: os.environ.get(name) for name in (*QUIET_MLFLOW, RAY_DATA_CONFIG_VAR)}
+    # Prefect's console handler, which its logging setup puts on the root logger, gives way to
+    # the command's: it would print each line twice, or write to the stream it was made with
+    # (an earlier test's, closed by now).
+    prefects = [h for h in handlers if type(h).__module__.startswith("prefect.")]
+    for handler in prefects:
+        root.removeHandler(handler)
     setup(verbose)
     try:
         yield
@@ -66,6 +72,8 @@ def routed(verbose: bool) -> Iterator[None]:
         for handler in [h for h in root.handlers if h not in handlers]:
             root.removeHandler(handler)
             handler.close()
+        for handler in prefects:
+            root.addHandler(handler)
         root.setLevel(level)
         logging.captureWarnings(False)
         for name, value in switches.items():

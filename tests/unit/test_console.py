@@ -67,12 +67,21 @@ def test_verbose_leaves_ray_data_as_it_is(tmp_path, clean_logging):
 
 
 def test_a_command_leaves_logging_and_the_environment_as_it_found_them(tmp_path, clean_logging):
+    from prefect.logging.handlers import PrefectConsoleHandler
+
     root = logging.getLogger()
+    prefects = PrefectConsoleHandler()  # what Prefect's logging setup puts on the root logger
+    root.addHandler(prefects)
     handlers, bars = list(root.handlers), os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    with console.routed(verbose=False):
-        console.log_to(tmp_path, verbose=False)
-        assert console.RAY_DATA_CONFIG_VAR in os.environ
-        assert len(root.handlers) == len(handlers) + 2  # the console and the run log
-    assert root.handlers == handlers
+    try:
+        with console.routed(verbose=False):
+            console.log_to(tmp_path, verbose=False)
+            assert console.RAY_DATA_CONFIG_VAR in os.environ
+            # The console and the run log, in place of Prefect's console handler.
+            assert prefects not in root.handlers
+            assert len(root.handlers) == len(handlers) + 1
+        assert set(root.handlers) == set(handlers)
+    finally:
+        root.removeHandler(prefects)
     assert console.RAY_DATA_CONFIG_VAR not in os.environ
     assert os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR") == bars
