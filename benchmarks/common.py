@@ -65,3 +65,11 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
     if bad:
         raise SystemExit(f"--set {bad[0]!r}: expected key.path=value")
     return {key: yaml.safe_load(value) for key, _, value in pairs}
+
+
+def best_tokens(model, src, **settings) -> list[list[int]]:
+    """Our search's best output ids per source row, with these ``SearchSettings`` (greedy loop:
+    ``greedy=True, beam_size=1``)."""
+    from transformer_core.search import SearchSettings, search
+
+    return [hyps[0].tokens for hyps in search(model, src, SearchSettings(**settings))]

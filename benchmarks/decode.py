@@ -23,10 +23,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import report, vocab_for  # noqa: E402
+from common import best_tokens, report, vocab_for  # noqa: E402
 
 from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets  # noqa: E402
-from transformer_core.search import beam_search, greedy_search  # noqa: E402
 
 
 def no_eos(decode):
@@ -47,6 +46,10 @@ class NoEOS(Transformer):
 # Every search step goes through decoding.decode_step, cached or not (decoding.RecomputeState),
 # and search looks it up on the module.
 decoding.decode_step = no_eos(decoding.decode_step)
+
+
+GREEDY = {"greedy": True, "beam_size": 1}
+"""The settings of the greedy loop (dev BLEU's search)."""
 
 
 def sources(batch: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -100,12 +103,12 @@ def main() -> None:
         torch.manual_seed(0)
         vocab = vocab_for(size)
         model = NoEOS(presets.get(size), vocab).to(device).eval()
-        greedy_search(model, sources(1, 25, vocab).to(device), max_len=2)  # warm-up
+        best_tokens(model, sources(1, 25, vocab).to(device), **GREEDY, max_len=2)  # warm-up
 
         src = sources(greedy_batch, 25, vocab).to(device)
-        t_cache, out_cache = timed(greedy_search, model, src, max_len=greedy_len)
+        t_cache, out_cache = timed(best_tokens, model, src, **GREEDY, max_len=greedy_len)
         t_full, out_full = (None, None) if args.cache_only else timed(
-            greedy_search, model, src, max_len=greedy_len, use_cache=False
+            best_tokens, model, src, **GREEDY, max_len=greedy_len, use_cache=False
         )
         rows.append(
             row(
@@ -123,9 +126,9 @@ def main() -> None:
         )
 
         src = sources(beam_batch, 25, vocab, seed=1).to(device)
-        t_cache, out_cache = timed(beam_search, model, src, beam_size=beam_k, max_len=beam_len)
+        t_cache, out_cache = timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len)
         t_full, out_full = (None, None) if args.cache_only else timed(
-            beam_search, model, src, beam_size=beam_k, max_len=beam_len, use_cache=False
+            best_tokens, model, src, beam_size=beam_k, max_len=beam_len, use_cache=False
         )
         rows.append(
             row(
@@ -144,8 +147,8 @@ def main() -> None:
 
         if args.bf16:
             model = model.to(torch.bfloat16)
-            beam_search(model, sources(1, 25, vocab).to(device), beam_size=beam_k, max_len=2)
-            t_bf16, out_bf16 = timed(beam_search, model, src, beam_size=beam_k, max_len=beam_len)
+            best_tokens(model, sources(1, 25, vocab).to(device), beam_size=beam_k, max_len=2)
+            t_bf16, out_bf16 = timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len)
             bf16 = row(size, vocab, "beam", beam_batch, beam_k, beam_len, t_bf16, None, out_bf16, None)
             bf16["dtype"] = "bfloat16"
             bf16["vs_fp32_cache"] = t_cache / t_bf16

@@ -27,10 +27,9 @@ import torch
 
 from serving import ct2, ct2_export
 from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets
-from transformer_core.search import beam_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import report, vocab_for  # noqa: E402
+from common import best_tokens, report, vocab_for  # noqa: E402
 
 ENGINES = ("torch-float32", "torch-bfloat16", "ct2-float32", "ct2-int8")
 
@@ -59,7 +58,7 @@ def torch_runner(model: Transformer, src_ids: list[list[int]], beam: int, out_le
     src = torch.full((len(src_ids), max(map(len, src_ids))), PAD_ID)
     for i, seq in enumerate(src_ids):
         src[i, : len(seq)] = torch.tensor(seq)
-    return lambda: beam_search(model, src, beam_size=beam, max_len=out_len)
+    return lambda: best_tokens(model, src, beam_size=beam, max_len=out_len)
 
 
 def ct2_runner(engine: ct2.CTranslate2Engine, src_ids: list[list[int]], beam: int, out_len: int):

@@ -314,9 +314,8 @@ def attention_kernel(name: str) -> str | None:
 
 
 def decoding(batches: tuple[int, ...], out_len: int) -> list[dict]:
+    from common import best_tokens
     from decode import NoEOS, sources, timed  # masks EOS in decode_step (fixed-length outputs)
-
-    from transformer_core.search import beam_search
 
     rows = []
     torch.manual_seed(0)
@@ -325,8 +324,8 @@ def decoding(batches: tuple[int, ...], out_len: int) -> list[dict]:
         model = model.to(dtype)
         for batch in batches:
             src = sources(batch, 25, VOCAB, seed=batch).cuda()
-            beam_search(model, src, beam_size=4, max_len=4)  # this batch's shapes, warmed up
-            seconds, out = timed(beam_search, model, src, beam_size=4, max_len=out_len)
+            best_tokens(model, src, beam_size=4, max_len=4)  # this batch's shapes, warmed up
+            seconds, out = timed(best_tokens, model, src, beam_size=4, max_len=out_len)
             assert all(len(o) == out_len for o in out)
             rows.append(
                 {

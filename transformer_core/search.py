@@ -22,7 +22,6 @@ from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
 from transformer_core import decoding
-from transformer_core.constraints import BracketVocab, TreeConstraint
 from transformer_core.model import NO_CUDNN, Memory, Transformer
 from transformer_core.search_settings import (
     Hypothesis,
@@ -316,84 +315,3 @@ def _advance(search: _Search, top: _Top, keep: Tensor, first: bool) -> None:
     state_rows = torch.div(rows, k, rounding_mode="floor") if first else rows
     groups = None if keep_all else keep.nonzero().view(-1).to(device)
     search.state.regroup(state_rows, groups, k)
-
-
-# Shorthands with the keyword arguments the parity and golden tests and the benchmarks pin; the
-# pipeline calls ``search``.
-
-
-def greedy_search(
-    model: Transformer,
-    src: Tensor,
-    max_len_offset: int = 50,
-    max_len: int | None = None,
-    use_cache: bool = True,
-) -> list[list[int]]:
-    """Greedy search's output ids per source row (B, S)."""
-    settings = SearchSettings(
-        beam_size=1,
-        greedy=True,
-        max_len_offset=max_len_offset,
-        max_len=max_len,
-        use_cache=use_cache,
-    )
-    return [hyps[0].tokens for hyps in search(model, src, settings)]
-
-
-def beam_search(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
-    use_cache: bool = True,
-    max_len: int | None = None,
-) -> list[list[int]]:
-    """The best hypothesis' ids of the beam loop, for each source row (B, S)."""
-    return [
-        best.tokens
-        for best in beam_search_hypotheses(
-            model, src, beam_size, alpha, max_len_offset, use_cache, max_len
-        )
-    ]
-
-
-def beam_search_hypotheses(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
-    use_cache: bool = True,
-    max_len: int | None = None,
-) -> list[Hypothesis]:
-    """Like ``beam_search``, returning the best ``Hypothesis`` (tokens and score) per row."""
-    found = beam_search_nbest(
-        model, src, beam_size, alpha, max_len_offset, use_cache=use_cache, max_len=max_len
-    )
-    return [hyps[0] if hyps else Hypothesis([], float("-inf")) for hyps in found]
-
-
-def beam_search_nbest(
-    model: Transformer,
-    src: Tensor,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
-    n_best: int = 1,
-    *,
-    use_cache: bool = True,
-    max_len: int | None = None,
-    constraint: BracketVocab | None = None,
-) -> list[list[Hypothesis]]:
-    """The ``n_best`` best hypotheses per row, with the tree constraint when ``constraint`` is
-    given."""
-    settings = SearchSettings(
-        beam_size=beam_size,
-        alpha=alpha,
-        max_len_offset=max_len_offset,
-        max_len=max_len,
-        n_best=n_best,
-        use_cache=use_cache,
-    )
-    return search(model, src, settings, None if constraint is None else TreeConstraint(constraint))

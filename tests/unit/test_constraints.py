@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from transformer_core import EOS_ID, PAD_ID, Transformer, presets
-from transformer_core.constraints import BracketState, BracketVocab
-from transformer_core.search import beam_search_nbest
+from transformer_core.constraints import BracketState, BracketVocab, TreeConstraint
+from transformer_core.search import SearchSettings, search
 
 # A toy tree vocabulary: 4 S (opens label 0), 5 /S, 6 NP (label 1), 7 /NP, 8-11 leaves (tags);
 # 12-17 source pieces that start a word, 18-23 pieces that continue one.
@@ -155,10 +155,8 @@ def test_every_hypothesis_is_a_tree_over_the_words(seed, beam):
     torch.manual_seed(seed)
     model = Transformer(presets.debug().replace(max_len=64), V).eval()
     src, words = _sources(seed)
-    found = beam_search_nbest(
-        model, src, beam_size=beam, alpha=0.3, max_len_offset=20, n_best=beam,
-        constraint=_vocab(),
-    )  # fmt: skip
+    settings = SearchSettings(beam_size=beam, alpha=0.3, max_len_offset=20, n_best=beam)
+    found = search(model, src, settings, TreeConstraint(_vocab()))
     for hyps, n in zip(found, words, strict=True):
         assert hyps, "a constrained search always finishes"
         for h in hyps:
@@ -170,7 +168,7 @@ def test_unconstrained_output_of_the_same_model_is_not_a_tree():
     torch.manual_seed(0)
     model = Transformer(presets.debug().replace(max_len=64), V).eval()
     src, words = _sources(0)
-    found = beam_search_nbest(model, src, beam_size=4, alpha=0.3, max_len_offset=20)
+    found = search(model, src, SearchSettings(beam_size=4, alpha=0.3, max_len_offset=20))
     assert not all(_well_formed(h[0].tokens, n) for h, n in zip(found, words, strict=True))
 
 
@@ -185,11 +183,10 @@ def test_an_eager_eos_waits_for_the_tree():
     torch.manual_seed(0)
     model = EosFirst(presets.debug().replace(max_len=64), V).eval()
     src, words = _sources(3)
-    plain = beam_search_nbest(model, src, beam_size=3, alpha=0.3, use_cache=False)
+    settings = SearchSettings(beam_size=3, alpha=0.3, use_cache=False)
+    plain = search(model, src, settings)
     assert all(h[0].tokens == [] for h in plain)
-    found = beam_search_nbest(
-        model, src, beam_size=3, alpha=0.3, use_cache=False, constraint=_vocab()
-    )
+    found = search(model, src, settings, TreeConstraint(_vocab()))
     assert all(_well_formed(h[0].tokens, n) for h, n in zip(found, words, strict=True))
 
 
@@ -197,8 +194,9 @@ def test_cache_and_full_recompute_agree_under_the_constraint():
     torch.manual_seed(1)
     model = Transformer(presets.debug().replace(max_len=64), V).eval()
     src, _ = _sources(1)
-    a = beam_search_nbest(model, src, beam_size=4, alpha=0.3, constraint=_vocab())
-    b = beam_search_nbest(model, src, beam_size=4, alpha=0.3, use_cache=False, constraint=_vocab())
+    cached = SearchSettings(beam_size=4, alpha=0.3)
+    a = search(model, src, cached, TreeConstraint(_vocab()))
+    b = search(model, src, dataclasses.replace(cached, use_cache=False), TreeConstraint(_vocab()))
     assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
     assert [h[0].score for h in a] == pytest.approx([h[0].score for h in b], abs=1e-4)
 
@@ -241,7 +239,9 @@ def test_punctuation_words_get_their_tag_and_no_other_word_does(seed):
     torch.manual_seed(seed)
     model = Transformer(presets.debug().replace(max_len=64), V).eval()
     src = torch.tensor([[12, 17, 13, 18, 17, EOS_ID], [17, 14, 16, 15, EOS_ID, PAD_ID]])
-    found = beam_search_nbest(model, src, beam_size=3, alpha=0.3, constraint=_classed_vocab())
+    found = search(
+        model, src, SearchSettings(beam_size=3, alpha=0.3), TreeConstraint(_classed_vocab())
+    )
     expected = [[False, True, False, True], [True, False, None, False]]  # None: either
     for hyps, punct in zip(found, expected, strict=True):
         leaves = [t for t in hyps[0].tokens if t in LEAVES]

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import V, tiny_model
+from tiny_models import V, best_tokens, tiny_model
 
 from serving import ServingError, ct2, ct2_export
 from serving.translator import DecodeConfig
 from transformer_core import EOS_ID, PAD_ID, ConfigError
-from transformer_core.search import beam_search
 
 pytest.importorskip("ctranslate2")  # the "serve" extra (also in "dev")
 
@@ -46,7 +45,7 @@ def test_greedy_outputs_equal_ours_for_every_layout(tmp_path: Path, changes: dic
     engine = ct2.CTranslate2Engine(ct2_export.save_model(model, PIECES, tmp_path / "m"))
     src_ids = sources()
     decode = DecodeConfig(beam_size=1, max_len_offset=3)
-    ours = beam_search(model, padded(src_ids), beam_size=1, max_len_offset=3)
+    ours = best_tokens(model, padded(src_ids), beam_size=1, max_len_offset=3)
     assert engine.search(src_ids, decode) == ours
     # The per-sentence limit (source length + offset) was reached, and kept, by many outputs.
     reached = [len(o) == len(s) + 3 for o, s in zip(ours, src_ids, strict=True)]
@@ -60,7 +59,7 @@ def test_beam_outputs_mostly_equal_ours_on_random_weights(tmp_path: Path) -> Non
     model = tiny_model(seed=3)
     engine = ct2.CTranslate2Engine(ct2_export.save_model(model, PIECES, tmp_path / "m"))
     src_ids = sources(64)
-    ours = beam_search(model, padded(src_ids), beam_size=4, alpha=0.6, max_len_offset=5)
+    ours = best_tokens(model, padded(src_ids), beam_size=4, alpha=0.6, max_len_offset=5)
     theirs = engine.search(src_ids, DecodeConfig(max_len_offset=5))
     assert sum(a == b for a, b in zip(ours, theirs, strict=True)) >= 0.85 * len(ours)
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, presets
 from transformer_core.schedule import make_optimizer, make_scheduler
-from transformer_core.search import beam_search, greedy_search
+from transformer_core.search import SearchSettings, search
 
 VOCAB = 12  # 4 special ids + 8 symbols
 FIRST_SYMBOL = 4
@@ -50,9 +50,9 @@ def train(steps: int, batch: int = 64, seed: int = 0) -> tuple[Transformer, list
     return model, losses
 
 
-def exact_match(model: Transformer, search=greedy_search, n: int = 200) -> float:
+def exact_match(model: Transformer, settings: SearchSettings, n: int = 200) -> float:
     src, _, target = reverse_task(n, seed=7)  # seed 7 is never a training batch
-    outputs = search(model, src, max_len_offset=2)
+    outputs = [hyps[0].tokens for hyps in search(model, src, settings)]
     wanted = [row[: row.tolist().index(EOS_ID)].tolist() for row in target]
     return sum(o == w for o, w in zip(outputs, wanted, strict=True)) / n
 
@@ -62,5 +62,5 @@ def test_debug_model_learns_to_reverse():
     model, losses = train(steps=400)
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert last < 0.35 * first, f"loss {first:.2f} -> {last:.2f}"  # the floor is ~0.5 (smoothing)
-    assert exact_match(model) >= 0.95
-    assert exact_match(model, search=beam_search) >= 0.95
+    assert exact_match(model, SearchSettings(beam_size=1, greedy=True, max_len_offset=2)) >= 0.95
+    assert exact_match(model, SearchSettings(beam_size=4, max_len_offset=2)) >= 0.95

@@ -251,7 +251,7 @@ def test_marian_tokenizer_gives_our_ids(tmp_path, tokenizer_dir, tok):
 def test_marian_generate_matches_our_beam_search(tmp_path, tokenizer_dir, tok):
     """With alpha 0 both length penalties are 1, so beam search must pick the same outputs."""
     transformers = pytest.importorskip("transformers")
-    from transformer_core.search import beam_search
+    from tiny_models import best_tokens
 
     model = make_model(tok.vocab_size, seed=3)
     ckpt = save_checkpoint(model, tmp_path / "ckpt")
@@ -259,7 +259,7 @@ def test_marian_generate_matches_our_beam_search(tmp_path, tokenizer_dir, tok):
     hf = transformers.MarianMTModel.from_pretrained(out).eval()
     src, _ = batch(tok)
     limit = 12
-    ours = beam_search(model, src, beam_size=4, alpha=0.0, max_len=limit)
+    ours = best_tokens(model, src, beam_size=4, alpha=0.0, max_len=limit)
     with torch.no_grad():
         generated = hf.generate(input_ids=src, attention_mask=src.ne(PAD_ID), max_length=limit + 1)
     theirs = [[t for t in row[1:] if t not in (EOS_ID, PAD_ID)] for row in generated.tolist()]

@@ -19,7 +19,8 @@ from serving.translator import DecodeConfig, Translator
 from tasks.framework.config import config_from_dict
 from transformer_core import Transformer, presets
 from transformer_core.config import ConfigError
-from transformer_core.search import beam_search_nbest
+from transformer_core.constraints import TreeConstraint
+from transformer_core.search import SearchSettings, search
 
 TREES = [
     "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (. .))",
@@ -160,10 +161,8 @@ def test_words_form_scores_a_word_by_the_chance_that_some_word_comes(words_tok):
     src = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)
     for i, row in enumerate(ids):
         src[i, : len(row)] = torch.tensor(row)
-    found = beam_search_nbest(
-        model, src, beam_size=3, alpha=0.3, max_len_offset=30, use_cache=False,
-        constraint=bracket_vocab(words_tok, "words"),
-    )  # fmt: skip
+    settings = SearchSettings(beam_size=3, alpha=0.3, max_len_offset=30, use_cache=False)
+    found = search(model, src, settings, TreeConstraint(bracket_vocab(words_tok, "words")))
     for hyps, w in zip(found, words, strict=True):
         hyp = words_tok.decode(hyps[0].tokens)
         assert not repair(hyp, w, "words").fixes, hyp

@@ -7,20 +7,20 @@ import math
 
 import pytest
 import torch
+from tiny_models import best_tokens
 
 from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, decoding, presets
-from transformer_core.search import (
-    beam_search,
-    beam_search_hypotheses,
-    beam_search_nbest,
-    greedy_search,
-    length_penalty,
-)
+from transformer_core.search import SearchSettings, length_penalty, search
 
 
 def _model(vocab: int = 24, seed: int = 0, **changes) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(presets.debug().replace(max_len=128, **changes), vocab).eval()
+
+
+def _best(model: Transformer, src: torch.Tensor, **settings) -> list:
+    """The best ``Hypothesis`` (tokens and score) per source row."""
+    return [hyps[0] for hyps in search(model, src, SearchSettings(**settings))]
 
 
 def _sources(vocab: int = 24, seed: int = 1) -> torch.Tensor:
@@ -99,19 +99,18 @@ def _scripted(first: dict[int, float], later: dict[int, float]) -> Scripted:
 def test_beam_size_one_equals_greedy(seed):
     model = _model(seed=seed)
     src = _sources(seed=seed)
-    greedy = greedy_search(model, src, max_len_offset=6)
-    assert beam_search(model, src, beam_size=1, max_len_offset=6) == greedy
+    greedy = best_tokens(model, src, max_len_offset=6, greedy=True, beam_size=1)
+    assert best_tokens(model, src, beam_size=1, max_len_offset=6) == greedy
     assert any(len(out) > 0 for out in greedy)
 
 
 def test_cache_and_full_recompute_agree():
     model = _model(seed=4)
     src = _sources(seed=4)
-    assert greedy_search(model, src, max_len_offset=6, use_cache=False) == greedy_search(
-        model, src, max_len_offset=6
-    )
-    cached = beam_search_hypotheses(model, src, beam_size=4, max_len_offset=6)
-    full = beam_search_hypotheses(model, src, beam_size=4, max_len_offset=6, use_cache=False)
+    greedy = {"greedy": True, "beam_size": 1, "max_len_offset": 6}
+    assert best_tokens(model, src, use_cache=False, **greedy) == best_tokens(model, src, **greedy)
+    cached = _best(model, src, beam_size=4, max_len_offset=6)
+    full = _best(model, src, beam_size=4, max_len_offset=6, use_cache=False)
     assert [h.tokens for h in cached] == [h.tokens for h in full]
     assert [h.score for h in cached] == pytest.approx([h.score for h in full], abs=1e-4)
 
@@ -119,10 +118,10 @@ def test_cache_and_full_recompute_agree():
 def test_batched_results_come_back_in_input_order():
     model = _model(seed=5)
     src = _sources(seed=5)
-    batched = beam_search(model, src, beam_size=3, max_len_offset=6)
+    batched = best_tokens(model, src, beam_size=3, max_len_offset=6)
     for row, out in zip(src, batched, strict=True):
         alone = row[row != PAD_ID][None]  # (1, S_i): the sentence without padding
-        assert beam_search(model, alone, beam_size=3, max_len_offset=6) == [out]
+        assert best_tokens(model, alone, beam_size=3, max_len_offset=6) == [out]
 
 
 def _exhaustive_best(model: Transformer, src: torch.Tensor, limit: int, alpha: float):
@@ -170,7 +169,7 @@ def test_wide_beam_finds_the_exhaustive_optimum(seed, alpha):
     src = torch.tensor([[4, 5, 5, 4]])
     (tokens, score), n = _exhaustive_best(model, src, limit=3, alpha=alpha)
     assert n == 40
-    [found] = beam_search_hypotheses(model, src, beam_size=64, alpha=alpha, max_len=3)
+    [found] = _best(model, src, beam_size=64, alpha=alpha, max_len=3)
     assert found.tokens == tokens
     assert found.score == pytest.approx(score, abs=1e-5)
 
@@ -180,29 +179,29 @@ def test_n_best_are_the_best_distinct_outputs_with_true_scores(alpha):
     # A beam as wide as the 40 sequences keeps them all: its 5 best are the enumeration's 5 best.
     model = _model(vocab=6, seed=4)
     src = torch.tensor([[4, 5, 5, 4]])
-    [found] = beam_search_nbest(model, src, beam_size=64, alpha=alpha, n_best=5, max_len=3)
+    [found] = search(model, src, SearchSettings(beam_size=64, alpha=alpha, n_best=5, max_len=3))
     ranked = _exhaustive_ranking(model, src, limit=3, alpha=alpha)
     assert [h.tokens for h in found] == [tokens for tokens, _ in ranked[:5]]
     for h, (_, score) in zip(found, ranked, strict=False):
         assert h.score == pytest.approx(score, abs=1e-5)
-    [best] = beam_search_hypotheses(model, src, beam_size=64, alpha=alpha, max_len=3)
+    [best] = _best(model, src, beam_size=64, alpha=alpha, max_len=3)
     assert best == found[0]
 
 
 def test_n_best_asks_for_at_most_the_beam():
     model = _model()
-    found = beam_search_nbest(model, _sources(), beam_size=4, n_best=4, max_len_offset=4)
+    found = search(model, _sources(), SearchSettings(beam_size=4, n_best=4, max_len_offset=4))
     assert all(len(hyps) == 4 for hyps in found)
     assert all(len({tuple(h.tokens) for h in hyps}) == 4 for hyps in found)
     with pytest.raises(ValueError, match="n_best"):
-        beam_search_nbest(model, _sources(), beam_size=4, n_best=5)
+        SearchSettings(beam_size=4, n_best=5)
 
 
 def test_narrow_beam_score_is_consistent_with_enumeration():
     # A beam of 2 need not find the optimum, but the score it reports must be the true one.
     model = _model(vocab=6, seed=7)
     src = torch.tensor([[4, 5, 1]])
-    [found] = beam_search_hypotheses(model, src, beam_size=2, alpha=0.6, max_len=3)
+    [found] = _best(model, src, beam_size=2, alpha=0.6, max_len=3)
     target = found.tokens + ([EOS_ID] if len(found.tokens) < 3 else [])
     with torch.no_grad():
         log_probs = torch.log_softmax(model(src, torch.tensor([[BOS_ID] + target[:-1]])), -1)[0]
@@ -218,21 +217,25 @@ def test_outputs_stop_at_source_length_plus_offset():
     src = _sources()
     src_lens = (src != PAD_ID).sum(1).tolist()
     for outputs in (
-        greedy_search(model, src, max_len_offset=3),
-        beam_search(model, src, beam_size=3, max_len_offset=3),
+        best_tokens(model, src, max_len_offset=3, greedy=True, beam_size=1),
+        best_tokens(model, src, beam_size=3, max_len_offset=3),
     ):
         assert [len(o) for o in outputs] == [n + 3 for n in src_lens]
         assert all(EOS_ID not in o and PAD_ID not in o and BOS_ID not in o for o in outputs)
-    assert [len(o) for o in greedy_search(model, src, max_len=7)] == [7] * len(src_lens)
-    assert [len(o) for o in beam_search(model, src, beam_size=2, max_len=4)] == [4] * len(src_lens)
+    assert [len(o) for o in best_tokens(model, src, max_len=7, greedy=True, beam_size=1)] == [
+        7
+    ] * len(src_lens)
+    assert [len(o) for o in best_tokens(model, src, beam_size=2, max_len=4)] == [4] * len(src_lens)
 
 
 def test_eos_ends_the_output_without_being_returned():
     torch.manual_seed(0)
     model = EndsAt(presets.debug(), 24)
     src = _sources()
-    assert [len(o) for o in greedy_search(model, src)] == [EndsAt.end] * len(src)
-    assert [len(o) for o in beam_search(model, src, beam_size=4)] == [EndsAt.end] * len(src)
+    assert [len(o) for o in best_tokens(model, src, greedy=True, beam_size=1)] == [
+        EndsAt.end
+    ] * len(src)
+    assert [len(o) for o in best_tokens(model, src, beam_size=4)] == [EndsAt.end] * len(src)
 
 
 def test_search_stops_once_every_sentence_has_ended():
@@ -242,10 +245,10 @@ def test_search_stops_once_every_sentence_has_ended():
     edit = model.edit
     model.edit = lambda *args: calls.append(1) or edit(*args)
     src = _sources()
-    greedy_search(model, src, max_len_offset=50)
+    best_tokens(model, src, max_len_offset=50, greedy=True, beam_size=1)
     assert len(calls) == EndsAt.end + 1  # not source length + 50
     calls.clear()
-    beam_search(model, src, beam_size=4, max_len_offset=50)
+    best_tokens(model, src, beam_size=4, max_len_offset=50)
     assert len(calls) == EndsAt.end + 1
 
 
@@ -254,7 +257,7 @@ def test_length_penalty_lets_a_less_probable_open_beam_win():
     # probability 0.45 in all: -0.80 / lp(10) = -0.46 with alpha 0.6. Stopping when the open beam's
     # raw score (-0.80) falls below the finished one would wrongly return the empty output.
     model = _scripted(first={EOS_ID: 0.55, 4: 0.45}, later={4: 1.0})
-    [best] = beam_search_hypotheses(model, torch.tensor([[4, 5]]), beam_size=2, max_len=10)
+    [best] = _best(model, torch.tensor([[4, 5]]), beam_size=2, max_len=10)
     assert best.tokens == [4] * 10
     assert best.score == pytest.approx(math.log(0.45) / length_penalty(10, 0.6), abs=1e-4)
 
@@ -266,7 +269,7 @@ def test_beam_stops_when_no_open_beam_can_win():
     calls = []  # one edit per decoder call, cached or not
     edit = model.edit
     model.edit = lambda *args: calls.append(1) or edit(*args)
-    assert beam_search(model, torch.tensor([[4, 5]]), beam_size=4, max_len=10) == [[]]
+    assert best_tokens(model, torch.tensor([[4, 5]]), beam_size=4, max_len=10) == [[]]
     assert len(calls) == 1
 
 
@@ -274,18 +277,18 @@ def test_search_runs_in_eval_mode_and_restores_training():
     model = _model(seed=8, dropout=0.3)
     src = _sources(seed=8)
     model.train()
-    first = beam_search(model, src, beam_size=2, max_len_offset=4)
+    first = best_tokens(model, src, beam_size=2, max_len_offset=4)
     assert model.training
-    assert beam_search(model, src, beam_size=2, max_len_offset=4) == first  # no dropout noise
+    assert best_tokens(model, src, beam_size=2, max_len_offset=4) == first  # no dropout noise
     model.eval()
-    assert beam_search(model, src, beam_size=2, max_len_offset=4) == first
+    assert best_tokens(model, src, beam_size=2, max_len_offset=4) == first
 
 
 def test_bad_arguments_fail_clearly():
     model = _model()
     with pytest.raises(ValueError, match="beam_size"):
-        beam_search(model, _sources(), beam_size=0)
+        best_tokens(model, _sources(), beam_size=0)
     with pytest.raises(ValueError, match="alpha"):
-        beam_search(model, _sources(), alpha=-1.0)
+        best_tokens(model, _sources(), alpha=-1.0)
     with pytest.raises(ValueError, match="empty"):
-        greedy_search(model, torch.zeros(0, 4, dtype=torch.long))
+        best_tokens(model, torch.zeros(0, 4, dtype=torch.long), greedy=True, beam_size=1)

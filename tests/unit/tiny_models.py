@@ -25,3 +25,10 @@ def tiny_tokens(B: int, T: int, seed: int = 1, first: int | None = None) -> torc
     if first is not None:
         x[:, 0] = first
     return x
+
+
+def best_tokens(model: Transformer, src: torch.Tensor, **settings) -> list[list[int]]:
+    """The best hypothesis' ids per source row of ``search`` with these ``SearchSettings``."""
+    from transformer_core.search import SearchSettings, search
+
+    return [hyps[0].tokens for hyps in search(model, src, SearchSettings(**settings))]
