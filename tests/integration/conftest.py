@@ -94,3 +94,23 @@ def tiny_model(tmp_path_factory, tiny_tokenizer):
 
     train = finished_folder(root / "train", "train", {"steps": 200}, lambda tmp: {})
     return finished_folder(root / "average", "average", {"copy": 200}, build, {"train": train})
+
+
+# ----------------------------------------------------------------------------- object storage
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS, ``s3_server.SeaweedS3``) on loopback for the session."""
+    from s3_server import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The server's keys and endpoint in the standard environment variables, for this test."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server

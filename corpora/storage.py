@@ -1,0 +1,276 @@
+"""Where a work dir lives: a local folder, or a prefix in an object store (``s3://``, ``gs://``,
+or any S3-compatible endpoint), as one pyarrow filesystem and a base path (``open_store``).
+
+Object stores have no atomic rename. A folder there is complete when its manifest, written last,
+lists every file with its size (``Store.publish``, ``Store.missing``); publishing first removes
+the old manifest and whatever a dead run left, so nothing half-written ever looks complete.
+Training workers copy such a folder once per node into a local cache, checked against the
+manifest's sizes and hashes (``node_copy``): several workers on one node share one copy.
+Credentials come from environment variables (the standard ones, or those a config names), never
+from the config or a command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from corpora import CorpusError
+from transformer_core.folders import publish as publish_local
+from transformer_core.folders import sha256_file, temporary_sibling
+
+MANIFEST = "manifest.json"
+REMOTE_SCHEMES = ("s3", "gs")
+
+
+class StorageError(CorpusError):
+    """The store cannot be used: the message names the URI (never a secret) and what to check."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreSettings:
+    """How to reach an object store; the secrets themselves stay in environment variables."""
+
+    endpoint: str | None = None
+    """An S3-compatible endpoint URL (MinIO, SeaweedFS); default ``$AWS_ENDPOINT_URL_S3`` or
+    ``$AWS_ENDPOINT_URL``, else AWS itself."""
+    region: str | None = None
+    """Default ``$AWS_REGION`` or ``$AWS_DEFAULT_REGION``, else us-east-1."""
+    access_key_env: str = "AWS_ACCESS_KEY_ID"
+    """The environment variable holding the access key id."""
+    secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
+    """The environment variable holding the secret access key."""
+    timeout_seconds: float = 10.0
+    """Connect and request timeout of one call: an endpoint that does not answer fails fast."""
+
+
+def is_remote(uri: str | Path) -> bool:
+    """Whether ``uri`` names an object store rather than a local folder."""
+    return urlsplit(str(uri)).scheme in REMOTE_SCHEMES
+
+
+@dataclass(frozen=True)
+class Store:
+    """A work dir's root: ``filesystem`` and the ``base`` path in it; ``uri`` says where (no
+    secret), ``endpoint`` which server answers it (None: local, or the cloud's own)."""
+
+    uri: str
+    filesystem: pafs.FileSystem
+    base: str
+    endpoint: str | None = None
+    settings: StoreSettings = StoreSettings()
+
+    @property
+    def remote(self) -> bool:
+        return is_remote(self.uri)
+
+    def path(self, rel: str = "") -> str:
+        """The filesystem path of ``rel`` (a '/'-separated path under the root)."""
+        return f"{self.base}/{rel}".rstrip("/") if rel else self.base
+
+    def check(self) -> None:
+        """Fail in one line unless the root's bucket exists and answers with these credentials."""
+        with self.errors("reach"):
+            bucket = self.base.split("/", 1)[0]
+            if self.remote and self.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise StorageError(
+                    f"{self.uri}: bucket {bucket!r} does not exist{self._at()}: create it, or "
+                    f"check the work dir"
+                )
+            self.filesystem.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
+
+    def read_manifest(self, rel: str) -> dict[str, Any] | None:
+        """The manifest of folder ``rel``, or None if it has none (or an unreadable one)."""
+        with self.errors("read"):
+            try:
+                with self.filesystem.open_input_stream(self.path(f"{rel}/{MANIFEST}")) as f:
+                    return json.loads(f.read())
+            except FileNotFoundError:
+                return None
+            except ValueError:  # half a JSON document, or not JSON
+                return None
+
+    def missing(self, rel: str) -> str | None:
+        """What keeps folder ``rel`` from being complete, or None: no manifest, or a file the
+        manifest lists that is absent or has another size."""
+        manifest = self.read_manifest(rel)
+        if manifest is None:
+            return f"{self.uri}/{rel} has no manifest"
+        with self.errors("list"):
+            selector = pafs.FileSelector(self.path(rel), recursive=True, allow_not_found=True)
+            found = {
+                info.path[len(self.path(rel)) + 1 :]: info.size
+                for info in self.filesystem.get_file_info(selector)
+                if info.type == pafs.FileType.File
+            }
+        for name, info in manifest.get("files", {}).items():
+            if name not in found:
+                return f"{self.uri}/{rel}/{name} is missing"
+            if found[name] != info["bytes"]:
+                return f"{self.uri}/{rel}/{name} has {found[name]} bytes, manifest says {info['bytes']}"
+        return None
+
+    def publish(self, local: Path, rel: str) -> None:
+        """Copy the finished local folder ``local`` (manifest included) to ``rel``, replacing
+        what was there: old manifest first, then the rest, the files, and the manifest last."""
+        with self.errors("write"):
+            target = self.path(rel)
+            if self._exists(f"{target}/{MANIFEST}"):  # from here on the old output is incomplete
+                self.filesystem.delete_file(f"{target}/{MANIFEST}")
+            self.filesystem.delete_dir_contents(target, missing_dir_ok=True)
+            files = sorted(p for p in Path(local).rglob("*") if p.is_file() and p.name != MANIFEST)
+            for path in [*files, Path(local) / MANIFEST]:
+                pafs.copy_files(
+                    str(path),
+                    f"{target}/{path.relative_to(local).as_posix()}",
+                    source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=self.filesystem,
+                )
+
+    def _exists(self, path: str) -> bool:
+        return self.filesystem.get_file_info(path).type != pafs.FileType.NotFound
+
+    def _at(self) -> str:
+        return f" at {self.endpoint}" if self.endpoint else ""
+
+    @contextlib.contextmanager
+    def errors(self, doing: str) -> Iterator[None]:
+        """Turn the store's errors into one line naming the URI and what to check."""
+        try:
+            yield
+        except StorageError:
+            raise
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"{self.uri}: could not {doing} it: {explain(exc, self)}") from None
+
+
+def explain(exc: OSError, store: Store) -> str:
+    """What to check, for an object store's error (AWS SDK error names, as pyarrow reports them)."""
+    text = str(exc)
+    keys = f"${store.settings.access_key_env} and ${store.settings.secret_key_env}"
+    if re.search(r"ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH|INVALID_ACCESS_KEY|HTTP status 403", text):
+        return f"the store refused the credentials in {keys}: check them"
+    if re.search(r"NETWORK_CONNECTION|curlCode|Could not connect|timed out|Timeout", text):
+        where = store.endpoint or "the store's endpoint"
+        return (
+            f"{where} does not answer: check storage.endpoint (or $AWS_ENDPOINT_URL) and that "
+            "the server runs"
+        )
+    if "NO_SUCH_BUCKET" in text:
+        return "the bucket does not exist: create it, or check the work dir"
+    return text.splitlines()[0]
+
+
+def open_store(uri: str | Path, settings: StoreSettings = StoreSettings()) -> Store:
+    """The ``Store`` for a work dir: a local path (resolved from the CWD), ``s3://bucket/prefix``
+    or ``gs://bucket/prefix``. Builds the client only; ``Store.check`` asks the server."""
+    text = str(uri)
+    parts = urlsplit(text)
+    if parts.scheme not in REMOTE_SCHEMES:
+        if "://" in text:
+            raise StorageError(f"{text}: unsupported scheme {parts.scheme!r} (use a path, s3:// or gs://)")
+        base = str(Path(text).resolve())
+        return Store(base, pafs.LocalFileSystem(), base, None, settings)
+    if not parts.netloc:
+        raise StorageError(f"{text}: no bucket (use {parts.scheme}://bucket/prefix)")
+    if parts.username or parts.password or parts.query:
+        raise StorageError(
+            f"{parts.scheme}://{parts.hostname}{parts.path}: the URI holds credentials or options; "
+            "put credentials in environment variables and the endpoint in storage.endpoint"
+        )
+    base = f"{parts.netloc}{parts.path}".rstrip("/")
+    if parts.scheme == "gs":  # credentials: $GOOGLE_APPLICATION_CREDENTIALS, as Google's SDKs
+        return Store(text.rstrip("/"), pafs.GcsFileSystem(), base, None, settings)
+    return _s3_store(text.rstrip("/"), base, settings)
+
+
+def _s3_store(uri: str, base: str, settings: StoreSettings) -> Store:
+    env = os.environ
+    key, secret = env.get(settings.access_key_env), env.get(settings.secret_key_env)
+    for name, value in ((settings.access_key_env, key), (settings.secret_key_env, secret)):
+        if value is None and name not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            raise StorageError(f"{uri}: the environment variable ${name} (storage settings) is not set")
+    endpoint = settings.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    options: dict[str, Any] = {
+        "region": settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "connect_timeout": settings.timeout_seconds,
+        "request_timeout": settings.timeout_seconds,
+    }
+    if key is not None and secret is not None:
+        options.update(access_key=key, secret_key=secret)
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        if not host:
+            raise StorageError(f"{uri}: storage.endpoint {endpoint!r} needs http:// or https://")
+        options.update(endpoint_override=host.rstrip("/"), scheme=scheme)
+    return Store(uri, pafs.S3FileSystem(**options), base, endpoint, settings)
+
+
+def node_copy(store: Store, rel: str, cache_root: Path) -> Path:
+    """A local copy of the complete store folder ``rel``, made once per node under
+    ``cache_root`` and checked against its manifest (sizes and sha256); later calls, from any
+    process on this node, reuse it. A local store's folder is returned as it is."""
+    if not store.remote:
+        return Path(store.path(rel))
+    manifest = store.read_manifest(rel)
+    problem = store.missing(rel)
+    if manifest is None or problem:
+        raise StorageError(f"{problem}: run the stage that writes it first")
+    folder = Path(cache_root) / manifest.get("fingerprint", "unversioned") / rel.replace("/", "_")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process fills; the others wait, then reuse it
+        if _matches(folder, manifest):
+            return folder
+        tmp = temporary_sibling(folder)
+        try:
+            _download(store, rel, manifest, tmp)
+            publish_local(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _matches(folder: Path, manifest: Mapping[str, Any]) -> bool:
+    """A cached copy is reused when its manifest is this one and its files have their sizes
+    (the hashes were checked when it was filled)."""
+    try:
+        cached = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return cached == manifest and all(
+        (folder / name).is_file() and (folder / name).stat().st_size == info["bytes"]
+        for name, info in manifest.get("files", {}).items()
+    )
+
+
+def _download(store: Store, rel: str, manifest: Mapping[str, Any], tmp: Path) -> None:
+    with store.errors("read"):
+        for name, info in manifest.get("files", {}).items():
+            local = tmp / name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            pafs.copy_files(
+                store.path(f"{rel}/{name}"),
+                str(local),
+                source_filesystem=store.filesystem,
+                destination_filesystem=pafs.LocalFileSystem(),
+            )
+            if "sha256" in info and sha256_file(local) != info["sha256"]:
+                raise StorageError(
+                    f"{store.uri}/{rel}/{name} does not match its manifest's sha256: rerun the "
+                    "stage that writes it"
+                )
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
