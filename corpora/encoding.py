@@ -14,7 +14,7 @@ counts the EOS.
 Rows longer than ``max_len`` pieces on either side (the caller passes what the model and one
 micro-batch can take) are dropped from train and dev and counted (``dropped_too_long``): the
 trainer could never batch them. Test rows are kept line for line and only counted
-(``too_long_kept``): the test shards are a reference copy; translate reads the test text itself.
+(``too_long_kept``): translate decodes the test split, one output line per row.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def shard_corpus(
     encoded = ray.get(eval_ref)
     offset = 0
     for split, table in evals.items():
-        drop = split == "dev"  # test stays line for line: translate reads the test text, not shards
+        drop = split == "dev"  # test stays line for line: translate decodes every row
         lengths, files, over = _write(
             [encoded.slice(offset, table.num_rows)], out / split, config, max_len, drop=drop
         )

@@ -1,69 +1,91 @@
 """Attention maps for people to look at: the encoder-decoder attention of a trained model over
-a few short test sentences, as heat maps (the paper's figures 3-5 show such maps)."""
+a few short test sentences, as heat maps (the paper's figures 3-5 show such maps).
+
+The maps are computed where the model is already loaded (the translate stage's Ray Data
+actors, ``attention_map``) and drawn on the driver (``draw_attention``), which loads no model.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.translator import encode_texts
+import numpy as np
 
-__all__ = ["cross_attention_maps", "plot_attention"]
+from serving.translator import TorchEngine, Translator, encode_texts
+
+__all__ = ["AttentionMap", "attention_map", "cross_attention_maps", "draw_attention", "short_enough"]
 
 log = logging.getLogger(__name__)
 
+MAX_SRC = 30
+"""The longest source (pieces, EOS counted) drawn: longer ones do not read as a heat map."""
+MAX_TGT = 40
+"""The longest output (pieces, EOS counted) drawn."""
 
-def plot_attention(
-    weights: Path,
-    tokenizer_dir: Path,
-    src_ids: Sequence[Sequence[int]],
-    hyps: Sequence[str],
-    path: Path,
-    *,
-    n: int = 4,
-    max_src: int = 30,
-    max_tgt: int = 40,
-) -> int:
-    """Heat maps of the last decoder layer's encoder-decoder attention (mean over heads) for the
-    first ``n`` test sentences short enough to read (pieces on the axes); how many were drawn.
-    ``src_ids`` are the encoded sources, ``hyps`` their translations as text."""
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """One sentence's map: the last decoder layer's attention, mean over heads, (T, S)."""
+
+    src_pieces: list[str]
+    tgt_pieces: list[str]
+    weights: np.ndarray
+    layer: int
+    """The layer drawn (the model's ``n_layers``)."""
+
+
+def short_enough(src_len: int) -> bool:
+    """Whether a source of ``src_len`` pieces (EOS counted) may be drawn."""
+    return 2 <= src_len <= MAX_SRC
+
+
+def attention_map(translator: Translator, src: Sequence[int], hyp: str) -> AttentionMap | None:
+    """The map of source ids ``src`` and their translation ``hyp`` (text, encoded again as the
+    tokenizer reads it) by the translator's torch model, on its own device and dtype; None when
+    either side is too short or too long to draw, or the engine holds no torch model
+    (ctranslate2). A ``serving.batch.Probe``: the translate stage's actors call it."""
     import torch
+
+    if not isinstance(translator.engine, TorchEngine):
+        return None
+    model, tokenizer = translator.engine.model, translator.tokenizer
+    tgt = encode_texts(tokenizer, [hyp])[0]
+    if not (short_enough(len(src)) and 2 <= len(tgt) <= MAX_TGT):
+        return None
+    device = next(model.parameters()).device
+    tgt_in = [model.config.bos_id] + tgt[:-1]  # the decoder input that predicts tgt
+    maps = cross_attention_maps(
+        model, torch.tensor([list(src)], device=device), torch.tensor([tgt_in], device=device)
+    )
+    weights = maps[-1][0].mean(dim=0).float().cpu().numpy()  # (T, S), last layer, mean over heads
+    pieces = tokenizer.sp.id_to_piece
+    return AttentionMap([pieces(int(i)) for i in src], [pieces(int(i)) for i in tgt], weights,
+                        int(model.config.n_layers))
+
+
+def draw_attention(maps: Sequence[AttentionMap], path: Path) -> int:
+    """Heat maps of ``maps`` side by side in one PNG at ``path``; how many were drawn."""
     from matplotlib.figure import Figure
 
-    from serving import tokenizer as tokenizer_lib
-    from transformer_core import checkpoint
-
-    tok = tokenizer_lib.load(Path(tokenizer_dir))
-    picked = []
-    for src, hyp in zip(src_ids, hyps, strict=True):
-        if not 2 <= len(src) <= max_src:
-            continue
-        tgt = encode_texts(tok, [hyp])[0]
-        if 2 <= len(tgt) <= max_tgt:
-            picked.append((list(src), tgt))
-        if len(picked) == n:
-            break
-    if not picked:
+    if not maps:
         log.info("translate: no test sentence short enough for the attention plot")
         return 0
-    model = checkpoint.load_model(weights, None, map_location="cpu")
-    fig = Figure(figsize=(6 * len(picked), 6))
-    axes = fig.subplots(1, len(picked), squeeze=False)[0]
-    for ax, (src, tgt) in zip(axes, picked, strict=True):
-        tgt_in = [model.config.bos_id] + tgt[:-1]  # the decoder input that predicts tgt
-        maps = cross_attention_maps(model, torch.tensor([src]), torch.tensor([tgt_in]))
-        w = maps[-1][0].mean(dim=0).numpy()  # (T, S), last layer, mean over heads
-        ax.imshow(w, cmap="viridis", aspect="auto", vmin=0.0, vmax=1.0)
-        ax.set_xticks(range(len(src)), [tok.sp.id_to_piece(i) for i in src], rotation=90, fontsize=7)
-        ax.set_yticks(range(len(tgt)), [tok.sp.id_to_piece(i) for i in tgt], fontsize=7)
+    fig = Figure(figsize=(6 * len(maps), 6))
+    axes = fig.subplots(1, len(maps), squeeze=False)[0]
+    for ax, m in zip(axes, maps, strict=True):
+        ax.imshow(m.weights, cmap="viridis", aspect="auto", vmin=0.0, vmax=1.0)
+        ax.set_xticks(range(len(m.src_pieces)), m.src_pieces, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(m.tgt_pieces)), m.tgt_pieces, fontsize=7)
         ax.set_xlabel("source pieces")
         ax.set_ylabel("output pieces")
-    fig.suptitle(f"encoder-decoder attention, layer {model.config.n_layers} (mean of heads)")
+    fig.suptitle(f"encoder-decoder attention, layer {maps[0].layer} (mean of heads)")
     fig.tight_layout()
     fig.savefig(path, dpi=90, metadata={"Software": None})
-    return len(picked)
+    return len(maps)
 
 
 def cross_attention_maps(model: Any, src: Any, tgt_in: Any) -> list[Any]:

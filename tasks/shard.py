@@ -9,7 +9,9 @@ Train and dev rows with more pieces (EOS included) on either side than ``max_pie
 min(``model.max_len``, ``train.max_tokens_per_batch``) are dropped and counted per split
 (``dropped_too_long``): the model has no positions past ``max_len`` and a row must fit one
 micro-batch. The limit is in the fingerprint, so changing it reshards. Test rows are all kept
-(``too_long_kept`` counts those over the limit): translate reads the test text, not these shards.
+(``too_long_kept`` counts those over the limit): translate decodes the test split line for line.
+Each split is written twice, Parquet for Ray Data and Arrow IPC for training's memory maps
+(docs/contracts.md says why one format does not serve both).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Stage translate: beam search over the test set with a Ray Data actor pool.
 
-In: ``average`` (``model.pt``), ``tokenizer``, and the folder holding ``test.<src>`` (the
-download stage's, or the linearize stage's in the parsing pipeline). Out: ``hyp.<tgt>``
-(detokenized, one line per test segment, input order) and ``attention.png``. Decoding is
-``config.decoding`` (beam 4, alpha 0.6, input + 50; the parsing pipeline's own settings there).
+In: ``average`` (``model.pt``), ``tokenizer``, and ``shard``, whose ``test/part-*.parquet`` is the
+test source already cleaned (the clean or linearize stage) and encoded, line for line. Out:
+``hyp.<tgt>`` (detokenized, one line per test segment, input order) and ``attention.png``.
+Decoding is ``config.decoding`` (beam 4, alpha 0.6, input + 50; the parsing pipeline's own
+settings there). The driver reads the source lengths only, to plan the batches; the actors read
+the ids, translate, and compute the attention maps with the model they hold.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ import time
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
-from tasks.framework.contract import BuildContext, StageError, read_manifest
+from tasks.framework.contract import BuildContext, StageError
 
 log = logging.getLogger(__name__)
 
 STAGE = "translate"
 ATTENTION_PLOT = "attention.png"
+ATTENTION_SENTENCES = 4
+"""Sentences drawn in ``attention.png``: the first whose source and translation are short."""
+ATTENTION_CANDIDATES = 64
+"""The first this many short test sources are the plot's candidates: the actors map those whose
+translation is short too, so a long test set costs no more than these forward passes."""
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
@@ -27,54 +34,54 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 
 
 def build(ctx: BuildContext) -> dict[str, Any]:
-    """Translate ``<download>/test.<src>`` into ``ctx.tmp/hyp.<tgt>`` (one line per input line)."""
-    from corpora.text import read_lines
-    from evaluation.attention import plot_attention
-    from serving import tokenizer
-    from serving.batch import translate_distributed
-    from serving.translator import encode_texts
+    """Translate the shard stage's test split into ``ctx.tmp/hyp.<tgt>`` (one line per input line)."""
+    from corpora.parquet import part_files
+    from evaluation.attention import AttentionMap, attention_map, draw_attention, short_enough
+    from serving.batch import read_lengths, translate_distributed
     from tasks.framework.runtime import ensure_ray
     from transformer_core.checkpoint import model_file
 
     config, tmp = ctx.config, ctx.tmp
-    src_lang, tgt_lang = config.languages
+    tgt_lang = config.languages[1]
     decode = config.decoding
-    average, tokenizer_dir, download = (ctx.inputs[k] for k in ("average", "tokenizer", "download"))
-    source_file = download / f"test.{src_lang}"
-    texts = read_lines(source_file)
-    if not texts:
-        raise StageError(f"{source_file} is empty (0 segments); nothing to translate")
+    average, tokenizer_dir, shard = (ctx.inputs[k] for k in ("average", "tokenizer", "shard"))
+    source = part_files(shard / "test")
+    lengths = read_lengths(source)
+    if not len(lengths):
+        raise StageError(f"{shard / 'test'} holds 0 rows (an empty test set); nothing to translate")
     weights = model_file(average)
     if not weights.is_file():
         raise StageError(f"no checkpoint at {weights} (run `tfm stage average` first)")
-    # The driver encodes only to plan batches; the actors load the model.
-    src_ids = encode_texts(tokenizer.load(tokenizer_dir), texts)
+    model_fingerprint = ctx.input_fps["average"]
+    candidates = [i for i, n in enumerate(lengths) if short_enough(int(n))][:ATTENTION_CANDIDATES]
 
     ensure_ray(config.ray)
     started = time.perf_counter()
     # Engine ctranslate2 keeps its export in the run's cache, never in the average folder.
-    fingerprint = (read_manifest(average) or {}).get("fingerprint", "unknown")
-    export_dir = config.root / "cache" / "ctranslate2" / fingerprint[:16]
-    hyps, n_tokens, info = translate_distributed(weights, tokenizer_dir, src_ids, decode, export_dir)
+    export_dir = config.root / "cache" / "ctranslate2" / model_fingerprint[:16]
+    decoded = translate_distributed(weights, tokenizer_dir, source, decode, export_dir,
+                                    lengths=lengths, probe=attention_map, probe_rows=candidates)
     seconds = time.perf_counter() - started
+    hyps = decoded.hyps
     (tmp / f"hyp.{tgt_lang}").write_text("".join(h + "\n" for h in hyps), encoding="utf-8", newline="\n")
-    out_tokens = int(sum(n_tokens))
+    out_tokens = int(sum(decoded.hyp_tokens))
+    maps = [m for _, m in sorted(decoded.probes.items()) if isinstance(m, AttentionMap)]
     try:  # a picture for people; a failure here must not cost the decoded test set
-        plotted = plot_attention(weights, tokenizer_dir, src_ids, hyps, tmp / ATTENTION_PLOT)
+        plotted = draw_attention(maps[:ATTENTION_SENTENCES], tmp / ATTENTION_PLOT)
     except Exception as exc:  # noqa: BLE001
         log.warning("translate: no attention plot (%s: %s)", type(exc).__name__, exc)
         plotted = 0
     return {
         "attention_plot_sentences": plotted,
-        "model_fingerprint": (read_manifest(average) or {}).get("fingerprint"),
+        "model_fingerprint": model_fingerprint,
         "decode": to_dict(decode),
-        "source_file": source_file.name,
+        "source_files": [f"test/{f.name}" for f in source],
         "segments": len(hyps),
-        "src_tokens": int(sum(len(s) for s in src_ids)),
+        "src_tokens": int(lengths.sum()),
         "hyp_tokens": out_tokens,
         # Wall time of the whole actor pool (start-up included) and the actors' own time.
         "decode_seconds": round(seconds, 3),
         "tokens_per_s": round(out_tokens / max(seconds, 1e-9), 2),
-        "tokens_per_actor_s": round(out_tokens / max(info["actor_decode_seconds"], 1e-9), 2),
-        **info,
+        "tokens_per_actor_s": round(out_tokens / max(decoded.info["actor_decode_seconds"], 1e-9), 2),
+        **decoded.info,
     }

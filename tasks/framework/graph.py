@@ -61,7 +61,7 @@ WMT14: tuple[StageSpec, ...] = (
     StageSpec("shard", {"clean": "clean", "tokenizer": "tokenizer"}),
     StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
     StageSpec("average", {"train": "train"}),
-    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "download": "download"}),
+    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
     StageSpec("score", {"translate": "translate", "download": "download"}),
     StageSpec("register", {"average": "average", "tokenizer": "tokenizer", "score": "score"},
               io_bound=True),
@@ -74,7 +74,7 @@ PARSING: tuple[StageSpec, ...] = (
     StageSpec("shard", {"clean": "linearize", "tokenizer": "tokenizer"}),
     StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
     StageSpec("average", {"train": "train"}),
-    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "download": "linearize"}),
+    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
     StageSpec("parse_score", {"translate": "translate", "linearize": "linearize"}),
 )
 

@@ -70,3 +70,19 @@ def tokenizer_folder(path: Path, sentences: list[str], vocab_size: int, **option
         return {}
 
     return finished_folder(path, "tokenizer", {"vocab_size": vocab_size, "sentences": len(sentences), **options}, build)
+
+
+def encoded_split(folder: Path, texts: list[str], tokenizer_dir: Path, rows_per_file: int = 16) -> list[Path]:
+    """``folder/part-*.parquet``: ``texts`` encoded as the shard stage encodes a split (each text
+    its own target too); the parts."""
+    import pyarrow as pa
+
+    from corpora.encoding import SHARD_SCHEMA, encode_table
+    from corpora.parquet import ParquetShardWriter
+    from serving import tokenizer
+
+    tok = tokenizer.load(tokenizer_dir)
+    writer = ParquetShardWriter(folder, SHARD_SCHEMA, rows_per_file)
+    if texts:
+        writer.write(encode_table(tok.sp, pa.table({"src": texts, "tgt": texts}), tok.pretokenizer))
+    return writer.close()

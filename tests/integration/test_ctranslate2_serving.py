@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from stage_folders import tiny_sentences
+from stage_folders import encoded_split, tiny_sentences
 
 from serving import ct2, ct2_export
 from serving.translator import DecodeConfig, Translator
@@ -139,12 +139,11 @@ def test_another_expected_config_is_refused(tiny_model, tiny_tokenizer, export) 
         )
 
 
-def test_a_batch_actor_loads_the_engine_once(checkpoint_copy, tiny_tokenizer, monkeypatch) -> None:
+def test_a_batch_actor_loads_the_engine_once(checkpoint_copy, tiny_tokenizer, monkeypatch, tmp_path) -> None:
     """What each Ray Data actor does (serving.batch.BatchTranslator), run here without Ray."""
     import numpy as np
 
     from serving.batch import BatchTranslator
-    from serving.tokenizer import load
 
     loads = []
     original = ct2.CTranslate2Engine.__init__
@@ -155,14 +154,10 @@ def test_a_batch_actor_loads_the_engine_once(checkpoint_copy, tiny_tokenizer, mo
 
     monkeypatch.setattr(ct2.CTranslate2Engine, "__init__", counted)
     decode = DecodeConfig(engine="ctranslate2", max_len_offset=6)
-    actor = BatchTranslator(str(checkpoint_copy), str(tiny_tokenizer), decode.__dict__)
-    tok = load(tiny_tokenizer)
+    source = [str(f) for f in encoded_split(tmp_path / "test", TEXTS[:3], tiny_tokenizer, rows_per_file=2)]
+    actor = BatchTranslator(str(checkpoint_copy), str(tiny_tokenizer), decode.__dict__, source)
     for rows in ([0, 1], [2]):
-        batch = {
-            "idx": np.array([np.array(rows)], dtype=object),
-            "src_ids": np.array([[tok.encode(TEXTS[i]) for i in rows]], dtype=object),
-        }
-        out = actor(batch)
+        out = actor({"idx": np.array([np.array(rows)], dtype=object)})
         assert out["idx"].tolist() == rows
         assert out["hyp"].tolist() == translate(
             checkpoint_copy, tiny_tokenizer, decode, texts=[TEXTS[i] for i in rows]
@@ -172,20 +167,18 @@ def test_a_batch_actor_loads_the_engine_once(checkpoint_copy, tiny_tokenizer, mo
 
 @pytest.mark.slow
 def test_ray_actors_load_the_engine_once_and_keep_the_order(
-    ray_local, checkpoint_copy, tiny_tokenizer
+    ray_local, checkpoint_copy, tiny_tokenizer, tmp_path
 ) -> None:
     from serving.batch import translate_distributed
-    from serving.tokenizer import load
-    from serving.translator import encode_texts
 
     texts = TEXTS[:60]
     decode = DecodeConfig(
         engine="ctranslate2", num_actors=2, max_tokens_per_batch=48, max_len_offset=6
     )
-    src_ids = encode_texts(load(tiny_tokenizer), texts)
-    hyps, _, info = translate_distributed(checkpoint_copy, tiny_tokenizer, src_ids, decode)
-    assert hyps == translate(checkpoint_copy, tiny_tokenizer, decode, texts=texts)
-    assert info["actors"] == 2 and info["batches"] > 2
+    source = encoded_split(tmp_path / "test", texts, tiny_tokenizer)
+    decoded = translate_distributed(checkpoint_copy, tiny_tokenizer, source, decode)
+    assert decoded.hyps == translate(checkpoint_copy, tiny_tokenizer, decode, texts=texts)
+    assert decoded.info["actors"] == 2 and decoded.info["batches"] > 2
     # The driver exported once; the actors found that export and only loaded it.
     exports = [p for p in os.listdir(checkpoint_copy.parent) if "ct2" in p]
     assert exports == ["model.ct2-float32"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stage_folders import finished_folder, tiny_sentences
+from stage_folders import encoded_split, finished_folder, tiny_sentences
 
 from corpora import CorpusError
 from corpora.text import read_lines
@@ -18,13 +18,17 @@ from transformer_core import presets
 
 pytestmark = pytest.mark.integration
 
-def make_download(root: Path, test_src: list[str], name: str = "download") -> Path:
+TEST_SOURCE = tiny_sentences(40, seed=1)
+"""The test split: 40 sentences, over three Parquet parts (16 rows each)."""
+
+def make_shard(root: Path, test_src: list[str], tokenizer_dir: Path, name: str = "shard") -> Path:
+    """A shard folder whose test split encodes ``test_src`` as the shard stage does."""
+
     def build(tmp: Path) -> dict:
-        (tmp / "test.en").write_text("".join(s + "\n" for s in test_src), encoding="utf-8")
-        (tmp / "test.de").write_text("".join(s + "\n" for s in test_src), encoding="utf-8")
+        encoded_split(tmp / "test", test_src, tokenizer_dir)
         return {}
 
-    return finished_folder(root / name, "download", {"n": len(test_src), "name": name}, build)
+    return finished_folder(root / name, "shard", {"n": len(test_src), "name": name}, build)
 
 
 def run_config(root: Path, **decode) -> RunConfig:
@@ -49,14 +53,14 @@ def inputs(tmp_path_factory, tiny_model, tiny_tokenizer) -> dict[str, Path]:
     return {
         "average": tiny_model,
         "tokenizer": tiny_tokenizer,
-        "download": make_download(root, tiny_sentences(40, seed=1)),
+        "shard": make_shard(root, TEST_SOURCE, tiny_tokenizer),
     }
 
 
 def test_distributed_equals_single_process_in_input_order(ray_local, inputs, tmp_path) -> None:
     config = run_config(tmp_path)
     out = run_stage(config, "translate", inputs).path
-    texts = read_lines(inputs["download"] / "test.en")
+    texts = TEST_SOURCE
     hyps = read_lines(out / "hyp.de")
     reference = translate_here(inputs, texts, config.decode)
 
@@ -90,16 +94,16 @@ def test_single_process_batching_does_not_change_the_order(inputs) -> None:
 
 
 def test_empty_test_set_is_a_clear_error(ray_local, inputs, tmp_path) -> None:
-    empty = make_download(tmp_path, [], name="download_empty")
-    with pytest.raises(StageError, match=r"test\.en is empty"):
-        run_stage(run_config(tmp_path), "translate", {**inputs, "download": empty})
+    empty = make_shard(tmp_path, [], inputs["tokenizer"], name="shard_empty")
+    with pytest.raises(StageError, match=r"test holds 0 rows \(an empty test set\)"):
+        run_stage(run_config(tmp_path), "translate", {**inputs, "shard": empty})
     assert not (tmp_path / "translate").exists()
 
 
-def test_missing_test_file_is_a_clear_error(inputs, tmp_path) -> None:
-    config = run_config(tmp_path).replace(data=DataConfig(source="local", pair="fr-de"))
-    with pytest.raises(CorpusError, match=r"test\.fr does not exist"):
-        run_stage(config, "translate", inputs)
+def test_missing_test_split_is_a_clear_error(inputs, tmp_path) -> None:
+    no_test = finished_folder(tmp_path / "shard_no_test", "shard", {"name": "no test"}, lambda tmp: {})
+    with pytest.raises(CorpusError, match=r"no part-\*\.parquet files in .*shard_no_test/test"):
+        run_stage(run_config(tmp_path), "translate", {**inputs, "shard": no_test})
 
 
 def test_parsing_pipeline_decodes_with_the_parsing_settings(tmp_path) -> None:
@@ -117,7 +121,7 @@ def test_bfloat16_decoding_agrees_with_float32(inputs) -> None:
     """decode.dtype bfloat16 casts the weights and decodes to (nearly) the float32 outputs."""
     import torch
 
-    texts = read_lines(inputs["download"] / "test.en")
+    texts = TEST_SOURCE
     fp32 = translate_here(inputs, texts, DecodeConfig(max_len_offset=6))
     bf16_config = DecodeConfig(max_len_offset=6, dtype="bfloat16")
     bf16 = translate_here(inputs, texts, bf16_config)
