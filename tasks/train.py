@@ -83,7 +83,7 @@ def storage_location(config: RunConfig, input_fps: Mapping[str, str]) -> tuple[s
         if "://" not in storage:
             storage = str(Path(storage).resolve())
         return storage, f"{config.name}-train-{key}"
-    return str((config.root / "train_ray").resolve()), f"train-{key}"
+    return str(config.root / "train_ray"), f"train-{key}"  # root: absolute, from load
 
 
 def build(ctx: BuildContext, *, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:

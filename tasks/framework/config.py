@@ -126,7 +126,7 @@ class RunConfig:
             return self.mlflow.tracking_uri
         if TRACKING_URI_AT_START:
             return TRACKING_URI_AT_START
-        return f"sqlite:///{(self.root / 'mlflow.db').resolve()}"
+        return f"sqlite:///{self.root / 'mlflow.db'}"
 
     @property
     def decoding(self) -> DecodeConfig:
