@@ -305,7 +305,10 @@ def _explain(error: ErrorDetails) -> ConfigError:
             hint = next((a for a in typing.get_args(hint) if item in (getattr(a, "__name__", ""), str(a))), None)
     if error["type"] == "value_error":
         return _raised(error, key)
-    return ConfigError(key, _message(error, _non_null(hint), outer))
+    message = _message(error, _non_null(hint), outer)
+    if error["type"] in _BOUNDS and _non_null(hint) is not hint:
+        message += " or null"  # the field is optional: null is the other way to be right
+    return ConfigError(key, message)
 
 
 def _message(error: ErrorDetails, hint: Any, outer: Any) -> str:

@@ -191,7 +191,7 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         # The stage-only sections' ranges are constraints on the fields (Ge(1)), said the same way.
         ({"average": {"last": 0}}, "average.last: 0 must be >= 1"),
         ({"mlflow": {"drain_seconds": -1}}, "mlflow.drain_seconds: -1 must be >= 0"),
-        ({"parsing": {"evalb_max_error": -1}}, "parsing.evalb_max_error: -1 must be >= 0"),
+        ({"parsing": {"evalb_max_error": -1}}, "parsing.evalb_max_error: -1 must be >= 0 or null"),
         ({"parsing": {"dev_files": ["22/*.mrg", "../x"]}},
          "parsing.dev_files[1]: '../x' must be a glob relative to treebank_dir"),
         # YAML reads an unquoted date as a date, which JSON (and so no setting) holds.
