@@ -171,7 +171,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         return config_from_dict(data)
     except ConfigError as exc:  # hand-written: only the loader knows which values --set gave
         overrides = overrides or {}
-        given = next((k for k in overrides if exc.key == k or exc.key.startswith(f"{k}.")), None)
+        given = next((k for k in overrides if exc.key == k or exc.key.startswith((f"{k}.", f"{k}["))), None)
         where = f"from --set {given}={overrides[given]!r}" if given else f"in {path}"
         raise ConfigError(exc.key, f"{exc.message} ({where})") from None
 

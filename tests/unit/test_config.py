@@ -168,6 +168,9 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         load_config(_write(tmp_path, {"name": "x", "train": {"steps": "many"}}), {"seed": 3})
     with pytest.raises(ConfigError, match=r"^train.stepz: unknown key .*\(from --set train.stepz=3\)$"):
         load_config(_write(tmp_path, {"name": "x"}), {"train.stepz": 3})
+    # An item of a list given by --set (its key ends in [i]) is blamed on --set too.
+    with pytest.raises(ConfigError, match=r"^parsing.dev_files\[0\]: .*\(from --set parsing.dev_files=\['/abs'\]\)$"):
+        load_config(_write(tmp_path, {"name": "x"}), {"parsing.dev_files": ["/abs"]})
 
 
 @pytest.mark.parametrize(
