@@ -14,7 +14,7 @@ from corpora.redact import redact_uri
 from parsing.trees import TreebankError
 from pipelines import console, signals
 from serving import ServingError
-from tasks.framework.config import ConfigError
+from tasks.framework.config import ConfigError, RunConfig, load_config
 from tasks.framework.contract import StageError
 
 PROG = "tfm"
@@ -43,9 +43,8 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
     return parsed
 
 
-def _load(path: str, overrides: list[str] | None = None):
-    from tasks.framework.config import load_config
-
+def _load(path: str, overrides: list[str] | None = None) -> RunConfig:
+    """The command's config, loaded and validated once; what runs next is handed this."""
     return load_config(path, _overrides(overrides))
 
 
@@ -61,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.log_to(config.root, args.verbose)
     _prefect_env()
     from pipelines import watchdog
-    from pipelines.flows import pipeline_flow
+    from pipelines.flows import Loaded, pipeline_flow
 
     watchdog.start()  # Prefect's server and a local Ray end with this process, however it ends
 
@@ -69,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config_path=str(Path(args.config).resolve()),
         force=list(args.force or []),
         overrides=_overrides(args.set),
+        loaded=Loaded(config),  # the flow runs this config; the path and overrides name it
     )
     _print_summary(config, results)
     return 0

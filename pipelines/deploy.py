@@ -7,9 +7,13 @@ the command line, so no deployment file can drift from the flows.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from tasks.framework import graph
 from tasks.framework.config import RunConfig
+
+if TYPE_CHECKING:
+    from prefect import Flow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +42,8 @@ def deploy(
         entrypoint = "pipelines/flows.py:pipeline_flow"
         parameters = {"config_path": str(config_path)}
         name = config.name
-    remote = prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint)
+    # from_source is async-dispatched: called from sync code, as here, it returns the Flow.
+    remote = cast("Flow[..., Any]", prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint))
     deployment_id = remote.deploy(
         name=name,
         work_pool_name=work_pool,

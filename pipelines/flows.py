@@ -5,6 +5,10 @@ artifact paths. The runner does the skipping (a stage whose manifest is up to da
 once), so Prefect's own result caching is not used: a cached path to a deleted folder cannot
 happen. One MLflow parent run per flow run, one child run per stage, into which the runner logs
 the stage's result.
+
+A flow takes the path of its config (and ``--set`` overrides), which is what a deployment sends
+and what Prefect records; ``tfm run`` hands over the config it already loaded and validated too
+(``Loaded``), so one command loads its config once.
 """
 
 from __future__ import annotations
@@ -19,6 +23,24 @@ from corpora.redact import redact_uri
 from tasks.framework import graph, runner, tracking
 from tasks.framework.config import RunConfig, load_config
 from tasks.framework.contract import StageResult
+
+
+class Loaded:
+    """The config a command loaded and validated, handed to a flow in the same process.
+
+    Prefect records a flow run's parameters on its server; it cannot encode this holder (no
+    ``__dict__``, not iterable), so the record shows ``<Loaded>``, not the config's values (a
+    mirror's password among them), beside the path and overrides that name the config."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+
+def _config(config_path: str, overrides: dict[str, Any] | None, loaded: Loaded | None) -> RunConfig:
+    """The config the caller loaded, else (a deployment's run) the file's, validated here."""
+    return loaded.config if loaded is not None else load_config(config_path, overrides)
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)
@@ -126,20 +148,26 @@ def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run_i
 
 @flow(name="pipeline")
 def pipeline_flow(
-    config_path: str, force: list[str] | None = None, overrides: dict[str, Any] | None = None
+    config_path: str,
+    force: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    loaded: Loaded | None = None,
 ) -> list[StageResult]:
     """The config's whole pipeline: download -> clean -> tokenizer -> shard -> train -> average ->
     translate -> score -> register (WMT14 and every translation source), or treebank ->
     linearize -> tokenizer -> shard -> train -> average -> translate -> parse_score (parsing)."""
-    config = load_config(config_path, overrides)
-    return run_pipeline(config, tuple(force or ()))
+    return run_pipeline(_config(config_path, overrides, loaded), tuple(force or ()))
 
 
 @flow(name="stage")
 def stage_flow(
-    config_path: str, stage: str, force: bool = False, overrides: dict[str, Any] | None = None
+    config_path: str,
+    stage: str,
+    force: bool = False,
+    overrides: dict[str, Any] | None = None,
+    loaded: Loaded | None = None,
 ) -> list[StageResult]:
     """Run one stage by name (for deployments that rerun a single stage)."""
-    config = load_config(config_path, overrides)
+    config = _config(config_path, overrides, loaded)
     graph.spec(config, stage)  # unknown names fail before anything starts
     return run_pipeline(config, (stage,) if force else (), only=(stage,))

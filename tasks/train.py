@@ -83,7 +83,7 @@ def storage_location(config: RunConfig, input_fps: Mapping[str, str]) -> tuple[s
         if "://" not in storage:
             storage = str(Path(storage).resolve())
         return storage, f"{config.name}-train-{key}"
-    return str((config.root / "train_ray").resolve()), f"train-{key}"
+    return str(config.root / "train_ray"), f"train-{key}"  # root: absolute, from load
 
 
 def build(ctx: BuildContext, *, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
@@ -245,7 +245,9 @@ def _train(
     with tracking.training_run(config, STAGE, job.run_dir) as (tracking_uri, run_id):
         client = MlflowClient(tracking_uri)
         params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}
-        log_params(client, run_id, {**redacted(flatten(config)), **job.scaling(), **params})
+        # What training reads (seed, model, train), not the whole config again: a flow's parent
+        # run holds that as params, and config.json (below) holds it for this run.
+        log_params(client, run_id, {**redacted(flatten(stage_config(config))), **job.scaling(), **params})
         client.log_artifact(run_id, str(tmp / "config.json"))
         try:
             outcome = run_job(replace(job, tracking_uri=tracking_uri, mlflow_run_id=run_id), tmp)

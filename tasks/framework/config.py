@@ -1,11 +1,12 @@
-"""Run configs: YAML files loaded into frozen, typed dataclasses.
+"""Run configs: YAML files loaded into frozen, typed dataclasses, once per command.
 
 Every section is a keyword-only dataclass with a one-line doc per field; the libraries own the
 sections they read (``ModelConfig`` in transformer_core, ``DecodeConfig`` in serving), the
 stage-only ones are in ``tasks.framework.config_sections``. Pydantic checks a file against the
-dataclasses' own type hints, strictly and as JSON (``"3"`` is no integer, ``yes`` no boolean, a
-list is a tuple), refuses unknown keys, and runs each section's ``__post_init__``; any failure
-is one ``ConfigError`` whose message starts with the dotted key path (``model.n_heads: ...``).
+dataclasses' own type hints and their constraints (``Annotated[int, Ge(1)]``, ``Literal``),
+strictly and as JSON (``"3"`` is no integer, ``yes`` no boolean, a list is a tuple), refuses
+unknown keys, and runs the ``__post_init__`` rules between fields; any failure is one
+``ConfigError`` whose message starts with the dotted key path (``model.n_heads: ...``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 
 from corpora.encoding import ShardConfig
 from corpora.filters import CleanConfig
@@ -41,10 +44,6 @@ from training.config import TrainConfig
 from transformer_core import presets
 from transformer_core.config import ConfigError, ModelConfig
 
-if TYPE_CHECKING:  # pydantic is imported by the first load, not with this module
-    from pydantic import TypeAdapter, ValidationError
-    from pydantic_core import ErrorDetails
-
 __all__ = [
     "ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict", "flatten", "fingerprint",
     "DataConfig", "CleanConfig", "TokenizerConfig", "ShardConfig", "TrainConfig", "AverageConfig",
@@ -55,6 +54,15 @@ TRACKING_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI") or None
 """``MLFLOW_TRACKING_URI`` as this process found it, the team server for configs that name none.
 Read once: ``mlflow.set_tracking_uri`` rewrites the variable, so a later read would see the
 store of the last run this process logged to."""
+
+
+Workdir = Path
+"""The type of a run's artifact root, from load to the stages (one place to make it URI-aware)."""
+
+
+def workdir_of(template: str, name: str) -> Workdir:
+    """``workdir`` as written (``{name}`` for the run name) as the absolute folder it names."""
+    return Path(template.format(name=name)).resolve()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +77,9 @@ class RunConfig:
     """Run name; names the work directory and MLflow runs."""
     seed: int = 1234
     """Seed for sampling, shuffling and initialisation."""
-    workdir: str = "runs/{name}"
-    """Artifact root; ``{name}`` is replaced by the run name. Relative paths are from the CWD."""
+    workdir: Workdir = Path("runs/{name}")
+    """Artifact root; ``{name}`` is replaced by the run name. Relative paths are from the CWD at
+    load, where it is resolved once: every stage sees the same absolute folder."""
     model: ModelConfig = field(default_factory=presets.base)
     """Architecture: ``preset: <name>`` plus any ModelConfig fields to override."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -96,10 +105,13 @@ class RunConfig:
     parsing: ParsingConfig = field(default_factory=ParsingConfig)
     """Constituency parsing (the parsing pipeline only)."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workdir", workdir_of(str(self.workdir), self.name))
+
     @property
-    def root(self) -> Path:
-        """The run's artifact root folder."""
-        return Path(self.workdir.format(name=self.name))
+    def root(self) -> Workdir:
+        """The run's artifact root folder (``workdir``, resolved at load)."""
+        return self.workdir
 
     @property
     def languages(self) -> tuple[str, str]:
@@ -114,7 +126,7 @@ class RunConfig:
             return self.mlflow.tracking_uri
         if TRACKING_URI_AT_START:
             return TRACKING_URI_AT_START
-        return f"sqlite:///{(self.root / 'mlflow.db').resolve()}"
+        return f"sqlite:///{self.root / 'mlflow.db'}"
 
     @property
     def decoding(self) -> DecodeConfig:
@@ -159,7 +171,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         return config_from_dict(data)
     except ConfigError as exc:  # hand-written: only the loader knows which values --set gave
         overrides = overrides or {}
-        given = next((k for k in overrides if exc.key == k or exc.key.startswith(f"{k}.")), None)
+        given = next((k for k in overrides if exc.key == k or exc.key.startswith((f"{k}.", f"{k}["))), None)
         where = f"from --set {given}={overrides[given]!r}" if given else f"in {path}"
         raise ConfigError(exc.key, f"{exc.message} ({where})") from None
 
@@ -178,8 +190,6 @@ def yaml_error(path: Path, exc: yaml.YAMLError) -> str:
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build a RunConfig from plain data (as YAML gives it)."""
-    from pydantic import ValidationError
-
     written, data = data, dict(data)
     if data.get("model") is None:
         data.pop("model", None)
@@ -202,6 +212,8 @@ def to_dict(obj: Any) -> Any:
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
     return obj
 
 
@@ -224,8 +236,6 @@ def fingerprint(data: Any) -> str:
 
 @functools.cache
 def _adapter() -> TypeAdapter[RunConfig]:
-    from pydantic import TypeAdapter
-
     return TypeAdapter(RunConfig)  # built at the first load, not at import
 
 
@@ -258,6 +268,10 @@ _EXPECTED = {"int": "must be an integer", "float": "must be a number", "bool": "
              "string": "must be a string", "tuple": "must be a list"}
 """What a value of each kind must be, by the first word of pydantic's error type (``int_type``)."""
 
+_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
+           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
+"""A bound a field's constraint (``Ge(1)``) sets: pydantic's error type -> its context key and sign."""
+
 
 def _config_error(exc: ValidationError, written: dict[str, Any]) -> ConfigError:
     """Pydantic's first error in the order the keys were written, as one ConfigError; the
@@ -284,13 +298,17 @@ def _explain(error: ErrorDetails) -> ConfigError:
             args = typing.get_args(hint)
             if not in_union and error["type"] != "missing":
                 key += f"[{item}]"
-            hint = args[0] if args[-1] is Ellipsis else args[item] if item < len(args) else None
+            fixed = isinstance(item, int) and item < len(args)
+            hint = args[0] if args[-1] is Ellipsis else args[item] if fixed else None
         elif _is_union(hint):  # item is a branch's tag: each branch's error is the union's
             in_union = True
             hint = next((a for a in typing.get_args(hint) if item in (getattr(a, "__name__", ""), str(a))), None)
     if error["type"] == "value_error":
         return _raised(error, key)
-    return ConfigError(key, _message(error, _non_null(hint), outer))
+    message = _message(error, _non_null(hint), outer)
+    if error["type"] in _BOUNDS and _non_null(hint) is not hint:
+        message += " or null"  # the field is optional: null is the other way to be right
+    return ConfigError(key, message)
 
 
 def _message(error: ErrorDetails, hint: Any, outer: Any) -> str:
@@ -307,12 +325,17 @@ def _message(error: ErrorDetails, hint: Any, outer: Any) -> str:
         return f"{value!r} is not one of {', '.join(map(repr, typing.get_args(hint)))}"
     if kind == "dataclass_type":
         return f"must be a mapping, got {type(value).__name__}"
+    if kind in _BOUNDS:
+        key, sign = _BOUNDS[kind]
+        bound = error.get("ctx", {})[key]  # a float field's bound comes as a float: 0 -> 0.0
+        return f"{value!r} must be {sign} {int(bound) if float(bound).is_integer() else bound}"
     expected = _EXPECTED.get(kind.split("_")[0])
     return f"{value!r} {expected}" if expected else f"{value!r}: {error['msg']}"
 
 
 def _raised(error: ErrorDetails, key: str) -> ConfigError:
-    """A section's own check (its ``__post_init__``) that failed, under the section's key."""
+    """A check written as code that failed (a section's ``__post_init__``, a field's
+    validator), under the section's or the field's key."""
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, ConfigError):
         return cause.under(key) if key else cause

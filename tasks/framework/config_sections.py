@@ -6,7 +6,10 @@ libraries; ``tasks.framework.config`` composes them all into ``RunConfig``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from annotated_types import Ge
+from pydantic import AfterValidator
 
 from corpora import CorpusError
 from corpora.sources import (
@@ -41,7 +44,7 @@ class DataConfig:
     """A file:// folder or http(s):// base replacing statmt.org (multi30k: the repository root); offline clusters, tests."""
     local_dir: str | None = None
     """For source=local: a folder with train/dev/test .<lang> files (or treebank files)."""
-    max_retries: int = 5
+    max_retries: Annotated[int, Ge(1)] = 5
     """Download attempts per file before giving up (exponential backoff between them)."""
     cache_dir: str | None = None
     """Where downloaded archives are kept between runs; null means <workdir>/cache/downloads."""
@@ -61,14 +64,14 @@ class DataConfig:
     """For source=synthetic: number of test pairs."""
 
     def __post_init__(self) -> None:
+        # Rules between fields (the pair a source can make, its dev and test sets), which a
+        # field's own constraint cannot say.
         try:
             split_pair(self.pair)
         except ValueError as exc:
             raise ConfigError("pair", str(exc)) from None
         if self.source == "treebank" and self.pair != "words-tree":
             raise ConfigError("pair", f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)")
-        if self.max_retries < 1:
-            raise ConfigError("max_retries", f"{self.max_retries} must be >= 1")
         # Sources without named sets (local, synthetic, treebank) keep WMT14's names, as before.
         # Resolved here, not in each reader, so every stage and fingerprint sees the same names.
         dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
@@ -112,17 +115,13 @@ class DataConfig:
 class AverageConfig:
     """Checkpoint averaging (paper section 6.1)."""
 
-    last: int = 5
+    last: Annotated[int, Ge(1)] = 5
     """Number of checkpoints averaged (base 5, big 20)."""
     spacing: Literal["step", "time"] = "step"
     """Pick the last N by step, or the last N spaced by checkpoint_minutes (the paper's way)."""
     select: Literal["last", "best"] = "last"
     """last: average the last N checkpoints (the paper); best: take the best checkpoint by dev
     BLEU alone (needs train.bleu_sentences; with train.patience the last ones are past it)."""
-
-    def __post_init__(self) -> None:
-        if self.last < 1:
-            raise ConfigError("last", f"{self.last} must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,26 +142,18 @@ class MlflowConfig:
     """Tracking server; null means MLFLOW_TRACKING_URI if set, else sqlite:///<workdir>/mlflow.db."""
     experiment: str = "transformer"
     """Experiment name."""
-    queue_size: int = 1000
+    queue_size: Annotated[int, Ge(1)] = 1000
     """Training's logging calls held in memory before they spill to the spill file (docs/training.md, "When the tracking server is down")."""
     spill_dir: str | None = None
     """Local or shared folder for training's spill file (<spill_dir>/<Ray run name>/tracking_spill.jsonl); null: the Ray Train run folder."""
-    http_retries: int = 2
+    http_retries: Annotated[int, Ge(0)] = 2
     """MLflow HTTP retries per call of training's logging thread and of end-of-stage logging (MLflow's default, 7, waits up to 254 s)."""
-    http_backoff: int = 1
+    http_backoff: Annotated[int, Ge(0)] = 1
     """MLflow HTTP backoff factor for those calls (MLflow's default: 2)."""
-    http_timeout: int = 10
+    http_timeout: Annotated[int, Ge(1)] = 10
     """Seconds those calls wait for one HTTP answer (MLflow's default: 120)."""
-    drain_seconds: float = 60.0
+    drain_seconds: Annotated[float, Ge(0)] = 60.0
     """At the end of training, seconds rank 0 waits for queued records to reach the server before leaving them in the spill file."""
-
-    def __post_init__(self) -> None:
-        for name in ("queue_size", "http_timeout"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"{getattr(self, name)} must be >= 1")
-        for name in ("http_retries", "http_backoff", "drain_seconds"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"{getattr(self, name)} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,43 +170,39 @@ class RayConfig:
     """A local Ray binds every port it opens to 127.0.0.1; false: to the machine's address."""
 
 
+def _relative_glob(pattern: str) -> str:
+    if not pattern or pattern.startswith("/") or ".." in pattern.split("/"):
+        raise ValueError(f"{pattern!r} must be a glob relative to treebank_dir")
+    return pattern
+
+
+RelativeGlob = Annotated[str, AfterValidator(_relative_glob)]
+"""A glob pattern under the treebank folder: not empty, not absolute, no ``..``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParsingConfig:
     """English constituency parsing (paper section 6.3): treebank, splits, target form, decoding."""
 
     treebank_dir: str | None = None
     """Treebank root, e.g. a licensed LDC99T42 copy's parsed/mrg/wsj (holding 00/ ... 24/)."""
-    train_files: tuple[str, ...] = ("0[2-9]/*.mrg", "1[0-9]/*.mrg", "2[01]/*.mrg")
+    train_files: tuple[RelativeGlob, ...] = ("0[2-9]/*.mrg", "1[0-9]/*.mrg", "2[01]/*.mrg")
     """Glob patterns under treebank_dir for training trees (default: WSJ sections 02-21)."""
-    dev_files: tuple[str, ...] = ("22/*.mrg",)
+    dev_files: tuple[RelativeGlob, ...] = ("22/*.mrg",)
     """Glob patterns for development trees (default: WSJ section 22); empty for none."""
-    test_files: tuple[str, ...] = ("23/*.mrg",)
+    test_files: tuple[RelativeGlob, ...] = ("23/*.mrg",)
     """Glob patterns for test trees (default: WSJ section 23)."""
     form: Literal["t2t", "vinyals", "words"] = "t2t"
     """Target form: t2t (tags kept, closing brackets labelled, as the paper), vinyals (tags as XX) or words (each word written before its tag)."""
-    beam_size: int = 21
+    beam_size: Annotated[int, Ge(1)] = 21
     """Beam width for parsing (the paper: 21)."""
-    alpha: float = 0.3
+    alpha: Annotated[float, Ge(0)] = 0.3
     """Length penalty exponent for parsing (the paper: 0.3)."""
-    max_len_offset: int = 300
+    max_len_offset: Annotated[int, Ge(0)] = 300
     """Maximum output length = input length + this (the paper: 300)."""
     constrained: bool = False
     """Beam search keeps every hypothesis a well-formed tree with one POS slot per word (needs tokenizer.target_symbols)."""
-    evalb_max_error: int | None = 10
+    evalb_max_error: Annotated[int, Ge(0)] | None = 10
     """EVALB's MAX_ERROR: parse_score fails, as EVALB gives up, at error sentence number this + 2; null scores them all."""
     silver_corpus: str | None = None
     """Semi-supervised setting: a file of extra (silver) trees added to the training split."""
-
-    def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ConfigError("beam_size", f"{self.beam_size} must be >= 1")
-        if self.alpha < 0:
-            raise ConfigError("alpha", f"{self.alpha} must be >= 0")
-        if self.max_len_offset < 0:
-            raise ConfigError("max_len_offset", f"{self.max_len_offset} must be >= 0")
-        if self.evalb_max_error is not None and self.evalb_max_error < 0:
-            raise ConfigError("evalb_max_error", f"{self.evalb_max_error} must be >= 0 or null")
-        for name in ("train_files", "dev_files", "test_files"):
-            for pattern in getattr(self, name):
-                if not pattern or pattern.startswith("/") or ".." in pattern.split("/"):
-                    raise ConfigError(name, f"{pattern!r} must be a glob relative to treebank_dir")

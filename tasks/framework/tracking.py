@@ -58,7 +58,7 @@ def connect(config: RunConfig) -> str:
         # whatever directory the command ran in; a server decides for itself.
         location = None
         if config.tracking_uri.startswith("sqlite:"):
-            location = (config.root / "mlartifacts").resolve().as_uri()
+            location = (config.root / "mlartifacts").as_uri()  # root: absolute, from load
         try:
             client.create_experiment(config.mlflow.experiment, artifact_location=location)
         except mlflow.exceptions.MlflowException:

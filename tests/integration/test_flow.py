@@ -55,11 +55,14 @@ def write_config(path: Path, config: dict) -> str:
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, harness, ray_local):
-    from pipelines.flows import pipeline_flow
+    from pipelines.flows import Loaded, pipeline_flow
+    from tasks.framework.config import load_config
 
     workdir = tmp_path_factory.mktemp("flow")
     path = write_config(workdir / "tiny.yaml", tiny_config(workdir))
-    outcomes = pipeline_flow(config_path=path)
+    # As `tfm run` calls it: the config it loaded, and the path that names it; the later runs
+    # pass the path alone, as a deployment does.
+    outcomes = pipeline_flow(config_path=path, loaded=Loaded(load_config(path)))
     return workdir, path, outcomes
 
 
@@ -151,10 +154,12 @@ def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_ru
     runs = client.search_runs([experiment.experiment_id], max_results=200)
     for run in runs:
         assert SECRET not in repr(run.data.params) and SECRET not in repr(run.data.tags), run.info.run_name
-    # The parent run's and the training's params hold the config, the URL masked.
+    # The parent run's params hold the config, the URL masked; the training's hold what training
+    # reads (model, train, seed), not the whole config a second time.
     train = next(r for r in runs if r.data.tags.get("stage") == "train")
     parent = next(r for r in runs if r.data.tags.get("pipeline") == "wmt14")
-    assert train.data.params["data.mirror"] == parent.data.params["data.mirror"] == masked
+    assert parent.data.params["data.mirror"] == masked and "data.mirror" not in train.data.params
+    assert train.data.params["model.d_model"] == parent.data.params["model.d_model"]
     version = client.get_model_version("flowtest", "1")
     assert json.loads(version.tags["config"])["data"]["mirror"] == masked
 
@@ -164,6 +169,12 @@ def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_ru
             "artifacts": {"key": {"any_": [artifact_key("flowtest")]}}, "limit": 5, "offset": 0,
         })
         logs = prefect._client.post("/logs/filter", json={"limit": 200, "offset": 0})
+        flow_runs = prefect._client.post("/flow_runs/filter", json={
+            "flow_runs": {"id": {"any_": [parent.data.tags["prefect.flow_run_id"]]}}, "limit": 5, "offset": 0,
+        })
+    # The flow run's recorded parameters name the config; the loaded config's values stay out.
+    [recorded] = flow_runs.json()
+    assert recorded["parameters"]["loaded"] == "<Loaded>" and SECRET not in json.dumps(recorded)
     assert found.json() and all(SECRET not in a["data"] for a in found.json())
     assert logs.json() and all(SECRET not in entry["message"] for entry in logs.json())
 

@@ -119,7 +119,8 @@ def test_name_defaults_to_file_stem_and_overrides_apply(tmp_path: Path):
     assert config.name == "my_run"
     assert config.train.steps == 7
     assert config.model == presets.debug().replace(dropout=0.0)
-    assert config.root == Path("runs/my_run")
+    # The work dir is resolved once, at load, against the current directory.
+    assert config.root == config.workdir == Path.cwd() / "runs" / "my_run"
 
 
 def test_preset_table3_rows_load(tmp_path: Path):
@@ -167,6 +168,9 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         load_config(_write(tmp_path, {"name": "x", "train": {"steps": "many"}}), {"seed": 3})
     with pytest.raises(ConfigError, match=r"^train.stepz: unknown key .*\(from --set train.stepz=3\)$"):
         load_config(_write(tmp_path, {"name": "x"}), {"train.stepz": 3})
+    # An item of a list given by --set (its key ends in [i]) is blamed on --set too.
+    with pytest.raises(ConfigError, match=r"^parsing.dev_files\[0\]: .*\(from --set parsing.dev_files=\['/abs'\]\)$"):
+        load_config(_write(tmp_path, {"name": "x"}), {"parsing.dev_files": ["/abs"]})
 
 
 @pytest.mark.parametrize(
@@ -187,6 +191,12 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         ({"train": {"stepz": 3}}, "train.stepz: unknown key (known: steps, tokens_per_step, "),
         ({"model": {"nheads": 8}}, "model.nheads: unknown key (known: preset, n_layers, "),
         ({"model": {"preset": "debug", "d_k": 0}}, "model.d_k: 0 must be a positive integer or null"),
+        # The stage-only sections' ranges are constraints on the fields (Ge(1)), said the same way.
+        ({"average": {"last": 0}}, "average.last: 0 must be >= 1"),
+        ({"mlflow": {"drain_seconds": -1}}, "mlflow.drain_seconds: -1 must be >= 0"),
+        ({"parsing": {"evalb_max_error": -1}}, "parsing.evalb_max_error: -1 must be >= 0 or null"),
+        ({"parsing": {"dev_files": ["22/*.mrg", "../x"]}},
+         "parsing.dev_files[1]: '../x' must be a glob relative to treebank_dir"),
         # YAML reads an unquoted date as a date, which JSON (and so no setting) holds.
         ({"data": {"dev": datetime.date(2013, 1, 1)}}, "data.dev: datetime.date(2013, 1, 1) is a YAML date"),
     ],
