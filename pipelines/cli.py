@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from corpora import CorpusError
-from corpora.redact import redact_uri
+from corpora.redact import redact_uri, redacted
 from parsing.trees import TreebankError
 from pipelines import console, signals
 from serving import ServingError
@@ -67,7 +67,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = pipeline_flow(
         config_path=str(Path(args.config).resolve()),
         force=list(args.force or []),
-        overrides=_overrides(args.set),
+        # Prefect records these on its server; the flow runs ``loaded``, so the record needs no
+        # password a --set gave (a mirror's).
+        overrides=redacted(_overrides(args.set)),
         loaded=Loaded(config),  # the flow runs this config; the path and overrides name it
     )
     _print_summary(config, results)
