@@ -27,6 +27,7 @@ def deploy(
     The flow code is read from this checkout (``from_source``), so a process worker on the
     same machine or a shared filesystem runs it.
     """
+    from prefect import Flow
     from prefect import flow as prefect_flow
 
     if stage is not None:
@@ -39,6 +40,7 @@ def deploy(
         parameters = {"config_path": str(config_path)}
         name = config.name
     remote = prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint)
+    assert isinstance(remote, Flow)  # a caller outside an event loop gets it; typed as either
     deployment_id = remote.deploy(
         name=name,
         work_pool_name=work_pool,

@@ -72,7 +72,8 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
     # No type hints on predict: MLflow would infer the signature from them and drop the
     # explicit one, whose params schema is what lets a request change the decoding. Input comes
     # as a list or, through the signature's column of strings, a one-column DataFrame.
-    def predict(self, context, model_input, params=None):  # noqa: ANN001
+    # (MLflow's own predict has no return annotation either, and its stub body reads as None.)
+    def predict(self, context, model_input, params=None):  # pyrefly: ignore[bad-override]
         texts = model_input.iloc[:, 0] if hasattr(model_input, "iloc") else model_input
         translator = self._translator
         params = params or {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import TracebackType
 
 import torch
 from torch import Tensor
@@ -82,9 +83,11 @@ class _eval_mode:
         self.no_grad.__enter__()
         self.kernels.__enter__()
 
-    def __exit__(self, *exc: object) -> None:
-        self.kernels.__exit__(*exc)
-        self.no_grad.__exit__(*exc)
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.kernels.__exit__(kind, exc, tb)
+        self.no_grad.__exit__(kind, exc, tb)
         self.model.train(self.was_training)
 
 
