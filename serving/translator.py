@@ -171,20 +171,12 @@ def default_device() -> str:
 class TranslationEngine(Protocol):
     """What runs a ``Translator``'s search: ``TorchEngine`` or ``serving.ct2.CTranslate2Engine``."""
 
-    @property
-    def name(self) -> str:
-        """``DecodeConfig.engine``'s name for it."""
-        ...
-
-    @property
-    def config(self) -> ModelConfig:
-        """The model's architecture (its ``max_len`` and special ids)."""
-        ...
-
-    @property
-    def device(self) -> str:
-        """Where it runs: ``cpu``, ``cuda``, ``cuda:1``."""
-        ...
+    name: str
+    """``DecodeConfig.engine``'s name for it."""
+    config: ModelConfig
+    """The model's architecture (its ``max_len`` and special ids)."""
+    device: str
+    """Where it runs: ``cpu``, ``cuda``, ``cuda:1``."""
 
     def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
         """The best output ids (no BOS/EOS) per source."""

@@ -102,9 +102,8 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(y)  # (B, T, D)
 
     def causal_self_attention(self, x: Tensor, state: LayerState | None = None) -> Tensor:
-        """Masked self-attention of x (B, T, D): position i sees 0 .. i. With ``state`` (a
-        ``decoding.LayerState``), x follows the cached positions; its keys/values are appended,
-        and the state says how to mask."""
+        """Masked self-attention of x (B, T, D): position i sees 0 .. i. With ``state``, x
+        follows the cached positions; its keys/values are appended; the state says how to mask."""
         k, v = self.keys_values(x)  # (B, nh, T, hk), (B, nh, T, hv)
         if state is None:
             return self(x, k, v, is_causal=True)
@@ -197,15 +196,13 @@ class DecoderLayer(ResidualLayer):
         self, x: Tensor, memory: Tensor | None, src_mask: Tensor, state: LayerState | None = None
     ) -> Tensor:
         """x (B, T, D) the whole target; memory (B, S, D) the encoder output; src_mask
-        (B, 1, 1, S) True at real source tokens. With ``state`` (a ``decoding.LayerState``) x
-        holds only new positions, memory (None) is the state's keys/values, and src_mask is
-        (B/g, 1, 1, S), additive if ``state.plain``."""
-        if state is not None:
-            k, v = state.cross_kv  # (B/g, nh, S, hk), (B/g, nh, S, hv)
-        elif memory is not None:
+        (B, 1, 1, S) True at real source tokens. With ``state`` x holds only new positions,
+        memory (None) is the state's keys/values, src_mask (B/g, 1, 1, S), additive if plain."""
+        if state is None:
+            assert memory is not None  # Transformer.decode checks it
             k, v = self.cross_attn.keys_values(memory)  # (B, nh, S, hk), (B, nh, S, hv)
         else:
-            raise ValueError("a decoder layer needs the encoder output or a state")
+            k, v = state.cross_kv  # (B/g, nh, S, hk), (B/g, nh, S, hv)
 
         # Targets are right-padded, so the causal mask alone keeps real positions from seeing
         # padding; outputs at padded positions are ignored by the loss.
@@ -365,17 +362,12 @@ class Transformer(nn.Module):
         return Memory(states=x, src_pad=src_pad)
 
     def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Memory | None,
-        project: bool = True,
+        self, tgt_in: Tensor, memory: Memory | None, project: bool = True,
         state: DecoderState | None = None,
     ) -> Tensor:
         """Decoder input ids (B, T), the whole target prefix -> logits (B, T, V); without
-        ``project``, the last states (B, T, D) before the pre-softmax projection. With ``state``
-        (a ``decoding.DecoderState``), only the positions after the ``state.length`` cached
-        ones, whose keys/values go into the state, which holds the source's (memory None)."""
-        layer_states: list[LayerState] | list[None]
+        ``project``, the last states (B, T, D) before the pre-softmax projection. With ``state``,
+        only the positions after its ``length`` cached ones; memory None (the state holds it)."""
         if state is None:
             if memory is None:
                 raise ValueError("decode needs the encoder output (memory) or a state")

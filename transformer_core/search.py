@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import TracebackType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -83,11 +83,9 @@ class _eval_mode:
         self.no_grad.__enter__()
         self.kernels.__enter__()
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.kernels.__exit__(kind, exc, tb)
-        self.no_grad.__exit__(kind, exc, tb)
+    def __exit__(self, *exc: Any) -> None:  # Any: the exception's type, value and traceback
+        self.kernels.__exit__(*exc)
+        self.no_grad.__exit__(*exc)
         self.model.train(self.was_training)
 
 

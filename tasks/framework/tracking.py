@@ -17,19 +17,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from corpora.redact import redact_text, redacted
 from tasks.framework.config import RunConfig, flatten
 from tasks.framework.contract import MANIFEST, StageResult
 from training.tracking import TrackingOptions, spill_folder
-from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay
+from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay, send
 
 if TYPE_CHECKING:  # imported where they are used: a process without tracking never loads MLflow
-    from mlflow import ActiveRun
-    from mlflow.tracking import MlflowClient
-
-T = TypeVar("T")
+    from mlflow import ActiveRun, MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +196,7 @@ def _run_exists(tracking_uri: str, run_id: str) -> bool:
 
 
 @contextmanager
-def _reopened(
-    tracking_uri: str, run_id: str, root: Path, opts: TrackingOptions
-) -> Iterator[None]:
+def _reopened(tracking_uri: str, run_id: str, root: Path, opts: TrackingOptions) -> Iterator[None]:
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -303,9 +298,7 @@ def short_budget(opts: TrackingOptions) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def attempt(
-    opts: TrackingOptions, what: str, call: Callable[..., T], *args: object
-) -> tuple[bool, T | None]:
+def attempt(opts: TrackingOptions, what: str, call: Callable, *args: Any) -> tuple[bool, Any]:
     """``call(*args)`` on the short budget: ``(True, its value)``, or ``(False, None)`` after one
     warning naming ``what`` (not the stage's failure), at once while the server is known down."""
     if _recently_down():
@@ -330,8 +323,6 @@ def _note_failure(exc: BaseException, what: str) -> None:
 def deliver(root: Path, record: Record, client: MlflowClient, opts: TrackingOptions) -> bool:
     """Send ``record`` now on the short budget (after what ``root``'s spill file holds), else
     append it to that file, to be replayed in order. Returns whether it reached the server."""
-    from training.tracking_spill import send
-
     spill = SpillFile(Path(root) / SPILL_FILE)
     if not _recently_down():
         try:
