@@ -62,9 +62,11 @@ test-gpu:
 	$(GPU_PYTHON) benchmarks/gpu.py --preflight
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests/gpu
 
+# pyrefly: the type checker over the production packages ([tool.pyrefly] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/pyrefly check --python-interpreter-path $(PY) --summary=none
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -19,7 +19,8 @@ import tarfile
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from tarfile import ReadError, TarFile, TarInfo
+from typing import IO, Any, Self
 
 from corpora import CorpusError
 
@@ -113,7 +114,8 @@ def iter_members(archive: Path, names: Iterable[str]) -> Iterator[tuple[str, IO[
                     if not member.isfile():
                         raise CorpusError(f"member {member.name!r} of {archive} is a folder, not a file")
                     stream = tar.extractfile(member)
-                    assert stream is not None  # isfile() members always have one
+                    # isfile() members always have one, tarfile's ExFileObject (a BufferedReader)
+                    assert isinstance(stream, io.BufferedReader)
                     yield key, io.BufferedReader(_MemberReader(stream, archive), CHUNK)
                     wanted.discard(key)
                 # tarfile stops at the end-of-archive block; a compressed trailer (CRC, length)
@@ -138,7 +140,7 @@ def corrupt_archive(archive: Path, cause: object) -> CorruptArchiveError:
     return CorruptArchiveError(f"truncated or corrupt archive {archive} ({detail})")
 
 
-def _decompressed(raw: io.BufferedReader) -> IO[bytes]:
+def _decompressed(raw: io.BufferedReader) -> io.BufferedIOBase:
     """``raw`` itself for a plain tar, or a decompressing reader chosen by the magic bytes."""
     head = raw.peek(6)[:6]
     for magic, opener in _DECOMPRESSORS.items():
@@ -147,35 +149,41 @@ def _decompressed(raw: io.BufferedReader) -> IO[bytes]:
     return raw
 
 
-class _WholeArchiveHeader(tarfile.TarInfo):
+# tarfile's header errors: CPython's, but undocumented, and typeshed's tarfile leaves them out.
+_EMPTY_HEADER = tarfile.EmptyHeaderError  # pyrefly: ignore[missing-attribute]
+_TRUNCATED_HEADER = tarfile.TruncatedHeaderError  # pyrefly: ignore[missing-attribute]
+_INVALID_HEADER = tarfile.InvalidHeaderError  # pyrefly: ignore[missing-attribute]
+
+
+class _WholeArchiveHeader(TarInfo):
     """Headers read as usual, except that a tar ending without its end-of-archive block, or a
     damaged header, is an error: tarfile takes either, after the first header, for the end."""
 
     @classmethod
-    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
-        offset = tarfile_.offset
+    def fromtarfile(cls, tarfile: TarFile) -> Self:  # TarInfo's name for it, shadowing the module
+        offset = tarfile.offset
         try:
-            return super().fromtarfile(tarfile_)
-        except tarfile.EmptyHeaderError:
+            return super().fromtarfile(tarfile)
+        except _EMPTY_HEADER:
             reason = "empty" if offset == 0 else f"the tar data ends at byte {offset}, without an end-of-archive block"
-        except tarfile.TruncatedHeaderError:
+        except _TRUNCATED_HEADER:
             reason = (
                 "shorter than one tar header: an error page or the wrong file?" if offset == 0
                 else f"the tar data ends inside the header at byte {offset}"
             )
-        except tarfile.InvalidHeaderError as exc:
+        except _INVALID_HEADER as exc:
             reason = (
                 f"no tar header at its start ({exc}): an error page or the wrong file?" if offset == 0
                 else f"damaged tar header at byte {offset} ({exc})"
             )
-        raise tarfile.ReadError(reason)
+        raise ReadError(reason)
 
 
 class _MemberReader(io.RawIOBase):
     """A member's bytes; a short or damaged archive surfaces as ``CorruptArchiveError``
     in the caller's read, not as whatever tarfile or the decompressor raised."""
 
-    def __init__(self, stream: IO[bytes], archive: Path) -> None:
+    def __init__(self, stream: io.BufferedIOBase, archive: Path) -> None:
         self._stream = stream
         self._archive = archive
 

@@ -156,7 +156,8 @@ def clean_corpus(download: Path, out: Path, config: CleanConfig, src: str, tgt: 
 
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
-        _clean_ranges,
+        # Ray types fn as one argument of any batch format: fn_kwargs and "numpy" give these.
+        _clean_ranges,  # pyrefly: ignore[bad-argument-type]
         batch_size=1,
         batch_format="numpy",
         fn_kwargs={"config": config, "contaminants": contaminants},
@@ -167,6 +168,7 @@ def clean_corpus(download: Path, out: Path, config: CleanConfig, src: str, tgt: 
     seen: set[int] = set()
     totals: Counter[str] = Counter()
     for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        assert isinstance(block, pa.Table)  # Ray types a batch as any batch format's
         reasons = block["reason"].to_numpy()
         if config.dedup:
             reasons = mark_duplicates(reasons, block["hash"].to_numpy(), seen)

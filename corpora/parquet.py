@@ -68,11 +68,12 @@ class ParquetShardWriter:
         table = table.select(self.schema.names).cast(self.schema)
         offset = 0
         while offset < table.num_rows:
-            if self._writer is None or self._in_file == self.rows_per_file:
-                self._open()
+            writer = self._writer
+            if writer is None or self._in_file == self.rows_per_file:
+                writer = self._open()
             take = min(self.rows_per_file - self._in_file, table.num_rows - offset)
             chunk = table.slice(offset, take)
-            self._writer.write_table(chunk, row_group_size=max(1, take))
+            writer.write_table(chunk, row_group_size=max(1, take))
             if self._ipc_writer is not None:
                 self._ipc_writer.write_table(chunk)
             self._in_file += take
@@ -86,15 +87,17 @@ class ParquetShardWriter:
         self._close_part()
         return self.files
 
-    def _open(self) -> None:
+    def _open(self) -> pq.ParquetWriter:
+        """A new part file, with its twin; its writer."""
         self._close_part()
         path = self.folder / f"part-{len(self.files):05d}.parquet"
         self.files.append(path)
-        self._writer = pq.ParquetWriter(path, self.schema, compression=self.compression)
+        self._writer = writer = pq.ParquetWriter(path, self.schema, compression=self.compression)
         if self.ipc_folder is not None:  # uncompressed: a memory map reads the buffers in place
             twin = self.ipc_folder / path.with_suffix(".arrow").name
             self._ipc_writer = pyarrow.ipc.new_file(twin, self.schema)
         self._in_file = 0
+        return writer
 
     def _close_part(self) -> None:
         for writer in (self._writer, self._ipc_writer):

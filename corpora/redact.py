@@ -46,7 +46,7 @@ def redact_text(text: str) -> str:
     return _IN_TEXT.sub(mask, text)
 
 
-def redacted(data: Any) -> Any:
+def redacted(data: Any) -> Any:  # Any: JSON values in, the same shape out
     """``data`` (JSON-ready: dicts, lists, scalars) with ``redact_uri`` applied to every string;
     data without credentials comes back equal, so fingerprints of it do not change."""
     if isinstance(data, str):

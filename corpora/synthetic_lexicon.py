@@ -352,17 +352,19 @@ def parse_verbs() -> tuple[Verb, ...]:
         en, de, frame, obj = (part.strip() for part in line.split(";"))
         inf, ich, du, er, participle, aux = de.split("|")
         prefix, _, stem_inf = inf.rpartition("+")
-        forms = {"1sg": ich, "2sg": du, "3sg": er, "1pl": stem_inf, "3pl": stem_inf}
-        verbs.append(Verb(tuple(en.split("|")), prefix + stem_inf, prefix, forms, participle, aux, frame, obj))
+        forms: dict[str, str] = {"1sg": ich, "2sg": du, "3sg": er, "1pl": stem_inf, "3pl": stem_inf}
+        base, third, past, en_participle = en.split("|")
+        verbs.append(Verb((base, third, past, en_participle), prefix + stem_inf, prefix, forms, participle, aux, frame, obj))
     return tuple(verbs)
 
 
 def parse_say_verbs() -> tuple[tuple[tuple[str, str], dict[str, str]], ...]:
-    out = []
+    out: list[tuple[tuple[str, str], dict[str, str]]] = []
     for line in SAY_VERBS.strip().splitlines():
         en, de = (part.strip() for part in line.split(";"))
         inf, ich, du, er = de.split("|")
-        out.append((tuple(en.split("|")), {"1sg": ich, "2sg": du, "3sg": er, "1pl": inf, "3pl": inf}))
+        base, third = en.split("|")
+        out.append(((base, third), {"1sg": ich, "2sg": du, "3sg": er, "1pl": inf, "3pl": inf}))
     return tuple(out)
 
 

@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
 from corpora import CorpusError
 
@@ -31,7 +30,7 @@ _ENTITY = re.compile(r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|amp|lt|gt|quot|apos);")
 _SPACES = re.compile(r"\s+")
 
 
-def read_text_lines(stream: IO[bytes]) -> Iterator[str]:
+def read_text_lines(stream: Iterable[bytes]) -> Iterator[str]:
     """Lines of a byte stream split on ``\\n`` only, without the ending (``\\r\\n`` too), as UTF-8.
 
     Invalid UTF-8 becomes U+FFFD rather than stopping a multi-gigabyte corpus.

@@ -52,7 +52,12 @@ def moses_tokenize(texts: Sequence[str], lang: str) -> list[str]:
     from sacremoses import MosesTokenizer
 
     tokenizer = MosesTokenizer(lang=lang)
-    return [tokenizer.tokenize(t, escape=False, return_str=True) for t in texts]
+    out = []
+    for text in texts:
+        tokenized = tokenizer.tokenize(text, escape=False, return_str=True)
+        assert isinstance(tokenized, str)  # return_str; sacremoses types it as a list or a str
+        out.append(tokenized)
+    return out
 
 
 def score_texts(hyps: Sequence[str], refs: Sequence[str], lang: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from parsing.trees import CLOSE, LEAF, OPEN, Tree, walk
 
@@ -89,32 +89,45 @@ class TooManyErrors(ValueError):
         self.errors, self.sentence, self.max_error = errors, sentence, max_error
 
 
+class _Counts(Protocol):
+    """The bracket and tag counts ``_Rates`` reads (the frozen fields of its subclasses)."""
+
+    @property
+    def matched(self) -> int: ...
+    @property
+    def gold(self) -> int: ...
+    @property
+    def test(self) -> int: ...
+    @property
+    def words(self) -> int: ...
+    @property
+    def correct_tags(self) -> int: ...
+
+
 class _Rates:
     """Precision, recall, F1 and tagging accuracy (percentages) from bracket and tag counts:
     one sentence's or the corpus totals alike."""
 
-    matched: int
-    gold: int
-    test: int
-    words: int
-    correct_tags: int
+    @property
+    def precision(self: _Counts) -> float:
+        return _percent(self.matched, self.test)
 
     @property
-    def precision(self) -> float:
-        return 100.0 * self.matched / self.test if self.test else 0.0
+    def recall(self: _Counts) -> float:
+        return _percent(self.matched, self.gold)
 
     @property
-    def recall(self) -> float:
-        return 100.0 * self.matched / self.gold if self.gold else 0.0
-
-    @property
-    def f1(self) -> float:
-        p, r = self.precision, self.recall
+    def f1(self: _Counts) -> float:
+        p, r = _percent(self.matched, self.test), _percent(self.matched, self.gold)
         return 2 * p * r / (p + r) if p + r else 0.0
 
     @property
-    def tagging_accuracy(self) -> float:
-        return 100.0 * self.correct_tags / self.words if self.words else 0.0
+    def tagging_accuracy(self: _Counts) -> float:
+        return _percent(self.correct_tags, self.words)
+
+
+def _percent(part: int, whole: int) -> float:
+    return 100.0 * part / whole if whole else 0.0
 
 
 @dataclass(frozen=True)
@@ -202,11 +215,11 @@ def _spans(
     for kind, node in walk(tree):
         if kind == OPEN:
             starts.append(len(words))
-        elif kind == LEAF:
+        elif kind == LEAF and node.word is not None:  # a leaf always has its word
             if node.label not in params.delete_labels_for_length:
                 length += 1
             if node.label not in params.delete_labels:
-                words.append(node.word)  # type: ignore[arg-type]
+                words.append(node.word)
                 tags.append(node.label)
         elif kind == CLOSE:
             start, end = starts.pop(), len(words)

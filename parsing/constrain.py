@@ -16,7 +16,8 @@ quote, gets either).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from parsing.linearize import (
     DELETED_PUNCT,
@@ -26,6 +27,9 @@ from parsing.linearize import (
     PUNCT_WORDS,
     VINYALS_LEAF,
 )
+
+if TYPE_CHECKING:  # imported where it is used: reading trees needs no torch
+    from transformer_core.constraints import BracketVocab
 
 __all__ = ["WORD_MARK", "token_classes", "bracket_vocab"]
 
@@ -60,9 +64,31 @@ def token_classes(pieces: Sequence[str], form: str) -> dict[int, tuple[str, str]
     return classes
 
 
-def bracket_vocab(tokenizer: Any, form: str, tgt_vocab_size: int | None = None) -> Any:
-    """A ``BracketVocab`` for the pieces of ``tokenizer`` (a ``serving.tokenizer.Tokenizer``);
-    for a decoder whose vocabulary is the first ``tgt_vocab_size`` ids, if given."""
+class Pieces(Protocol):
+    """What ``bracket_vocab`` reads of a sentencepiece processor."""
+
+    def id_to_piece(self, id: int) -> str: ...
+    def get_piece_size(self) -> int: ...
+    def is_control(self, id: int) -> bool: ...
+    def eos_id(self) -> int: ...
+    def pad_id(self) -> int: ...
+
+
+class PieceTokenizer(Protocol):
+    """A ``serving.tokenizer.Tokenizer`` as ``bracket_vocab`` reads it (parsing imports no
+    serving)."""
+
+    @property
+    def sp(self) -> Pieces: ...
+    @property
+    def model_file(self) -> Path: ...
+
+
+def bracket_vocab(
+    tokenizer: PieceTokenizer, form: str, tgt_vocab_size: int | None = None
+) -> BracketVocab:
+    """A ``BracketVocab`` for the pieces of ``tokenizer``; for a decoder whose vocabulary is
+    the first ``tgt_vocab_size`` ids, if given."""
     import torch
 
     from transformer_core.constraints import BracketVocab

@@ -66,7 +66,7 @@ def linearize(tree: Tree, form: str = "t2t") -> list[str]:
     tokens: list[str] = []
     for kind, node in walk(tree):
         if kind == LEAF:
-            if form == "words":
+            if form == "words" and node.word is not None:  # a leaf always has its word
                 tokens.append(node.word)
             tokens.append(VINYALS_LEAF if form == "vinyals" else node.label)
         elif kind == OPEN:

@@ -79,7 +79,7 @@ class Tree:
 
     def words(self) -> list[str]:
         """The words, left to right."""
-        return [leaf.word for leaf in self.leaves()]  # type: ignore[misc]
+        return [leaf.word for leaf in self.leaves() if leaf.word is not None]  # every leaf's
 
     def tags(self) -> list[str]:
         """The POS tags, left to right."""

@@ -7,13 +7,9 @@ the command line, so no deployment file can drift from the flows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
 
 from tasks.framework import graph
 from tasks.framework.config import RunConfig
-
-if TYPE_CHECKING:
-    from prefect import Flow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,6 +27,7 @@ def deploy(
     The flow code is read from this checkout (``from_source``), so a process worker on the
     same machine or a shared filesystem runs it.
     """
+    from prefect import Flow
     from prefect import flow as prefect_flow
 
     if stage is not None:
@@ -42,8 +39,8 @@ def deploy(
         entrypoint = "pipelines/flows.py:pipeline_flow"
         parameters = {"config_path": str(config_path)}
         name = config.name
-    # from_source is async-dispatched: called from sync code, as here, it returns the Flow.
-    remote = cast("Flow[..., Any]", prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint))
+    remote = prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint)
+    assert isinstance(remote, Flow)  # a caller outside an event loop gets it; typed as either
     deployment_id = remote.deploy(
         name=name,
         work_pool_name=work_pool,

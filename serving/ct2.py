@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from serving import ServingError
 from serving.ct2_export import (
@@ -23,6 +23,11 @@ from serving.ct2_export import (
 )
 from transformer_core.config import ConfigError, ModelConfig
 from transformer_core.search import Hypothesis
+
+if TYPE_CHECKING:  # serving.translator imports this module (its compute types)
+    from ctranslate2 import TranslationResult
+
+    from serving.translator import DecodeConfig
 
 __all__ = ["COMPUTE_TYPES", "CTranslate2Engine", "load_engine"]
 
@@ -81,13 +86,15 @@ class CTranslate2Engine:
         """The compute type CTranslate2 actually uses (``default`` resolved)."""
         return self.translator.compute_type
 
-    def search(self, src_ids: Sequence[Sequence[int]], decode: Any) -> list[list[int]]:
+    def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
         """The best output ids (no BOS/EOS) per source, with ``decode``'s beam size, alpha and
         output limit (source length + ``max_len_offset``)."""
         found = self.hypotheses(src_ids, decode.beam_size, decode.alpha, decode.max_len_offset)
         return [hyps[0].tokens for hyps in found]
 
-    def nbest(self, src_ids: Sequence[Sequence[int]], decode: Any, n_best: int) -> list[list[Any]]:
+    def nbest(
+        self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig, n_best: int
+    ) -> list[list[Hypothesis]]:
         """The ``n_best`` best hypotheses per source with ``decode``'s settings (as TorchEngine)."""
         return self.hypotheses(
             src_ids, decode.beam_size, decode.alpha, decode.max_len_offset, n_best=n_best
@@ -174,7 +181,7 @@ class CTranslate2Engine:
             found.append((self._rerank(result, alpha, penalty, limit), max(lengths)))
         return found
 
-    def _rerank(self, result: Any, alpha: float, penalty: float, limit: int) -> list[Hypothesis]:
+    def _rerank(self, result: TranslationResult, alpha: float, penalty: float, limit: int) -> list[Hypothesis]:
         """CTranslate2's hypotheses with their raw scores recovered, divided by GNMT's penalty."""
         hyps = []
         for pieces, score in zip(result.hypotheses, result.scores, strict=True):
@@ -199,7 +206,7 @@ def _penalty(alpha: float, length: int) -> float:
 def load_engine(
     checkpoint: Path,
     tokenizer_dir: Path,
-    decode: Any,
+    decode: DecodeConfig,
     *,
     export_dir: Path | None = None,
     device: str | None = None,

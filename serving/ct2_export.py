@@ -102,13 +102,16 @@ def build_spec(model: Transformer, pieces: Sequence[str]) -> Any:
         transformer_spec.TransformerEncoderSpec(**layout),
         transformer_spec.TransformerDecoderSpec(**layout),
     )
-    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec_config = spec.config
+    # ctranslate2 has no type hints: its base class's None config reads as the only one.
+    assert isinstance(spec_config, transformer_spec.TransformerConfig)
+    spec_config.layer_norm_epsilon = LAYER_NORM_EPS
     # Our special pieces by id, whatever the tokenizer named them; the decoder starts from the
     # embedding of BOS, as our search does.
-    spec.config.unk_token = pieces[UNK_ID]
-    spec.config.bos_token = pieces[config.bos_id]
-    spec.config.eos_token = pieces[config.eos_id]
-    spec.config.decoder_start_token = pieces[config.bos_id]
+    spec_config.unk_token = pieces[UNK_ID]
+    spec_config.bos_token = pieces[config.bos_id]
+    spec_config.eos_token = pieces[config.eos_id]
+    spec_config.decoder_start_token = pieces[config.bos_id]
     weights = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     positions = _positions(model)
     _set_encoder(spec.encoder, weights, positions, config)

@@ -12,11 +12,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import mlflow.pyfunc
 
 from serving.translator import DecodeConfig, Translator
+
+if TYPE_CHECKING:
+    from mlflow.models import ModelSignature
+    from mlflow.pyfunc import PythonModelContext
 
 REQUEST_PARAMS = ("beam_size", "alpha", "max_len_offset")
 """Decoding settings a request may change (``params``); the rest are the version's own."""
@@ -27,7 +31,7 @@ INPUT_EXAMPLE = ["A man is riding a bicycle ."]
 """What the registry shows as an example request (MLflow also runs it once when logging)."""
 
 
-def signature(decode: DecodeConfig) -> Any:
+def signature(decode: DecodeConfig) -> ModelSignature:
     """Strings in, strings out, and the decoding settings a request may change, with this
     version's own as defaults."""
     from mlflow.models import infer_signature
@@ -53,7 +57,7 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
     ``model_config`` (JSON, checked against the checkpoint's own) and ``decode`` (JSON).
     """
 
-    def load_context(self, context: Any) -> None:
+    def load_context(self, context: PythonModelContext) -> None:
         from transformer_core.config import ModelConfig
 
         artifacts = context.artifacts
@@ -72,7 +76,8 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
     # No type hints on predict: MLflow would infer the signature from them and drop the
     # explicit one, whose params schema is what lets a request change the decoding. Input comes
     # as a list or, through the signature's column of strings, a one-column DataFrame.
-    def predict(self, context, model_input, params=None):  # noqa: ANN001
+    # (MLflow's own predict has no return annotation either, and its stub body reads as None.)
+    def predict(self, context, model_input, params=None):  # pyrefly: ignore[bad-override]
         texts = model_input.iloc[:, 0] if hasattr(model_input, "iloc") else model_input
         translator = self._translator
         params = params or {}

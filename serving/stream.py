@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from serving import ServingError
 
+if TYPE_CHECKING:
+    from mlflow.pyfunc import PyFuncModel
+
+    from serving.translator import DecodeConfig
+
 __all__ = ["ModelNotFoundError", "NotUtf8Error", "from_checkpoint", "from_registry", "load_translator", "translate_stream"]
 
+# Any: a registered model's predict answers in JSON's types, a string or a list of dicts.
 Predict = Callable[[list[str]], list[Any]]
 """Texts in, one translation per text out, in order: a string, or with n-best a list of
 {"translation", "score"}, best first (a registered model's form)."""
@@ -24,7 +30,7 @@ class NotUtf8Error(ServingError):
     """An input line that is not UTF-8; the message names it."""
 
 
-def load_translator(model_uri: str, tracking_uri: str | None = None) -> Any:
+def load_translator(model_uri: str, tracking_uri: str | None = None) -> PyFuncModel:
     """``mlflow.pyfunc.load_model(model_uri)``; a URI that names nothing is a ModelNotFoundError."""
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -51,10 +57,13 @@ def from_registry(
     max_len_offset) if given."""
     model = load_translator(model_uri, tracking_uri)
     params = dict(params or {})
-    return lambda texts: list(model.predict(texts, params=params or None))
+    # The translator's predict answers a list; MLflow types a pyfunc's answer as any of its forms.
+    return lambda texts: list(cast(Iterable[Any], model.predict(texts, params=params or None)))
 
 
-def from_checkpoint(checkpoint: Path, tokenizer_dir: Path, decode: Any, n_best: int = 1) -> Predict:
+def from_checkpoint(
+    checkpoint: Path, tokenizer_dir: Path, decode: DecodeConfig, n_best: int = 1
+) -> Predict:
     """A checkpoint (a ``model.pt`` or a folder holding one) and a tokenizer folder, no registry."""
     from serving.translator import Translator
 

@@ -17,13 +17,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import numpy as np
 
 from parsing.linearize import FORMS
 from serving.ct2 import COMPUTE_TYPES
-from transformer_core.config import ConfigError
+from serving.tokenizer import Tokenizer
+from transformer_core.config import ConfigError, ModelConfig
+
+if TYPE_CHECKING:  # imported where they are used: the ctranslate2 engine needs no torch model
+    from serving.ct2 import CTranslate2Engine
+    from transformer_core.constraints import BracketVocab
+    from transformer_core.model import Transformer
+    from transformer_core.search_settings import Hypothesis
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +109,8 @@ class DecodeConfig:
 
 # ----------------------------------------------------------------------------- batching
 
+T = TypeVar("T")
+
 
 def plan_decode_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> list[np.ndarray]:
     """Row indices per batch: rows sorted by length (longest first), each batch's padded size
@@ -125,13 +134,13 @@ def plan_decode_batches(lengths: Sequence[int] | np.ndarray, max_tokens: int) ->
 
 
 def restore_order(
-    batches: Sequence[Sequence[int]], results: Sequence[Sequence[Any]], n: int
-) -> list[Any]:
+    batches: Sequence[Sequence[int] | np.ndarray], results: Sequence[Sequence[T]], n: int
+) -> list[T]:
     """Put per-batch results back at their rows: ``out[batches[b][j]] = results[b][j]``.
 
     Each of the ``n`` rows must be covered exactly once; anything else is a ValueError.
     """
-    out: list[Any] = [None] * n
+    out: list[T | None] = [None] * n
     seen = np.zeros(n, dtype=bool)
     if len(batches) != len(results):
         raise ValueError(f"{len(batches)} batches but {len(results)} result lists")
@@ -146,7 +155,7 @@ def restore_order(
             out[row] = value
     if not seen.all():
         raise ValueError(f"rows {np.flatnonzero(~seen)[:10].tolist()} got no result")
-    return out
+    return cast(list[T], out)  # every row was set: no None is left
 
 
 # ----------------------------------------------------------------------------- translator
@@ -159,16 +168,39 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+class TranslationEngine(Protocol):
+    """What runs a ``Translator``'s search: ``TorchEngine`` or ``serving.ct2.CTranslate2Engine``."""
+
+    name: str
+    """``DecodeConfig.engine``'s name for it."""
+    config: ModelConfig
+    """The model's architecture (its ``max_len`` and special ids)."""
+    device: str
+    """Where it runs: ``cpu``, ``cuda``, ``cuda:1``."""
+
+    def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
+        """The best output ids (no BOS/EOS) per source."""
+        ...
+
+    def nbest(
+        self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig, n_best: int
+    ) -> list[list[Hypothesis]]:
+        """The ``n_best`` best hypotheses per source, best first."""
+        ...
+
+
 class TorchEngine:
     """Our beam search (``transformer_core.search``) on the torch model."""
 
     name = "torch"
 
-    def __init__(self, model: Any, device: str = "cpu", constraint: Any = None):
+    def __init__(
+        self, model: Transformer, device: str = "cpu", constraint: BracketVocab | None = None
+    ):
         self.model = model
         self.device = device
         self.config = model.config
-        self.constraint = constraint  # a transformer_core.constraints.BracketVocab, or None
+        self.constraint = constraint
 
     def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
         """The best output ids (no BOS/EOS) per source, decoded as one padded batch."""
@@ -176,7 +208,7 @@ class TorchEngine:
 
     def nbest(
         self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig, n_best: int
-    ) -> list[list[Any]]:
+    ) -> list[list[Hypothesis]]:
         """The ``n_best`` best hypotheses (ids and length-penalised scores) per source."""
         import torch
 
@@ -202,23 +234,31 @@ class TorchEngine:
 class Translator:
     """A model and its tokenizer, loaded once; ``translate(texts) -> texts`` in input order."""
 
-    def __init__(self, model: Any, tokenizer: Any, decode: DecodeConfig, device: str = "cpu"):
-        """``model``: the torch model, or an engine standing in for it (``config`` and
-        ``search(src_ids, decode)``: ``serving.ct2.CTranslate2Engine``)."""
+    def __init__(
+        self,
+        model: Transformer | TranslationEngine,
+        tokenizer: Tokenizer,
+        decode: DecodeConfig,
+        device: str = "cpu",
+    ):
+        """``model``: the torch model (run by a ``TorchEngine``), or an engine standing in for
+        it (``serving.ct2.CTranslate2Engine``)."""
+        from transformer_core.model import Transformer
+
         self.model = model
         self.tokenizer = tokenizer
         self.decode = decode
         self.device = device
-        if hasattr(model, "search"):
-            self.engine = model
-        else:
+        self.engine: TranslationEngine
+        if isinstance(model, Transformer):
             constraint = None
             if decode.tree_constraint:
                 from parsing.constrain import bracket_vocab
 
-                tgt_vocab = getattr(model, "tgt_vocab_size", None)
-                constraint = bracket_vocab(tokenizer, decode.tree_constraint, tgt_vocab)
+                constraint = bracket_vocab(tokenizer, decode.tree_constraint, model.tgt_vocab_size)
             self.engine = TorchEngine(model, device, constraint)
+        else:
+            self.engine = model
         config = self.engine.config
         self.max_src_len = config.max_len  # the search itself caps the output at max_len
         self.pad_id = config.pad_id
@@ -231,7 +271,7 @@ class Translator:
         tokenizer_dir: str | Path,
         decode: DecodeConfig | None = None,
         *,
-        expected_config: Any = None,
+        expected_config: ModelConfig | None = None,
         device: str | None = None,
         export_dir: str | Path | None = None,
     ) -> Translator:
@@ -302,8 +342,11 @@ class Translator:
 
 
 def _load_torch(
-    model_path: str | Path, decode: DecodeConfig, expected_config: Any, device: str | None
-) -> Any:
+    model_path: str | Path,
+    decode: DecodeConfig,
+    expected_config: ModelConfig | None,
+    device: str | None,
+) -> Transformer:
     """The checkpoint's torch model in eval mode, cast to ``decode.dtype``, on ``device``."""
     import torch
 
@@ -323,7 +366,7 @@ def _load_ctranslate2(
     decode: DecodeConfig,
     export_dir: str | Path | None,
     device: str | None,
-) -> Any:
+) -> CTranslate2Engine:
     from serving import ct2
     from transformer_core.checkpoint import model_file
 
@@ -333,7 +376,7 @@ def _load_ctranslate2(
     )
 
 
-def _check_config(path: Path, config: Any, expected_config: Any) -> None:
+def _check_config(path: Path, config: ModelConfig, expected_config: ModelConfig | None) -> None:
     """CheckpointError naming the fields when the exported model's config is not the expected."""
     from transformer_core.checkpoint import CheckpointError, config_diff
 
@@ -345,7 +388,7 @@ def _check_config(path: Path, config: Any, expected_config: Any) -> None:
         )
 
 
-def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """Token ids per text (pieces + EOS), each text first joined onto one line."""
     return [list(tokenizer.encode(_one_line(t))) for t in texts]
 

@@ -52,15 +52,17 @@ def build(ctx: BuildContext) -> dict[str, Any]:
 
     config, out = ctx.config, ctx.tmp
     data = config.data
+    dev, test = data.dev, data.test
+    assert dev is not None and test is not None  # DataConfig fills them in from the source
     if data.source == "wmt14":
         return assemble.from_wmt14(
-            out, pair=data.pair, corpora=data.corpora, dev=data.dev, test=data.test,
+            out, pair=data.pair, corpora=data.corpora, dev=dev, test=test,
             test_variant=data.test_variant, mirror=data.mirror, cache=cache_dir(config),
             lock_file=lock_path(config), max_retries=data.max_retries,
         )
     if data.source == "multi30k":
         return assemble.from_multi30k(
-            out, pair=data.pair, dev=data.dev, test=data.test, mirror=data.mirror,
+            out, pair=data.pair, dev=dev, test=test, mirror=data.mirror,
             cache=cache_dir(config), lock_file=lock_path(config), max_retries=data.max_retries,
         )
     if data.source == "local":

@@ -29,7 +29,9 @@ def test_set(config: RunConfig) -> tuple[str, str]:
     is named as such, never as the newstest release the config names for real downloads."""
     if config.data.source == "synthetic":
         return "synthetic", "synthetic"
-    return config.data.test, config.data.test_variant
+    test = config.data.test
+    assert test is not None  # DataConfig fills it in from the source
+    return test, config.data.test_variant
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:

@@ -45,9 +45,9 @@ class DevBleu:
         self.references = [self._text(ids) for ids in targets]
         self.batches = plan_decode_batches([len(s) for s in self.sources], max_tokens)
 
-    def _text(self, ids: np.ndarray) -> str:
+    def _text(self, piece_ids: np.ndarray) -> str:
         """Text of piece ids, EOS and everything after it dropped."""
-        ids = [int(i) for i in ids]
+        ids = [int(i) for i in piece_ids]
         return self.detokenize(ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids)
 
     @torch.no_grad()
@@ -71,7 +71,7 @@ class DevBleu:
         from sacrebleu.metrics import BLEU
 
         hyps = self.translate(model)
-        stats = [0.0] * 10  # correct[4], total[4], sys_len, ref_len
+        stats: list[float] = [0.0] * 10  # correct[4], total[4], sys_len, ref_len
         if hyps:
             result = BLEU().corpus_score(hyps, [self.references])
             stats = [*result.counts, *result.totals, result.sys_len, result.ref_len]

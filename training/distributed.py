@@ -4,6 +4,7 @@ states a checkpoint carries so that dropout continues exactly after a resume."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 def rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and CUDA) RNG states as checkpoint-safe data."""
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # the legacy form, numpy's default
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {
@@ -54,7 +56,7 @@ def _dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def all_reduce_sum(values: list[float | torch.Tensor], device: torch.device) -> list[float]:
+def all_reduce_sum(values: Sequence[float | torch.Tensor], device: torch.device) -> list[float]:
     """Sum scalars across ranks (a no-op with one worker); returns Python floats."""
     t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
     dist = _dist()

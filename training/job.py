@@ -15,7 +15,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.config import TrainConfig
 from training.data import open_fs
@@ -25,6 +25,10 @@ from training.worker import JOB_KEY, train_loop_per_worker
 from transformer_core import checkpoint as ckpt
 from transformer_core.checkpoint import MODEL_FILE
 from transformer_core.config import ModelConfig
+
+if TYPE_CHECKING:
+    from ray.train.v2.api.result import Result
+    from ray.train.v2.torch.torch_trainer import TorchTrainer  # (both: see torch_trainer)
 
 CHECKPOINTS_JSON = "checkpoints.json"
 
@@ -92,7 +96,7 @@ class TrainJob:
             world: int | str = f"{tc.min_workers}..{tc.max_workers}"
             accum: int | str = f"{-(-per_step // tc.max_workers)}..{-(-per_step // tc.min_workers)}"
         else:
-            world, accum = tc.num_workers, per_step // tc.num_workers
+            world, accum = tc.max_workers, per_step // tc.max_workers  # one count: num_workers
         return {
             "world_size": world,
             "accumulation": accum,
@@ -116,6 +120,7 @@ def run_job(job: TrainJob, out: Path) -> TrainOutcome:
     """Train ``job`` on Ray Train (continuing ``job.run_dir``'s latest checkpoint, if any) and
     export its checkpoints into ``out``; a JobError if training failed."""
     import ray.train
+    from ray.train.v2.api.result import Result
 
     try:
         result = torch_trainer(job).fit()
@@ -124,6 +129,7 @@ def run_job(job: TrainJob, out: Path) -> TrainOutcome:
             f"training failed (Ray Train run folder {job.run_dir}; rerun the same config to "
             f"resume from its latest checkpoint): {exc}"
         ) from exc
+    assert isinstance(result, Result)  # V2's; Ray annotates fit with ray.train's V1-or-V2 name
     summary = result.return_value or {}
     exported = export(result, out, job.best_path if job.train.bleu_sentences else None)
     tc, last = job.train, exported["step"]
@@ -151,10 +157,13 @@ SUMMARY_STATS = (
 """Rank 0's summary values a finished job reports as they are (None if absent)."""
 
 
-def torch_trainer(job: TrainJob) -> Any:
+def torch_trainer(job: TrainJob) -> TorchTrainer:
     """The ``TorchTrainer`` of ``job``: its workers, checkpoints kept and failures retried."""
-    import ray.train
-    from ray.train.torch import TorchTrainer
+    # Ray Train V2's classes, which ``ray.train`` and ``ray.train.torch`` export while
+    # RAY_TRAIN_V2_ENABLED is on (Ray 2.60's default; elastic workers need V2), imported from
+    # where they live: through ``ray.train`` a type checker sees V1's or V2's.
+    from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from training.process_group import NodeBoundTorchConfig
 
@@ -165,29 +174,29 @@ def torch_trainer(job: TrainJob) -> Any:
         # gloo/NCCL on the interface of each node's Ray address, the store on rank 0's
         # address only (training/process_group.py).
         torch_config=NodeBoundTorchConfig(),
-        scaling_config=ray.train.ScalingConfig(
+        scaling_config=ScalingConfig(
             num_workers=tc.num_workers,
             elastic_resize_monitor_interval_s=tc.elastic_check_seconds,
             use_gpu=tc.use_gpu,
             resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": 1} if tc.use_gpu else {})},
             placement_strategy=tc.placement_strategy,
         ),
-        run_config=ray.train.RunConfig(
+        run_config=RunConfig(
             name=job.run_name,
             storage_path=job.storage_path,
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=tc.keep_checkpoints),
-            failure_config=ray.train.FailureConfig(max_failures=tc.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
+            failure_config=FailureConfig(max_failures=tc.max_failures),
         ),
     )
 
 
-def export(result: Any, out: Path, best: str | None = None) -> dict[str, Any]:
+def export(result: Result, out: Path, best: str | None = None) -> dict[str, Any]:
     """Weights-only copies of the kept checkpoints, ``final/model.pt``, ``best/model.pt`` (the
     best by ``val_bleu``, from ``best``, when training measured it) and ``checkpoints.json``."""
     if result.checkpoint is None:
         raise JobError("training reported no checkpoint")
     kept = sorted(result.best_checkpoints or [], key=lambda cm: cm[1]["step"])
-    entries = []
+    entries: list[dict[str, Any]] = []
     final_metrics: dict[str, Any] = {}
     for checkpoint, metrics in kept:
         step = int(metrics["step"])

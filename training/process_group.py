@@ -23,8 +23,8 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
+from ray.train._internal.base_worker_group import BaseWorkerGroup
 from ray.train.torch import TorchConfig
 from ray.train.torch.config import _TorchBackend
 
@@ -107,7 +107,7 @@ def init_process_group(
 class _NodeBoundBackend(_TorchBackend):
     """Ray Train's torch backend with the process group made by ``init_process_group``."""
 
-    def on_start(self, worker_group: Any, backend_config: NodeBoundTorchConfig) -> None:
+    def on_start(self, worker_group: BaseWorkerGroup, backend_config: TorchConfig) -> None:
         import ray
         from ray.train.torch.config import _set_torch_distributed_env_vars
 
@@ -118,7 +118,8 @@ class _NodeBoundBackend(_TorchBackend):
         address, port = worker_group.execute_single(0, open_store_socket)
         worker_group.execute(_set_torch_distributed_env_vars)  # RANK, LOCAL_RANK, ... as Ray sets
         world_size = len(worker_group)
-        ray.get([
+        # The worker group's refs are typed as ray.types.ObjectRef, ray.get's overloads take the other.
+        ray.get([  # pyrefly: ignore[no-matching-overload]
             worker_group.execute_single_async(
                 rank, init_process_group, backend=backend, world_rank=rank, world_size=world_size,
                 address=address, port=port, timeout_s=backend_config.timeout_s,

@@ -10,10 +10,13 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from training.tracking_queue import TrackingQueue
 from training.tracking_spill import SPILL_FILE, Record, SpillFile, metrics_record
+
+if TYPE_CHECKING:  # imported where it is used: rank 0 alone loads MLflow
+    from mlflow import MlflowClient
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +132,7 @@ class Tracker:
         return left
 
 
-def log_params(client: Any, run_id: str, params: Mapping[str, Any]) -> None:
+def log_params(client: MlflowClient, run_id: str, params: Mapping[str, Any]) -> None:
     """Log params a run does not have yet; a changed value (e.g. more steps on resume) is a tag."""
     from mlflow.entities import Param, RunTag
 
@@ -147,7 +150,7 @@ def log_params(client: Any, run_id: str, params: Mapping[str, Any]) -> None:
         client.log_batch(run_id, tags=changed)
 
 
-def learning_curve(client: Any, run_id: str, path: Path) -> Path | None:
+def learning_curve(client: MlflowClient, run_id: str, path: Path) -> Path | None:
     """Train and validation loss, and dev BLEU when measured (right axis), against step (left
     panel) and wall-clock minutes since the run's first metric (right panel); matplotlib, Agg."""
     import matplotlib

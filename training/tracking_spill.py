@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,7 +83,7 @@ class Record:
         return len(self.metrics) + len(self.params) + len(self.tags)
 
 
-def metrics_record(run_id: str, values: dict[str, float | None], step: int) -> Record:
+def metrics_record(run_id: str, values: Mapping[str, float | None], step: int) -> Record:
     """A record of ``values`` at ``step``, stamped now (the stamp makes a replay idempotent)."""
     now = int(time.time() * 1000)
     return Record(run_id, metrics=tuple((k, float(v), now, step) for k, v in values.items()
@@ -275,7 +275,7 @@ def keep_refused(spill: SpillFile, group: Sequence[Record], exc: BaseException) 
     return f"the MLflow server refused {len(group)} record(s) ({reason[:300]}); kept in {rejected}"
 
 
-def replay(sink: Sink, spill: SpillFile, say: Any = print) -> int:
+def replay(sink: Sink, spill: SpillFile, say: Callable[[str], object] = print) -> int:
     """Write a spill file's records to ``sink`` in order, now (``tfm tracking replay``); stops
     at the first failure that is not a refusal. Returns the records left (0: file removed)."""
     while True:

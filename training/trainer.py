@@ -221,7 +221,7 @@ class Trainer:
         targets = int(tgt_lens.sum())
         flops = train_flops(self.module.config, self.module.tgt_vocab_size, src_lens, tgt_lens)
         self.meter.add(started, targets + int(src_lens.sum()), targets, flops)
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])  # a float: our schedule sets no tensor lr
         # DDP averages over ranks; this makes the gradient a per-token mean over all of them.
         self._forward_backward(host, scale=self.world_size / targets)
         logging = self.step % self.config.log_every == 0 or self.step == self.last_step

@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,15 +31,18 @@ from transformer_core.checkpoint import MODEL_FILE
 from transformer_core.config import ModelConfig
 from transformer_core.model import Transformer, count_parameters
 
+if TYPE_CHECKING:  # training.job imports this module (it hands Ray this file's functions)
+    from training.job import TrainJob
+
 JOB_KEY = "job"
 """``train_loop_config``'s one key, holding the run's ``training.job.TrainJob`` (Ray Train's run
-state wants a dict there; the job module imports this one, so it is not named by type here)."""
+state wants a dict there)."""
 SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 
 
-def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Ray Train's per-worker function: ``config[JOB_KEY]`` (a ``training.job.TrainJob``)
-    trained on this rank from Ray's latest checkpoint, if any. Returns ``summary``."""
+def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
+    """Ray Train's per-worker function: ``config[JOB_KEY]``, the job, trained on this rank from
+    Ray's latest checkpoint, if any. Returns ``summary``."""
     import ray.train
 
     job = config[JOB_KEY]
@@ -72,8 +75,8 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any]:
     return summary(trainer, time.time() - started)
 
 
-def make_tracker(job: Any, rank: int) -> Tracker:
-    """Rank 0's Tracker of ``job`` (a ``TrainJob``), its calls to MLflow on the short HTTP budget
+def make_tracker(job: TrainJob, rank: int) -> Tracker:
+    """Rank 0's Tracker of ``job``, its calls to MLflow on the short HTTP budget
     of ``job.tracking``: this process makes no other MLflow call, and MLflow reads the budget
     from the environment on every call (a 254-s default would hide an outage for minutes)."""
     if rank == 0 and job.tracking_uri and job.mlflow_run_id:
@@ -108,8 +111,8 @@ def set_threads(threads: int) -> None:
         pass
 
 
-def make_trainer(job: Any, rank: int, world: int) -> Trainer:
-    """The Trainer of this rank for ``job`` (a ``TrainJob``): the shards memory-mapped, the
+def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
+    """The Trainer of this rank for ``job``: the shards memory-mapped, the
     model initialised alike on every rank and wrapped in DDP, dev BLEU with ``bleu_sentences``."""
     import ray.train.torch
 

@@ -20,10 +20,10 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     averaged tensor in the result. Differing keys or shapes are an error naming the key and
     the files.
     """
-    paths = [Path(p) for p in paths]
-    if not paths:
+    files = [Path(p) for p in paths]
+    if not files:
         raise ValueError("average_checkpoints needs at least one checkpoint path")
-    first = _state_dict(paths[0])
+    first = _state_dict(files[0])
     alias = _aliases(first)
     sums = {
         k: v.float().clone() if v.is_floating_point() else v
@@ -33,20 +33,20 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     dtypes = {k: v.dtype for k, v in first.items()}
     shapes = {k: v.shape for k, v in first.items()}
     del first  # keep one model's worth of accumulators, not two
-    for path in paths[1:]:
+    for path in files[1:]:
         state = _state_dict(path)
         missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
         if missing or extra:
             key = (missing or extra)[0]
             raise CheckpointError(
                 f"checkpoint keys differ: {key!r} is in "
-                f"{paths[0] if missing else path} but not in {path if missing else paths[0]} "
+                f"{files[0] if missing else path} but not in {path if missing else files[0]} "
                 f"(missing {missing[:5]}, unexpected {extra[:5]})"
             )
         for key, value in state.items():
             if value.shape != shapes[key]:
                 raise CheckpointError(
-                    f"shape of {key!r} differs: {tuple(shapes[key])} in {paths[0]}, "
+                    f"shape of {key!r} differs: {tuple(shapes[key])} in {files[0]}, "
                     f"{tuple(value.shape)} in {path}"
                 )
             if key in alias:
@@ -55,10 +55,10 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
                 sums[key] += value.float()
             elif not torch.equal(value, sums[key]):
                 raise CheckpointError(
-                    f"non-floating tensor {key!r} differs between {paths[0]} and {path}; "
+                    f"non-floating tensor {key!r} differs between {files[0]} and {path}; "
                     "it cannot be averaged"
                 )
-    n = len(paths)
+    n = len(files)
     means = {
         k: (v / n).to(dtypes[k]) if dtypes[k].is_floating_point else v for k, v in sums.items()
     }

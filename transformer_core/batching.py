@@ -122,8 +122,8 @@ def padding_efficiency(
 
 
 def collate(
-    rows_src: Sequence[Sequence[int]],
-    rows_tgt: Sequence[Sequence[int]],
+    rows_src: Sequence[Sequence[int] | np.ndarray],
+    rows_tgt: Sequence[Sequence[int] | np.ndarray],
     pad_id: int,
     bos_id: int,
     pad_multiple: int = 1,

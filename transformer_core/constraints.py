@@ -115,6 +115,54 @@ class BracketVocab:
         return out[:, :W]
 
 
+@dataclass(eq=False)
+class Copying:
+    """With ``copy_words``: where each of the N rows stands in copying its source's words."""
+
+    src: Tensor
+    """(N, S + 1): the next word's pieces are src[pos:]; a spare column ends every row."""
+    continues: Tensor
+    """(N, S + 1) bool: the piece is real and continues its word (starts none)."""
+    pieces: Tensor
+    """(N,): word pieces to copy in all."""
+    pos: Tensor
+    """(N,): the next piece to copy."""
+    phase: Tensor
+    """(N,): ``BracketState.FREE``, ``COPY`` or ``TAG``."""
+    not_words: Tensor
+    """(V,) bool: labels and EOS, which no word is (the same for every row)."""
+
+    @classmethod
+    def start(cls, vocab: BracketVocab, src: Tensor) -> Copying:
+        """Nothing copied yet from the source rows ``src`` (N, S)."""
+        N, device = src.size(0), src.device
+        starts = vocab.word_starts.to(device)
+        inside = src.clamp(0, starts.numel() - 1)
+        real = src.ne(vocab.pad_id) & src.ne(vocab.eos_id) & src.lt(starts.numel())
+        not_words = vocab.opens.ge(0) | vocab.closes.ge(0)
+        not_words[vocab.eos_id] = True
+        return cls(
+            src=torch.cat([src.long(), src.new_full((N, 1), vocab.pad_id)], dim=1),
+            continues=torch.cat(
+                [real & ~starts[inside], torch.zeros(N, 1, dtype=torch.bool, device=device)],
+                dim=1,
+            ),
+            pieces=real.sum(dim=1),
+            pos=torch.zeros(N, dtype=torch.long, device=device),
+            phase=torch.zeros(N, dtype=torch.long, device=device),
+            not_words=not_words,
+        )
+
+    def next_piece(self) -> Tensor:
+        """(N,): the source piece each row would copy next."""
+        return self.src.gather(1, self.pos[:, None])[:, 0]
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep rows ``rows`` (N',) in that order."""
+        for name in ("src", "continues", "pieces", "pos", "phase"):
+            setattr(self, name, getattr(self, name).index_select(0, rows))
+
+
 class BracketState:
     """Per hypothesis (N rows): the open constituents' labels, the leaves emitted, the words to
     cover and the output length limit; ``allowed`` masks the next token, ``advance`` takes it."""
@@ -140,26 +188,11 @@ class BracketState:
         self.leaves = torch.zeros(N, dtype=torch.long, device=device)
         self.filled = torch.zeros(N, dtype=torch.bool, device=device)  # innermost has a leaf
         self.steps = 0  # tokens emitted so far (the same for every row)
-        self.src = self.continues = self.pieces = self.pos = self.phase = None
-        self.not_words = None  # (V,) with copy_words: labels and EOS, which no word is
+        self.copying: Copying | None = None
         if vocab.copy_words:
             if src is None:
                 raise ValueError("copy_words needs each row's source ids (src)")
-            starts = vocab.word_starts.to(device)
-            inside = src.clamp(0, starts.numel() - 1)
-            real = src.ne(vocab.pad_id) & src.ne(vocab.eos_id) & src.lt(starts.numel())
-            # (N, S + 1): the next word's pieces are src[pos:]; a piece continues its word
-            # when it is real and starts none. A spare column ends every row.
-            self.src = torch.cat([src.long(), src.new_full((N, 1), vocab.pad_id)], dim=1)
-            self.continues = torch.cat(
-                [real & ~starts[inside], torch.zeros(N, 1, dtype=torch.bool, device=device)],
-                dim=1,
-            )
-            self.pieces = real.sum(dim=1)  # (N,) word pieces to copy in all
-            self.pos = torch.zeros(N, dtype=torch.long, device=device)
-            self.phase = torch.zeros(N, dtype=torch.long, device=device)  # FREE, COPY or TAG
-            self.not_words = vocab.opens.ge(0) | vocab.closes.ge(0)
-            self.not_words[vocab.eos_id] = True
+            self.copying = Copying.start(vocab, src)
 
     FREE, COPY, TAG = 0, 1, 2
     """``copy_words`` phases: structure or a new word may come; a word's pieces are being
@@ -174,10 +207,6 @@ class BracketState:
         """(N, V) bool: the tokens each row may emit next."""
         return self._allowed()[0]
 
-    def _next_piece(self) -> Tensor:
-        """(N,) with ``copy_words``: the source piece each row would copy next."""
-        return self.src.gather(1, self.pos[:, None])[:, 0]
-
     def _allowed(self) -> tuple[Tensor, Tensor | None]:
         """``allowed``, and with ``copy_words`` the (N,) rows where a word may start."""
         v = self.vocab
@@ -185,8 +214,9 @@ class BracketState:
         # Tokens left after the next one must fit: one per missing leaf (with copy_words, its
         # pieces too), one per open constituent's close, and EOS.
         room = self.limits - (self.steps + 1)
-        pieces = 0 if self.pos is None else self.pieces - self.pos  # word pieces left to copy
-        free = True if self.phase is None else self.phase.eq(self.FREE)
+        c = self.copying
+        pieces = 0 if c is None else c.pieces - c.pos  # word pieces left to copy
+        free = True if c is None else c.phase.eq(self.FREE)
         inside = self.depth > 0
         leaf_ok = inside & (left > 0) & (room >= (left - 1) + pieces + self.depth + 1)
         open_ok = (
@@ -205,16 +235,16 @@ class BracketState:
             demanded = self.word_classes.gather(1, at)  # (N, 1)
             leaves = leaves & (demanded.lt(0) | v.leaf_class[None, :].eq(demanded))  # (N, V)
         # With copy_words a leaf starts with the next word's first piece; its tag comes after.
-        word_starts = None if self.phase is None else leaf_ok & free
-        tag_ok = leaf_ok if self.phase is None else self.phase.eq(self.TAG)
+        word_starts = None if c is None else leaf_ok & free
+        tag_ok = leaf_ok if c is None else c.phase.eq(self.TAG)
         allowed = (
             (tag_ok[:, None] & leaves)
             | (open_ok[:, None] & v.opens.ge(0)[None, :])
             | (close_ok[:, None] & v.closes.ge(0)[None, :] & v.closes[None, :].eq(top[:, None]))
         )
-        if self.phase is not None:
-            copy = (word_starts | self.phase.eq(self.COPY)).nonzero().view(-1)
-            allowed[copy, self._next_piece()[copy]] = True
+        if c is not None and word_starts is not None:
+            copy = (word_starts | c.phase.eq(self.COPY)).nonzero().view(-1)
+            allowed[copy, c.next_piece()[copy]] = True
         allowed[:, v.eos_id] = eos_ok
         return allowed, word_starts
 
@@ -226,19 +256,22 @@ class BracketState:
         the one piece would make a barely trained model, which cannot copy yet, open labels
         until the length limit forces the words out."""
         allowed, word_starts = self._allowed()
-        if self.phase is not None:
-            some_word = log_probs.masked_fill(self.not_words[None, :], float("-inf"))
+        c = self.copying
+        if c is not None and word_starts is not None:
+            some_word = log_probs.masked_fill(c.not_words[None, :], float("-inf"))
             score = torch.where(word_starts, some_word.logsumexp(dim=1), 0.0)
-            copied = (word_starts | self.phase.eq(self.COPY)).nonzero().view(-1)
-            log_probs[copied, self._next_piece()[copied]] = score[copied]
+            copied = (word_starts | c.phase.eq(self.COPY)).nonzero().view(-1)
+            log_probs[copied, c.next_piece()[copied]] = score[copied]
         return log_probs.masked_fill_(~allowed, float("-inf"))
 
     def reorder(self, rows: Tensor) -> None:
         """Keep rows ``rows`` (N',) in that order (beams reordered, finished ones dropped)."""
         names = ("words", "limits", "stack", "depth", "leaves", "filled", "word_classes")
-        for name in names + ("src", "continues", "pieces", "pos", "phase"):
+        for name in names:
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).index_select(0, rows))
+        if self.copying is not None:
+            self.copying.reorder(rows)
 
     def advance(self, tokens: Tensor) -> None:
         """Take one token (N,) per row."""
@@ -247,19 +280,18 @@ class BracketState:
         is_open = label_open.ge(0)
         is_close = v.closes[tokens].ge(0) & ~is_open
         is_leaf = v.leaves[tokens]
-        if self.phase is not None:  # the phase tells a copied piece from a label or a tag
-            copying = self.phase.eq(self.COPY) | (
-                self.phase.eq(self.FREE) & tokens.eq(self._next_piece())
-            )
-            is_open = is_open & self.phase.eq(self.FREE) & ~copying
-            is_close = is_close & self.phase.eq(self.FREE) & ~copying
-            is_leaf = self.phase.eq(self.TAG)
-            self.pos = self.pos + copying.long()
-            more = self.continues.gather(1, self.pos[:, None])[:, 0]  # the word goes on
-            self.phase = torch.where(
+        c = self.copying
+        if c is not None:  # the phase tells a copied piece from a label or a tag
+            copying = c.phase.eq(self.COPY) | (c.phase.eq(self.FREE) & tokens.eq(c.next_piece()))
+            is_open = is_open & c.phase.eq(self.FREE) & ~copying
+            is_close = is_close & c.phase.eq(self.FREE) & ~copying
+            is_leaf = c.phase.eq(self.TAG)
+            c.pos = c.pos + copying.long()
+            more = c.continues.gather(1, c.pos[:, None])[:, 0]  # the word goes on
+            c.phase = torch.where(
                 copying,
                 torch.where(more, self.COPY, self.TAG),
-                torch.where(is_leaf, self.FREE, self.phase),
+                torch.where(is_leaf, self.FREE, c.phase),
             )
         rows = torch.arange(tokens.numel(), device=tokens.device)
         at = self.depth.clamp(max=v.max_depth - 1)

@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from transformer_core.model import Memory, Transformer
+from transformer_core.model import DecoderLayer, Memory, Transformer
 
 LOGIT_CHUNK = 2048
 """Vocabulary rows per block of the chunked output projection (see ``chunked_logits``)."""
@@ -101,7 +101,8 @@ class LayerState:
         """Keep self-attention rows ``rows`` (B',) and, unless None, cross-attention rows
         ``sources``, in that order."""
         if sources is not None:
-            self.cross_kv = tuple(x.index_select(0, sources) for x in self.cross_kv)
+            cross_k, cross_v = self.cross_kv
+            self.cross_kv = (cross_k.index_select(0, sources), cross_v.index_select(0, sources))
         k, v = self.self_kv
         if self._buffers is None:  # nothing appended yet: a plain gather
             self.self_kv = (k.index_select(0, rows), v.index_select(0, rows))
@@ -204,10 +205,11 @@ def init_state(model: Transformer, memory: Memory, capacity: int = 0) -> Decoder
     empty_k = memory.states.new_zeros(B, config.n_heads, 0, config.head_dim_k)  # (B, nh, 0, hk)
     empty_v = memory.states.new_zeros(B, config.n_heads, 0, config.head_dim_v)  # (B, nh, 0, hv)
     capacity = min(capacity, config.max_len)
-    layers = [
-        LayerState((empty_k, empty_v), layer.cross_attn.keys_values(memory.states), capacity)
-        for layer in model.decoder_layers
-    ]
+    layers = []
+    for layer in model.decoder_layers:
+        assert isinstance(layer, DecoderLayer)  # nn.ModuleList types its items as any Module
+        cross_kv = layer.cross_attn.keys_values(memory.states)
+        layers.append(LayerState((empty_k, empty_v), cross_kv, capacity))
     return DecoderState(layers, memory.src_pad)
 
 
@@ -216,6 +218,8 @@ def decode_step(model: Transformer, tgt_in: Tensor, state: IncrementalState) -> 
     ``state.length`` cached positions; appends their keys/values to ``state``."""
     if isinstance(state, RecomputeState):
         return state.decode(model, tgt_in)
+    if not isinstance(state, DecoderState):
+        raise TypeError(f"decode_step needs a DecoderState or a RecomputeState, not {type(state)}")
     x = model.decode(tgt_in, None, project=False, state=state)  # (B, T, D)
     # On CPU without autograd the output projection runs in vocabulary chunks: 1.3x at 37k.
     if x.device.type == "cpu" and not torch.is_grad_enabled() and _plain_linear(model.generator, x):

@@ -49,7 +49,7 @@ def publish(tmp: Path, out: Path, *, already: Callable[[Path], bool] | None = No
             shutil.rmtree(old, ignore_errors=True)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any) -> None:  # Any: a JSON value
     """Write JSON to ``path`` through a temporary file and a rename: never half a file, also
     with several processes writing it."""
     path = Path(path)

@@ -116,7 +116,8 @@ class _LinearLabelSmoothedNll(torch.autograd.Function):
         return loss, nll, count
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_nll, _grad_count):
+    def backward(ctx, *grads):
+        grad_loss = grads[0]  # nll and the count are not differentiable: their grads are unused
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
         return (

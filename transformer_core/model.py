@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend
 
 from transformer_core.config import ModelConfig
+
+if TYPE_CHECKING:  # decoding.py builds on this module; the model only reads its states
+    from transformer_core.decoding import DecoderState, LayerState
 
 # ---------------------------------------------------------------------------------------------
 # Positional encoding (section 3.5)
@@ -98,10 +101,9 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, nh*hv)
         return self.out_proj(y)  # (B, T, D)
 
-    def causal_self_attention(self, x: Tensor, state: Any = None) -> Tensor:
-        """Masked self-attention of x (B, T, D): position i sees 0 .. i. With ``state`` (a
-        ``decoding.LayerState``), x follows the cached positions; its keys/values are appended,
-        and the state says how to mask."""
+    def causal_self_attention(self, x: Tensor, state: LayerState | None = None) -> Tensor:
+        """Masked self-attention of x (B, T, D): position i sees 0 .. i. With ``state``, x
+        follows the cached positions; its keys/values are appended; the state says how to mask."""
         k, v = self.keys_values(x)  # (B, nh, T, hk), (B, nh, T, hv)
         if state is None:
             return self(x, k, v, is_causal=True)
@@ -191,13 +193,13 @@ class DecoderLayer(ResidualLayer):
         self.norm3 = nn.LayerNorm(config.d_model)
 
     def forward(
-        self, x: Tensor, memory: Tensor | None, src_mask: Tensor, state: Any = None
+        self, x: Tensor, memory: Tensor | None, src_mask: Tensor, state: LayerState | None = None
     ) -> Tensor:
         """x (B, T, D) the whole target; memory (B, S, D) the encoder output; src_mask
-        (B, 1, 1, S) True at real source tokens. With ``state`` (a ``decoding.LayerState``) x
-        holds only new positions, memory (None) is the state's keys/values, and src_mask is
-        (B/g, 1, 1, S), additive if ``state.plain``."""
+        (B, 1, 1, S) True at real source tokens. With ``state`` x holds only new positions,
+        memory (None) is the state's keys/values, src_mask (B/g, 1, 1, S), additive if plain."""
         if state is None:
+            assert memory is not None  # Transformer.decode checks it
             k, v = self.cross_attn.keys_values(memory)  # (B, nh, S, hk), (B, nh, S, hv)
         else:
             k, v = state.cross_kv  # (B/g, nh, S, hk), (B/g, nh, S, hv)
@@ -360,17 +362,15 @@ class Transformer(nn.Module):
         return Memory(states=x, src_pad=src_pad)
 
     def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Memory | None,
-        project: bool = True,
-        state: Any = None,
+        self, tgt_in: Tensor, memory: Memory | None, project: bool = True,
+        state: DecoderState | None = None,
     ) -> Tensor:
         """Decoder input ids (B, T), the whole target prefix -> logits (B, T, V); without
-        ``project``, the last states (B, T, D) before the pre-softmax projection. With ``state``
-        (a ``decoding.DecoderState``), only the positions after the ``state.length`` cached
-        ones, whose keys/values go into the state, which holds the source's (memory None)."""
+        ``project``, the last states (B, T, D) before the pre-softmax projection. With ``state``,
+        only the positions after its ``length`` cached ones; memory None (the state holds it)."""
         if state is None:
+            if memory is None:
+                raise ValueError("decode needs the encoder output (memory) or a state")
             self.check_shape(tgt_in, "tgt_in")
             if (B := tgt_in.size(0)) != (n := memory.src_pad.size(0)):
                 raise ValueError(f"tgt_in has batch {B} but the source has {n}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -81,7 +82,7 @@ class _eval_mode:
         self.no_grad.__enter__()
         self.kernels.__enter__()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:  # Any: the exception's type, value and traceback
         self.kernels.__exit__(*exc)
         self.no_grad.__exit__(*exc)
         self.model.train(self.was_training)

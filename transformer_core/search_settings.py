@@ -4,7 +4,7 @@ protocol a constraint implements, and ``Hypothesis`` (``transformer_core.search`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, overload
 
 from torch import Tensor
 
@@ -15,6 +15,12 @@ class Hypothesis:
 
     tokens: list[int]
     score: float
+
+
+@overload
+def length_penalty(length: int, alpha: float) -> float: ...
+@overload
+def length_penalty(length: Tensor, alpha: float) -> Tensor: ...
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:

@@ -138,8 +138,12 @@ def table_rows(path: Path) -> int | None:
         return None
 
 
+StageCode = Mapping[str, str] | str
+"""The code a fingerprint hashes: a digest per source file, or (train's resume key) a version."""
+
+
 def stage_identity(
-    stage: str, config: Any, inputs: Mapping[str, str], code: Any = None
+    stage: str, config: Mapping[str, Any], inputs: Mapping[str, str], code: StageCode | None = None
 ) -> dict[str, Any]:
     """What a stage's fingerprint hashes: its name, its config, its inputs' fingerprints and its
     code (``code_fingerprint.stage_code``: a digest per source file it runs, unless given).
@@ -151,7 +155,9 @@ def stage_identity(
             "code": stage_code(stage) if code is None else code}
 
 
-def stage_fingerprint(stage: str, config: Any, inputs: Mapping[str, str], code: Any = None) -> str:
+def stage_fingerprint(
+    stage: str, config: Mapping[str, Any], inputs: Mapping[str, str], code: StageCode | None = None
+) -> str:
     """hash(stage, config, input fingerprints, code): ``stage_identity``'s hash."""
     return fingerprint(stage_identity(stage, config, inputs, code))
 

@@ -14,18 +14,30 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, cast
 
 from tasks.framework.code_fingerprint import STAGES
 from tasks.framework.config import RunConfig
 from tasks.framework.contract import BuildContext, StageError
 
 
-def stage_module(name: str) -> ModuleType:
+class StageModule(Protocol):
+    """What a stage module defines (and, where it has one, ``outdated(config, folder)``)."""
+
+    def stage_config(self, config: RunConfig) -> dict[str, Any]:
+        """What the stage fingerprints besides its inputs."""
+        ...
+
+    def build(self, ctx: BuildContext, **options: Any) -> Mapping[str, Any] | None:
+        """Write the output into ``ctx.tmp``; its stats. ``options``: train's ``callbacks``."""
+        ...
+
+
+def stage_module(name: str) -> StageModule:
     """The module of stage ``name`` (``tasks.<name>``): its ``stage_config``, ``build`` and,
     where it has one, ``outdated``."""
-    return importlib.import_module(f"{STAGES}.{name}")
+    # Found by name (the framework imports no stage), so the checker takes the protocol's word.
+    return cast(StageModule, importlib.import_module(f"{STAGES}.{name}"))
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,11 @@ def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]
         else:
             # The inputs were just found up to date (damage included): their manifests'
             # fingerprints are what input_fingerprints returns, without checking them again.
-            input_fps = {role: read_manifest(path)["fingerprint"]
-                         for role, path in inputs_of(config, stage).items()}
+            input_fps: dict[str, str] = {}
+            for role, path in inputs_of(config, stage).items():
+                manifest = read_manifest(path)
+                assert manifest is not None  # found up to date just now
+                input_fps[role] = manifest["fingerprint"]
             _, st = standing(config, stage, input_fps, full=full)
         fresh[stage.name] = st.up_to_date
         result.append((stage.name, st))
@@ -152,7 +155,7 @@ def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]
 def build_folder(
     stage: str,
     out_dir: Path,
-    config: Any,
+    config: Mapping[str, Any],
     inputs: Mapping[str, Path],
     build: Callable[[Path], Mapping[str, Any] | None],
     *,

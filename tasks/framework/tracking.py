@@ -14,16 +14,19 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corpora.redact import redact_text, redacted
 from tasks.framework.config import RunConfig, flatten
 from tasks.framework.contract import MANIFEST, StageResult
 from training.tracking import TrackingOptions, spill_folder
-from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay
+from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay, send
+
+if TYPE_CHECKING:  # imported where they are used: a process without tracking never loads MLflow
+    from mlflow import ActiveRun, MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ def connect(config: RunConfig) -> str:
     return mlflow.set_experiment(config.mlflow.experiment).experiment_id
 
 
-def client(config: RunConfig) -> Any:
+def client(config: RunConfig) -> MlflowClient:
     """An ``MlflowClient`` on the run's tracking server and registry."""
     from mlflow.tracking import MlflowClient
 
@@ -75,7 +78,7 @@ def client(config: RunConfig) -> Any:
 
 
 @contextmanager
-def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> Iterator[Any]:
+def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> Iterator[ActiveRun]:
     """A flow's parent run, holding the whole config as params."""
     import mlflow
 
@@ -88,7 +91,7 @@ def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> I
         end_run(config, run)
 
 
-def set_tag(run: Any, key: str, value: str, config: RunConfig | None = None) -> None:
+def set_tag(run: ActiveRun, key: str, value: str, config: RunConfig | None = None) -> None:
     """Tag ``run`` (an open run, from any thread); kept in the spill file when the server does
     not answer (in ``config``'s work dir, else the current directory)."""
     import mlflow
@@ -106,7 +109,7 @@ def stage_run(
     *,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
-) -> Iterator[Any]:
+) -> Iterator[ActiveRun]:
     """A run for one stage, nested under ``parent_run_id`` or else under the active run, if any.
 
     ``parent_run_id`` is for a stage run in another thread than its flow's (MLflow's active run
@@ -130,7 +133,7 @@ def stage_run(
 
 
 @contextmanager
-def active_or_stage_run(config: RunConfig, stage: str) -> Iterator[Any]:
+def active_or_stage_run(config: RunConfig, stage: str) -> Iterator[ActiveRun]:
     """The active run (the CLI and the flows open one per stage), or a new stage run."""
     import mlflow
 
@@ -193,9 +196,7 @@ def _run_exists(tracking_uri: str, run_id: str) -> bool:
 
 
 @contextmanager
-def _reopened(
-    tracking_uri: str, run_id: str, root: Path, opts: TrackingOptions
-) -> Iterator[None]:
+def _reopened(tracking_uri: str, run_id: str, root: Path, opts: TrackingOptions) -> Iterator[None]:
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -297,7 +298,7 @@ def short_budget(opts: TrackingOptions) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def attempt(opts: TrackingOptions, what: str, call: Any, *args: Any) -> tuple[bool, Any]:
+def attempt(opts: TrackingOptions, what: str, call: Callable, *args: Any) -> tuple[bool, Any]:
     """``call(*args)`` on the short budget: ``(True, its value)``, or ``(False, None)`` after one
     warning naming ``what`` (not the stage's failure), at once while the server is known down."""
     if _recently_down():
@@ -319,11 +320,9 @@ def _note_failure(exc: BaseException, what: str) -> None:
                     type(exc).__name__, reason, what)
 
 
-def deliver(root: Path, record: Record, client: Any, opts: TrackingOptions) -> bool:
+def deliver(root: Path, record: Record, client: MlflowClient, opts: TrackingOptions) -> bool:
     """Send ``record`` now on the short budget (after what ``root``'s spill file holds), else
     append it to that file, to be replayed in order. Returns whether it reached the server."""
-    from training.tracking_spill import send
-
     spill = SpillFile(Path(root) / SPILL_FILE)
     if not _recently_down():
         try:
@@ -339,12 +338,12 @@ def deliver(root: Path, record: Record, client: Any, opts: TrackingOptions) -> b
     return False
 
 
-def _replay_quietly(client: Any, spill: SpillFile) -> int:
+def _replay_quietly(client: MlflowClient, spill: SpillFile) -> int:
     with spill.locked(wait=False) as mine:
         return replay(client, spill, say=log.warning) if mine else spill.count()
 
 
-def end_run(config: RunConfig, run: Any, status: str = "FINISHED") -> None:
+def end_run(config: RunConfig, run: ActiveRun, status: str = "FINISHED") -> None:
     """End the active ``run`` now, on the short budget; its end is spilled if the server does
     not answer (the ``with mlflow.start_run()`` around it then finds it ended)."""
     import mlflow
@@ -373,7 +372,7 @@ def spill_files(config: RunConfig) -> list[SpillFile]:
     return [*found, SpillFile(config.root / SPILL_FILE)]
 
 
-def replay_spilled(config: RunConfig, say: Any = None) -> int:
+def replay_spilled(config: RunConfig, say: Callable[[str], object] | None = None) -> int:
     """Write every spill file of ``config``'s work dir to its tracking server, in order, each
     file's records once; a file in use (a training logging into it) is left to that training.
     Returns the records still left; says one line per file."""
