@@ -101,10 +101,10 @@ class Store:
             except ValueError:  # half a JSON document, or not JSON
                 return None
 
-    def missing(self, rel: str) -> str | None:
+    def missing(self, rel: str, manifest: Mapping[str, Any] | None = None) -> str | None:
         """What keeps folder ``rel`` from being complete, or None: no manifest, or a file the
-        manifest lists that is absent or has another size."""
-        manifest = self.read_manifest(rel)
+        manifest lists that is absent or has another size (``manifest``: if already read)."""
+        manifest = manifest if manifest is not None else self.read_manifest(rel)
         if manifest is None:
             return f"{self.uri}/{rel} has no manifest"
         with self.errors("list"):
@@ -226,7 +226,7 @@ def node_copy(store: Store, rel: str, cache_root: Path) -> Path:
     if not store.remote:
         return Path(store.path(rel))
     manifest = store.read_manifest(rel)
-    problem = store.missing(rel)
+    problem = store.missing(rel, manifest)
     if manifest is None or problem:
         raise StorageError(f"{problem}: run the stage that writes it first")
     folder = Path(cache_root) / manifest.get("fingerprint", "unversioned") / rel.replace("/", "_")

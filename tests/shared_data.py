@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -22,7 +23,11 @@ def require_shared_data(relative: str, root: Path = SHARED_DATA) -> Path:
     path = root / relative
     if path.exists():
         return path
-    reason = f"{path} is absent (the real data samples, see ../shared/data/README.md)"
+    required_in_ci("tests that need shared data", f"{path} is absent (the real data samples, see ../shared/data/README.md)")
+
+
+def required_in_ci(what: str, reason: str) -> NoReturn:
+    """Skip the test with one line why; in CI (``CI=true``) fail it instead: ``what`` must run there."""
     if os.environ.get("CI") == "true":
-        pytest.fail(f"tests that need shared data must run in CI: {reason}", pytrace=False)
+        pytest.fail(f"{what} must run in CI: {reason}", pytrace=False)
     pytest.skip(reason)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from shared_data import required_in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "infra" / "local-cluster" / "localcluster.py"
@@ -49,9 +49,7 @@ def require_hosts() -> None:
     reason = cannot_make_hosts()
     if reason is None:
         return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the cluster scenario must run in CI: {reason}")
-    pytest.skip(reason)
+    required_in_ci("the cluster scenario", reason)
 
 
 @dataclass

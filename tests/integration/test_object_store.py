@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from s3_server import BUCKET, _free_ports
+from s3_server import BUCKET, free_ports
 
 from corpora.storage import StorageError, StoreSettings, node_copy, open_store
 from tasks.framework.contract import MANIFEST, describe_files
@@ -60,7 +60,7 @@ def test_bad_store_settings_fail_in_one_line_and_write_nothing(s3_env, monkeypat
         ),
         "does not answer": (
             _prefix(),
-            StoreSettings(endpoint=f"http://127.0.0.1:{_free_ports(1)[0]}", timeout_seconds=2),
+            StoreSettings(endpoint=f"http://127.0.0.1:{free_ports(1)[0]}", timeout_seconds=2),
         ),
     }
     monkeypatch.setenv("TFM_KEY", s3_env.access_key)
