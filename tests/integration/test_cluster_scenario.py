@@ -201,8 +201,12 @@ def wait_for_flow_run(cluster: Cluster, run_id: str, seconds: float) -> dict:
         if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return flow_run
         time.sleep(2)
-    logs = "\n".join(p.read_text()[-3000:] for p in (cluster.state / "logs").glob("head-prefect-worker.log"))
-    raise AssertionError(f"flow run {run_id} did not finish in {seconds:.0f} s\n{logs}")
+    raise AssertionError(f"flow run {run_id} did not finish in {seconds:.0f} s\n{worker_log(cluster)}")
+
+
+def worker_log(cluster: Cluster) -> str:
+    """The end of the head's Prefect worker log: what a failed assertion about a flow run shows."""
+    return "\n".join(p.read_text()[-3000:] for p in (cluster.state / "logs").glob("head-prefect-worker.log"))
 
 
 def training_workers(cluster: Cluster, host: str) -> int:
@@ -253,7 +257,9 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     deadline = time.time() + 420
     while not ((where / "stopped").exists() and [s for s in registered_steps(storage) if s >= KILL_AFTER]):
         state = api(cluster, f"flow_runs/{first}")["state"]["type"]
-        assert state in ("SCHEDULED", "PENDING", "RUNNING"), f"flow run ended {state} before the kill"
+        assert state in ("SCHEDULED", "PENDING", "RUNNING"), (
+            f"flow run ended {state} before the kill\n{worker_log(cluster)}"
+        )
         assert time.time() < deadline, "training did not reach its first checkpoints"
         time.sleep(0.5)
     victim = host_of(cluster, int((where / "pid-0-1").read_text()))
