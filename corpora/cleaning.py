@@ -14,7 +14,7 @@ decontamination is small and is broadcast with the map function.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from corpora.filters import (
     normalize_array,
 )
 from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
+from corpora.storage import StoredFolder, fetch_all
 
 __all__ = ["clean_corpus", "line_index", "read_range"]
 
@@ -93,8 +94,13 @@ def _ranges(download: Path, src: str, tgt: str, every: int) -> tuple[list[dict[s
     return items, lines
 
 
-def _clean_ranges(batch: Mapping[str, np.ndarray], config: CleanConfig, contaminants: pa.Array) -> pa.Table:
-    """Ray Data batch function: read and clean each line range of the batch."""
+def _clean_ranges(
+    batch: Mapping[str, np.ndarray], config: CleanConfig, contaminants: pa.Array,
+    fetch: Sequence[StoredFolder] = (),
+) -> pa.Table:
+    """Ray Data batch function: read and clean each line range of the batch (from this node's
+    copy of the input, with ``fetch``: the work dir is on an object store)."""
+    fetch_all(fetch)
     tables = []
     for i in range(len(batch["src_path"])):
         src_lines = read_range(str(batch["src_path"][i]), int(batch["src_start"][i]), int(batch["src_end"][i]))
@@ -143,10 +149,15 @@ def _eval_sets(download: Path, out: Path, src: str, tgt: str) -> tuple[dict[str,
     return stats, sorted(sentences)
 
 
-def clean_corpus(download: Path, out: Path, config: CleanConfig, src: str, tgt: str) -> dict[str, Any]:
+def clean_corpus(
+    download: Path, out: Path, config: CleanConfig, src: str, tgt: str, *,
+    fetch: Sequence[StoredFolder] = (),
+) -> dict[str, Any]:
     """Clean the raw corpus folder ``download`` (``corpora.assemble``'s layout) into ``out``:
     ``train/part-*.parquet`` (src, tgt), and ``dev.*``, ``test.*`` normalised line for line.
-    Returns the counts per filter, for the manifest. Needs a running Ray."""
+    Returns the counts per filter, for the manifest. Needs a running Ray. ``fetch``: the
+    object-store folders ``download`` is this node's copy of; a task on another node copies
+    them to the same path first."""
     import ray
 
     download, out = Path(download), Path(out)
@@ -160,7 +171,7 @@ def clean_corpus(download: Path, out: Path, config: CleanConfig, src: str, tgt: 
         _clean_ranges,  # pyrefly: ignore[bad-argument-type]
         batch_size=1,
         batch_format="numpy",
-        fn_kwargs={"config": config, "contaminants": contaminants},
+        fn_kwargs={"config": config, "contaminants": contaminants, "fetch": tuple(fetch)},
     )
     ds.context.execution_options.preserve_order = True  # dedup keeps the first in corpus order
 

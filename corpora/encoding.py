@@ -19,7 +19,7 @@ trainer could never batch them. Test rows are kept line for line and only counte
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -31,6 +31,7 @@ import pyarrow as pa
 from corpora import CorpusError
 from corpora.parquet import ParquetShardWriter, part_files
 from corpora.pretokenize import Pretokenizer
+from corpora.storage import StoredFolder, fetch_all
 from corpora.text import read_lines
 from transformer_core.config import EOS_ID, ConfigError
 
@@ -159,7 +160,10 @@ class RangeEncoder:
     """Ray Data actor: loads the tokenizer once, then reads ranges of clean row groups and
     encodes them (reading inside the actor: only encoded rows cross the object store)."""
 
-    def __init__(self, model_file: str, pretokenizer: Pretokenizer | None = None):
+    def __init__(
+        self, model_file: str, pretokenizer: Pretokenizer | None = None, fetch: Sequence[StoredFolder] = ()
+    ):
+        fetch_all(fetch)  # this node's copies of the inputs, at the paths the driver gave
         self.sp = _processor(model_file)
         self.pretokenizer = pretokenizer
 
@@ -176,7 +180,8 @@ class RangeEncoder:
 
 
 def _encode_train(
-    files: list[Path], model_file: Path, config: ShardConfig, pretokenizer: Pretokenizer | None
+    files: list[Path], model_file: Path, config: ShardConfig, pretokenizer: Pretokenizer | None,
+    fetch: Sequence[StoredFolder] = (),
 ) -> Iterator[pa.Table]:
     """Encode the clean training files in an actor pool; the shard rows in input order, batch by batch.
 
@@ -191,7 +196,7 @@ def _encode_train(
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         RangeEncoder,
-        fn_constructor_kwargs={"model_file": str(model_file), "pretokenizer": pretokenizer},
+        fn_constructor_kwargs={"model_file": str(model_file), "pretokenizer": pretokenizer, "fetch": tuple(fetch)},
         batch_size=1,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
@@ -202,8 +207,11 @@ def _encode_train(
     yield from ds.iter_batches(batch_size=config.batch_size, batch_format="pyarrow")
 
 
-def _encode_eval(model_file: str, table: pa.Table, pretokenizer: Pretokenizer | None) -> pa.Table:
+def _encode_eval(
+    model_file: str, table: pa.Table, pretokenizer: Pretokenizer | None, fetch: Sequence[StoredFolder]
+) -> pa.Table:
     """A Ray task: dev and test (small) encoded in one go."""
+    fetch_all(fetch)
     return encode_table(_processor(model_file), table, pretokenizer)
 
 
@@ -266,11 +274,14 @@ def shard_corpus(
     *,
     max_len: int,
     pretokenizer: Pretokenizer | None = None,
+    fetch: Sequence[StoredFolder] = (),
 ) -> dict[str, Any]:
     """Encode the clean folder (``train/part-*.parquet``, ``dev.*``, ``test.*``) with the
     sentencepiece ``model_file`` (after ``pretokenizer``, if given) into ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
     ``out/arrow/{train,dev,test}/part-*.arrow``, dropping train and
-    dev rows over ``max_len`` pieces; the stats per split and ``lengths.png``. Needs a running Ray."""
+    dev rows over ``max_len`` pieces; the stats per split and ``lengths.png``. Needs a running Ray.
+    ``fetch``: the object-store folders ``clean`` and the model are this node's copies of; a
+    task on another node copies them to the same paths first."""
     import ray
 
     clean, out = Path(clean), Path(out)
@@ -279,10 +290,11 @@ def shard_corpus(
     # dev and test together, in one task that runs beside the training split; split again by row count
     evals = {split: _read_eval(clean, split, src, tgt) for split in ("dev", "test")}
     eval_ref = ray.remote(num_cpus=min(1.0, config.cpus_per_actor))(_encode_eval).remote(
-        str(model_file), pa.concat_tables(list(evals.values())), pretokenizer
+        str(model_file), pa.concat_tables(list(evals.values())), pretokenizer, tuple(fetch)
     )
     train_lengths, files, over = _write(
-        _encode_train(train_files, model_file, config, pretokenizer), out / "train", config, max_len, drop=True
+        _encode_train(train_files, model_file, config, pretokenizer, fetch), out / "train", config, max_len,
+        drop=True
     )
     stats["train"] = {**train_lengths.stats(files), "dropped_too_long": over}
     if train_lengths.rows == 0 and over:

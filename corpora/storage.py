@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,13 @@ class StoreSettings:
     """The environment variable holding the secret access key."""
     timeout_seconds: float = 10.0
     """Connect and request timeout of one call: an endpoint that does not answer fails fast."""
+    cache_dir: str | None = None
+    """This node's folder for its copies of the store's folders, a stage's output before it is
+    uploaded, and the run's local files (its log); default ``~/.cache/attention-pipeline``."""
+
+    def cache_root(self) -> Path:
+        """``cache_dir``, or the default, as an absolute path on this node."""
+        return Path(self.cache_dir or "~/.cache/attention-pipeline").expanduser().resolve()
 
 
 def is_remote(uri: str | Path) -> bool:
@@ -121,6 +129,24 @@ class Store:
                 return f"{self.uri}/{rel}/{name} has {found[name]} bytes, manifest says {info['bytes']}"
         return None
 
+    def verify(self, rel: str, manifest: Mapping[str, Any]) -> str | None:
+        """``missing``, then every file's sha256 read back from the store against the
+        manifest's: what differs, or None (``tfm status --verify``, ``--accept``)."""
+        problem = self.missing(rel, manifest)
+        if problem is not None:
+            return problem
+        with self.errors("read"):
+            for name, info in manifest.get("files", {}).items():
+                if "sha256" not in info:
+                    continue
+                digest = hashlib.sha256()
+                with self.filesystem.open_input_stream(self.path(f"{rel}/{name}")) as f:
+                    while chunk := f.read(1 << 22):
+                        digest.update(chunk)
+                if digest.hexdigest() != info["sha256"]:
+                    return f"{self.uri}/{rel}/{name} differs from the sha256 in {MANIFEST}"
+        return None
+
     def publish(self, local: Path, rel: str) -> None:
         """Copy the finished local folder ``local`` (manifest included) to ``rel``, replacing
         what was there: old manifest first, then the rest, the files, and the manifest last."""
@@ -137,6 +163,18 @@ class Store:
                     source_filesystem=pafs.LocalFileSystem(),
                     destination_filesystem=self.filesystem,
                 )
+
+    def write_manifest(self, rel: str, manifest: Mapping[str, Any]) -> None:
+        """Replace folder ``rel``'s manifest (one object written whole: readers see the old or
+        the new one, never half of either)."""
+        with self.errors("write"), self.filesystem.open_output_stream(self.path(f"{rel}/{MANIFEST}")) as f:
+            f.write(json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
+
+    def exists(self, rel: str) -> bool:
+        """Whether anything is stored under ``rel`` (a folder with or without a manifest)."""
+        with self.errors("list"):
+            selector = pafs.FileSelector(self.path(rel), allow_not_found=True)
+            return bool(self.filesystem.get_file_info(selector))
 
     def _exists(self, path: str) -> bool:
         return self.filesystem.get_file_info(path).type != pafs.FileType.NotFound
@@ -245,13 +283,17 @@ def node_copy(store: Store, rel: str, cache_root: Path) -> Path:
 
 
 def _matches(folder: Path, manifest: Mapping[str, Any]) -> bool:
-    """A cached copy is reused when its manifest is this one and its files have their sizes
-    (the hashes were checked when it was filled)."""
+    """A cached copy is reused when its manifest lists the same files and its files have their
+    sizes (the hashes were checked when it was filled); a manifest that only gained an
+    acceptance is copied over the cached one."""
     try:
         cached = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return cached == manifest and all(
+    same = cached.get("files") == manifest.get("files") and cached.get("fingerprint") == manifest.get("fingerprint")
+    if same and cached != manifest:
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+    return same and all(
         (folder / name).is_file() and (folder / name).stat().st_size == info["bytes"]
         for name, info in manifest.get("files", {}).items()
     )
@@ -274,3 +316,40 @@ def _download(store: Store, rel: str, manifest: Mapping[str, Any], tmp: Path) ->
                     "stage that writes it"
                 )
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class StoredFolder:
+    """A complete folder of a store, as a Ray worker is handed it: each node copies it once into
+    its cache (``node_copy``) and reads the copy, at the same path as every other node (the
+    driver's ``cache_root``); a local store's folder is read where it is."""
+
+    store: Store
+    rel: str
+    cache_root: str
+    fingerprint: str | None = None
+    """The manifest's fingerprint the reader expects: a copy of it already on this node is
+    used without asking the store (a Ray worker calls ``local`` once per batch)."""
+
+    def local(self) -> Path:
+        """This node's copy (made now if this node has none)."""
+        if self.fingerprint is not None and self.store.remote:
+            have = Path(self.cache_root) / self.fingerprint / self.rel.replace("/", "_")
+            mine = _read_json(have / MANIFEST)
+            if mine is not None and mine.get("fingerprint") == self.fingerprint and _matches(have, mine):
+                return have
+        return node_copy(self.store, self.rel, Path(self.cache_root))
+
+
+def fetch_all(folders: Iterable[StoredFolder]) -> None:
+    """Make sure this node has its copy of each folder (a Ray task's first step, on any node:
+    the copies are at the paths the driver gave it)."""
+    for folder in folders:
+        folder.local()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

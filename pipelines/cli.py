@@ -77,10 +77,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(config, results) -> None:
+    from tasks.framework.runner import place
+
     print(f"\n{'stage':<12} {'result':<22} {'seconds':>8}  folder")
     for r in results:
         result = "ran" if r.ran else "up to date (skipped)"
-        print(f"{r.stage:<12} {result:<22} {r.seconds:>8.1f}  {r.path}")
+        print(f"{r.stage:<12} {result:<22} {r.seconds:>8.1f}  {place(config, r.stage)}")
     from pipelines.flows import scores
 
     stats = {r.stage: r.stats for r in results}
@@ -108,13 +110,13 @@ def cmd_stage(args: argparse.Namespace) -> int:
             raise ConfigError("", "--accept keeps the output as it is; --force reruns it: give one")
         result = runner.accept_stage(config, args.name)
         print(f"{result.stage}: {result.reason}")
-        print(result.path)
+        print(runner.place(config, args.name))
         return 0
     watchdog.start()  # a local Ray ends with this process, however it ends
     with tracking.stage_run(config, args.name):
         result = runner.run_stage(config, args.name, force=args.force)  # logs its result there
     print(f"{result.stage}: {'ran' if result.ran else 'up to date, skipped'} ({result.reason})")
-    print(result.path)
+    print(runner.place(config, args.name))
     return 0
 
 

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from corpora.storage import StoredFolder, fetch_all
 from serving.translator import DecodeConfig, Translator, plan_decode_batches, restore_order
 
 __all__ = ["BatchTranslator", "Decoded", "Probe", "Progress", "read_lengths", "translate_distributed"]
@@ -114,7 +115,9 @@ class BatchTranslator:
         export_dir: str | None = None,
         probe: Probe | None = None,
         probe_rows: Collection[int] = (),
+        fetch: Sequence[StoredFolder] = (),
     ):
+        fetch_all(fetch)  # this node's copies of the inputs, at the paths the driver gave
         self.translator = Translator.load(
             model_path, tokenizer_dir, DecodeConfig.from_dict(decode), export_dir=export_dir
         )
@@ -173,10 +176,13 @@ def translate_distributed(
     lengths: np.ndarray | None = None,
     probe: Probe | None = None,
     probe_rows: Collection[int] = (),
+    fetch: Sequence[StoredFolder] = (),
 ) -> Decoded:
     """Decode the split whose Parquet parts are ``source`` with a Ray Data actor pool (Ray must
     be running). ``lengths``: its ``src_len`` column, if the caller has read it already.
-    ``export_dir``: where engine ctranslate2 keeps its export (default: next to the checkpoint)."""
+    ``export_dir``: where engine ctranslate2 keeps its export (default: next to the checkpoint).
+    ``fetch``: the object-store folders the paths are this node's copies of; an actor on
+    another node copies them to the same paths first."""
     import ray
 
     if decode.engine == "ctranslate2":
@@ -201,6 +207,7 @@ def translate_distributed(
             "export_dir": None if export_dir is None else str(export_dir),
             "probe": probe,
             "probe_rows": sorted(probe_rows),
+            "fetch": tuple(fetch),
         },
         batch_size=1,  # one planned batch per call: the plan already holds the token budget
         compute=ray.data.ActorPoolStrategy(size=actors),

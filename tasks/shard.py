@@ -50,7 +50,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     ensure_ray(config.ray)
     limit = max_pieces(config)
     stats = shard_corpus(
-        clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit, pretokenizer=tok.pretokenizer
+        clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit, pretokenizer=tok.pretokenizer,
+        fetch=tuple(ctx.stored.values()),
     )
     log.info("shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
              stats["train"]["rows"], stats["train"]["shards"], stats["train"]["dropped_too_long"],

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from corpora.redact import redacted
+from corpora.storage import StoredFolder
 from tasks.framework import tracking
 from tasks.framework.config import RunConfig, flatten, to_dict
 from tasks.framework.contract import (
@@ -83,6 +84,8 @@ def storage_location(config: RunConfig, input_fps: Mapping[str, str]) -> tuple[s
         if "://" not in storage:
             storage = str(Path(storage).resolve())
         return storage, f"{config.name}-train-{key}"
+    if config.store.remote:  # a path in the store's filesystem (make_job passes it)
+        return config.store.path("train_ray"), f"train-{key}"
     return str(config.root / "train_ray"), f"train-{key}"  # root: absolute, from load
 
 
@@ -91,7 +94,7 @@ def build(ctx: BuildContext, *, callbacks: Sequence[Callback] = ()) -> dict[str,
     ``ctx.tmp``. ``callbacks(trainer)`` are called after every step in every worker (the tests
     kill a worker this way); not fingerprinted, they must not change what is trained."""
     # The inputs' fingerprints, checked once by the runner, name Ray's run folder too.
-    return _train(ctx.config, ctx.inputs, ctx.input_fps, callbacks, ctx.tmp)
+    return _train(ctx, callbacks)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -228,21 +231,16 @@ def check_resources(config: RunConfig) -> None:
 # ----------------------------------------------------------------------------- the stage
 
 
-def _train(
-    config: RunConfig,
-    inputs: Mapping[str, Path],
-    input_fps: Mapping[str, str],
-    callbacks: Sequence[Callback],
-    tmp: Path,
-) -> dict[str, Any]:
+def _train(ctx: BuildContext, callbacks: Sequence[Callback]) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
+    config, inputs, tmp = ctx.config, ctx.inputs, ctx.tmp
     counts = check_inputs(config, inputs)
     ensure_ray(config.ray)
     check_resources(config)
-    job = make_job(config, inputs, input_fps, counts, callbacks)
+    job = make_job(config, inputs, ctx.input_fps, counts, callbacks, ctx.stored)
     (tmp / "config.json").write_text(json.dumps(redacted(to_dict(config)), indent=2) + "\n")
-    with tracking.training_run(config, STAGE, job.run_dir) as (tracking_uri, run_id):
+    with tracking.training_run(config, STAGE, job.storage_fs(job.run_dir)) as (tracking_uri, run_id):
         client = MlflowClient(tracking_uri)
         params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}
         # What training reads (seed, model, train), not the whole config again: a flow's parent
@@ -269,10 +267,17 @@ def make_job(
     input_fps: Mapping[str, str],
     counts: Mapping[str, Any],
     callbacks: Sequence[Callback],
+    stored: Mapping[str, StoredFolder] | None = None,
 ) -> TrainJob:
     """The training job of ``config`` on the checked inputs (``check_inputs``'s ``counts``), in
-    the Ray Train run folder their fingerprints name (``storage_location``)."""
+    the Ray Train run folder their fingerprints name (``storage_location``). With the work dir
+    on an object store (``stored``: its input folders), the workers read their node's copies
+    and Ray Train keeps its checkpoints in the store."""
     storage, name = storage_location(config, input_fps)
+    stored = stored or {}
+    filesystem = None
+    if config.store.remote and not config.train.storage_path:
+        filesystem = config.store.filesystem
     return TrainJob(
         model=config.model,
         train=config.train,
@@ -282,6 +287,9 @@ def make_job(
         shard_dir=str(Path(inputs["shard"]).resolve()),
         tokenizer_file=str((Path(inputs["tokenizer"]) / "spm.model").resolve()),
         storage_path=storage,
+        storage_filesystem=filesystem,
+        shard_source=stored.get("shard"),
+        tokenizer_source=stored.get("tokenizer"),
         run_name=name,
         tracking=tracking.options(config),
         callbacks=tuple(callbacks),

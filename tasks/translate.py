@@ -60,7 +60,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     # Engine ctranslate2 keeps its export in the run's cache, never in the average folder.
     export_dir = config.root / "cache" / "ctranslate2" / model_fingerprint[:16]
     decoded = translate_distributed(weights, tokenizer_dir, source, decode, export_dir,
-                                    lengths=lengths, probe=attention_map, probe_rows=candidates)
+                                    lengths=lengths, probe=attention_map, probe_rows=candidates,
+                                    fetch=tuple(ctx.stored.values()))
     seconds = time.perf_counter() - started
     hyps = decoded.hyps
     (tmp / f"hyp.{tgt_lang}").write_text("".join(h + "\n" for h in hyps), encoding="utf-8", newline="\n")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corpora.storage import StoredFolder
 from training.config import TrainConfig
 from training.data import open_fs
 from training.tracking import TrackingOptions, spill_folder
@@ -56,7 +57,15 @@ class TrainJob:
     tokenizer_file: str | None = None
     """The sentencepiece model that detokenizes dev BLEU's translations (``bleu_sentences``)."""
     storage_path: str
-    """Ray Train's storage (a local folder or a URI)."""
+    """Ray Train's storage (a local folder or a URI; with ``storage_filesystem``, a path in it)."""
+    storage_filesystem: Any = None  # a pyarrow FileSystem: pyarrow ships no types
+    """The object store ``storage_path`` is in (a work dir on ``s3://``: its client, which Ray
+    Train pickles to the workers as it does its own); None: the path says (``open_fs``)."""
+    shard_source: StoredFolder | None = None
+    """The shard folder on an object store: each node's workers read their node's copy of it
+    (``StoredFolder.local``) instead of ``shard_dir``."""
+    tokenizer_source: StoredFolder | None = None
+    """The tokenizer folder on an object store, as ``shard_source``."""
     run_name: str
     """Ray Train's run folder in ``storage_path``: what a rerun resumes from."""
     tracking_uri: str | None = None
@@ -74,12 +83,28 @@ class TrainJob:
         """Ray Train's run folder: its checkpoints, the MLflow run record, the best weights."""
         return f"{self.storage_path.rstrip('/')}/{self.run_name}"
 
+    def storage_fs(self, path: str) -> tuple[Any, str]:
+        """A filesystem and the path in it for ``path`` under the storage (``run_dir``,
+        ``best_path``)."""
+        return (self.storage_filesystem, path) if self.storage_filesystem is not None else open_fs(path)
+
+    def shard(self) -> str:
+        """The shard folder this process reads: this node's copy, or ``shard_dir``."""
+        return str(self.shard_source.local()) if self.shard_source else self.shard_dir
+
+    def tokenizer(self) -> str | None:
+        """The sentencepiece model this process reads: in this node's copy, or ``tokenizer_file``."""
+        if self.tokenizer_source is not None:
+            return str(self.tokenizer_source.local() / "spm.model")
+        return self.tokenizer_file
+
     @property
     def spill_dir(self) -> str:
         """Where rank 0's tracking spill file goes: ``tracking.spill_dir/<run name>``, else the
         run folder when it is local, else the system's temporary folder (append-only files need
         a local or shared file system, not an object store)."""
-        return spill_folder(self.tracking.spill_dir, self.storage_path, self.run_name)
+        local = self.storage_filesystem is None and "://" not in self.storage_path
+        return spill_folder(self.tracking.spill_dir, self.storage_path if local else None, self.run_name)
 
     @property
     def best_path(self) -> str:
@@ -131,7 +156,7 @@ def run_job(job: TrainJob, out: Path) -> TrainOutcome:
         ) from exc
     assert isinstance(result, Result)  # V2's; Ray annotates fit with ray.train's V1-or-V2 name
     summary = result.return_value or {}
-    exported = export(result, out, job.best_path if job.train.bleu_sentences else None)
+    exported = export(result, out, job.storage_fs(job.best_path) if job.train.bleu_sentences else None)
     tc, last = job.train, exported["step"]
     scaling = job.scaling()
     stats = {
@@ -184,13 +209,14 @@ def torch_trainer(job: TrainJob) -> TorchTrainer:
         run_config=RunConfig(
             name=job.run_name,
             storage_path=job.storage_path,
+            storage_filesystem=job.storage_filesystem,
             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
             failure_config=FailureConfig(max_failures=tc.max_failures),
         ),
     )
 
 
-def export(result: Result, out: Path, best: str | None = None) -> dict[str, Any]:
+def export(result: Result, out: Path, best: tuple[Any, str] | None = None) -> dict[str, Any]:
     """Weights-only copies of the kept checkpoints, ``final/model.pt``, ``best/model.pt`` (the
     best by ``val_bleu``, from ``best``, when training measured it) and ``checkpoints.json``."""
     if result.checkpoint is None:
@@ -236,13 +262,13 @@ def export(result: Result, out: Path, best: str | None = None) -> dict[str, Any]
     }
 
 
-def export_best(best: str, out: Path) -> dict[str, Any]:
-    """``best`` (local or a URI) copied to ``out/best/model.pt``; its listing entry."""
+def export_best(best: tuple[Any, str], out: Path) -> dict[str, Any]:
+    """``best`` (a filesystem and the path in it) copied to ``out/best/model.pt``; its listing entry."""
     import pyarrow.fs as pafs
 
-    fs, path = open_fs(best)
+    fs, path = best
     if fs.get_file_info(path).type != pafs.FileType.File:
-        raise JobError(f"training measured val_bleu but left no best checkpoint {best}")
+        raise JobError(f"training measured val_bleu but left no best checkpoint {path}")
     (out / "best").mkdir()
     pafs.copy_files(path, str(out / "best" / MODEL_FILE), source_filesystem=fs)
     state = ckpt.load(out / "best" / MODEL_FILE)

@@ -49,13 +49,13 @@ class TrackingOptions:
         }
 
 
-def spill_folder(configured: str | None, storage_path: str, run_name: str) -> str:
+def spill_folder(configured: str | None, storage_path: str | None, run_name: str) -> str:
     """Where a training's spill file goes: ``configured/<run name>``, else its Ray Train run
-    folder when the storage is local, else the system's temporary folder (an append-only file
-    needs a file system, not an object store)."""
+    folder when the storage is local, else (a URI, or None: an object store) the system's
+    temporary folder (an append-only file needs a file system, not an object store)."""
     if configured:
         return f"{configured.rstrip('/')}/{run_name}"
-    if "://" not in storage_path:
+    if storage_path is not None and "://" not in storage_path:
         return f"{storage_path.rstrip('/')}/{run_name}"
     return f"{tempfile.gettempdir()}/tfm-tracking/{run_name}"
 

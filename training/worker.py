@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from training.data import TokenData, open_fs
+from training.data import TokenData
 from training.dev_bleu import DevBleu
 from training.progress import Progress
 from training.tracking import Tracker
@@ -67,7 +67,8 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
     progress.resumed(world)
     saver = Saver(trainer, job.model, job.vocab_size, job.tgt_vocab_size)
     try:
-        trainer.fit(saver.report, WorkerListener(tracker, progress, job.best_path, job.vocab_size))
+        listener = WorkerListener(tracker, progress, job.storage_fs(job.best_path), job.vocab_size)
+        trainer.fit(saver.report, listener)
     except BaseException:
         tracker.close(timeout=min(5.0, job.tracking.drain_seconds))  # Ray restarts the group
         raise
@@ -117,8 +118,9 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
     import ray.train.torch
 
     tc, seed, vocab_size = job.train, job.seed, job.vocab_size
-    train = TokenData.read(f"{job.shard_dir}/train", vocab_size)
-    dev = TokenData.read(f"{job.shard_dir}/dev", vocab_size)
+    shard = job.shard()  # on an object store: this node's copy, fetched by its first worker
+    train = TokenData.read(f"{shard}/train", vocab_size)
+    dev = TokenData.read(f"{shard}/dev", vocab_size)
     torch.manual_seed(seed)  # the same initial weights on every rank
     module = Transformer(job.model, vocab_size, job.tgt_vocab_size)
     # The only buffer is the fixed sinusoid table: broadcasting it every forward is waste.
@@ -129,7 +131,7 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
     if tc.bleu_sentences:
         import sentencepiece
 
-        tokenizer = sentencepiece.SentencePieceProcessor(model_file=job.tokenizer_file)
+        tokenizer = sentencepiece.SentencePieceProcessor(model_file=job.tokenizer())
         dev_bleu = DevBleu(
             dev,
             tokenizer.decode,
@@ -192,7 +194,9 @@ class WorkerListener(Listener):
     """Rank 0's metrics to MLflow and its lines to the console; the best weights by ``val_bleu``
     to ``best_path`` when a validation improves on it."""
 
-    def __init__(self, tracker: Tracker, progress: Progress, best_path: str, vocab_size: int):
+    def __init__(
+        self, tracker: Tracker, progress: Progress, best_path: tuple[Any, str], vocab_size: int
+    ):
         self.tracker, self.progress = tracker, progress
         self.best_path, self.vocab_size = best_path, vocab_size
 
@@ -236,12 +240,15 @@ def worker_threads(local_workers: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // max(local_workers, 1))
 
 
-def save_best(path: str, module: Transformer, best: dict[str, Any], vocab_size: int) -> None:
-    """The weights of the best validation so far to ``path`` (local or a URI), replacing the
-    previous best only once complete. Beside Ray's checkpoints, which it keeps by recency."""
+def save_best(
+    path: tuple[Any, str], module: Transformer, best: dict[str, Any], vocab_size: int
+) -> None:
+    """The weights of the best validation so far to ``path`` (a filesystem and the path in it),
+    replacing the previous best only once complete. Beside Ray's checkpoints, which it keeps by
+    recency."""
     import pyarrow.fs as pafs
 
-    fs, target = open_fs(path)
+    fs, target = path
     partial = f"{target}.partial"
     with tempfile.TemporaryDirectory() as d:
         tgt = module.tgt_vocab_size if module.tgt_vocab_size != vocab_size else None

@@ -16,22 +16,20 @@ import functools
 import hashlib
 import json
 import os
-import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
-from pydantic_core import ErrorDetails
 
 from corpora.encoding import ShardConfig
 from corpora.filters import CleanConfig
 from corpora.sources import split_pair
+from corpora.storage import StorageError, Store, StoreSettings, is_remote, open_store
 from corpora.subwords import TokenizerConfig
 from serving.translator import DecodeConfig
+from tasks.framework.config_errors import config_error, not_json, yaml_error
 from tasks.framework.config_sections import (
     AverageConfig,
     DataConfig,
@@ -56,13 +54,25 @@ Read once: ``mlflow.set_tracking_uri`` rewrites the variable, so a later read wo
 store of the last run this process logged to."""
 
 
-Workdir = Path
-"""The type of a run's artifact root, from load to the stages (one place to make it URI-aware)."""
+Workdir = str
+"""The type of a run's artifact root, from load to the stages: an absolute local path, or an
+object store's URI (``s3://bucket/prefix``, ``gs://bucket/prefix``)."""
 
 
-def workdir_of(template: str, name: str) -> Workdir:
-    """``workdir`` as written (``{name}`` for the run name) as the absolute folder it names."""
-    return Path(template.format(name=name)).resolve()
+def workdir_of(template: str | Path, name: str) -> Workdir:
+    """``workdir`` as written (``{name}`` for the run name): the absolute folder it names, or
+    the store URI it names (without a trailing '/'); a ConfigError for another scheme."""
+    text = str(template).format(name=name)
+    if is_remote(text):
+        return text.rstrip("/")
+    if "://" in text:
+        raise ConfigError("workdir", f"{text!r}: use a local path, s3://bucket/prefix or gs://bucket/prefix")
+    return str(Path(text).resolve())
+
+
+@functools.lru_cache(maxsize=8)
+def _store(workdir: str, settings: StoreSettings) -> Store:
+    return open_store(workdir, settings)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,9 +87,13 @@ class RunConfig:
     """Run name; names the work directory and MLflow runs."""
     seed: int = 1234
     """Seed for sampling, shuffling and initialisation."""
-    workdir: Workdir = Path("runs/{name}")
-    """Artifact root; ``{name}`` is replaced by the run name. Relative paths are from the CWD at
-    load, where it is resolved once: every stage sees the same absolute folder."""
+    workdir: Workdir = "runs/{name}"
+    """Artifact root; ``{name}`` is replaced by the run name. A local path (relative paths are
+    from the CWD at load, where it is resolved once: every stage sees the same absolute folder),
+    or a prefix on an object store: ``s3://bucket/prefix``, ``gs://bucket/prefix``."""
+    storage: StoreSettings = field(default_factory=StoreSettings)
+    """How to reach the object store a ``workdir`` URI names (the secrets stay in environment
+    variables), and this node's cache folder for it."""
     model: ModelConfig = field(default_factory=presets.base)
     """Architecture: ``preset: <name>`` plus any ModelConfig fields to override."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -106,12 +120,35 @@ class RunConfig:
     """Constituency parsing (the parsing pipeline only)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "workdir", workdir_of(str(self.workdir), self.name))
+        object.__setattr__(self, "workdir", workdir_of(self.workdir, self.name))
+        if is_remote(self.workdir):
+            try:
+                _store(self.workdir, self.storage)  # the URI and the credential variables, now
+            except StorageError as exc:
+                raise ConfigError("workdir", str(exc)) from None
+            if not (self.mlflow.tracking_uri or TRACKING_URI_AT_START):
+                raise ConfigError(
+                    "mlflow.tracking_uri",
+                    f"the work dir {self.workdir} is on an object store, where MLflow's SQLite "
+                    "database cannot live: set it to a tracking server (or sqlite:////<local "
+                    "path>/mlflow.db), or set MLFLOW_TRACKING_URI",
+                )
 
     @property
-    def root(self) -> Workdir:
-        """The run's artifact root folder (``workdir``, resolved at load)."""
-        return self.workdir
+    def root(self) -> Path:
+        """The run's local folder: the work dir itself (resolved at load), or with a work dir on
+        an object store, this node's folder for the run's local files (its log, caches,
+        staging) under ``storage.cache_dir``."""
+        if not is_remote(self.workdir):
+            return Path(self.workdir)
+        where = hashlib.sha256(self.workdir.encode()).hexdigest()[:8]
+        return self.storage.cache_root() / "runs" / f"{self.name}-{where}"
+
+    @property
+    def store(self) -> Store:
+        """The work dir as a ``Store``: a local folder, or a prefix of an object store (its
+        client, built once per process; ``Store.check`` asks the server)."""
+        return _store(self.workdir, self.storage)
 
     @property
     def languages(self) -> tuple[str, str]:
@@ -176,18 +213,6 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         raise ConfigError(exc.key, f"{exc.message} ({where})") from None
 
 
-def yaml_error(path: Path, exc: yaml.YAMLError) -> str:
-    """One line: the file, the line and column (1-based) and what PyYAML found there."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    context = getattr(exc, "context", None)
-    opened = getattr(exc, "context_mark", None)
-    if context and opened is not None:
-        problem += f" ({context} at line {opened.line + 1})"
-    return f"{where}: invalid YAML: {problem}"
-
-
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build a RunConfig from plain data (as YAML gives it)."""
     written, data = data, dict(data)
@@ -198,11 +223,11 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     try:
         blob = json.dumps(data)
     except TypeError as exc:
-        raise (_not_json(data) or ConfigError("", str(exc))) from None
+        raise (not_json(data) or ConfigError("", str(exc))) from None
     try:
         return _adapter().validate_json(blob)
     except ValidationError as exc:
-        raise _config_error(exc, written) from None
+        raise config_error(exc, written, RunConfig) from None
 
 
 def to_dict(obj: Any) -> Any:
@@ -248,128 +273,6 @@ def _with_preset(model: dict[str, Any]) -> dict[str, Any]:
     except ConfigError as exc:
         raise exc.under("model") from None
     return {**dataclasses.asdict(preset), **model}
-
-
-def _not_json(value: Any, key: str = "") -> ConfigError | None:
-    """The first value YAML can make but JSON cannot hold (a date, a set, bytes), as an error."""
-    if isinstance(value, dict):
-        inner = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
-    elif isinstance(value, (list, tuple)):
-        inner = ((f"{key}[{i}]", v) for i, v in enumerate(value))
-    elif isinstance(value, (str, int, float, type(None))):
-        return None
-    else:
-        return ConfigError(key, f"{value!r} is a YAML {type(value).__name__}, which no setting takes "
-                                "(quote it to give a string)")
-    return next((e for e in (_not_json(v, k) for k, v in inner) if e is not None), None)
-
-
-_EXPECTED = {"int": "must be an integer", "float": "must be a number", "bool": "must be true or false",
-             "string": "must be a string", "tuple": "must be a list"}
-"""What a value of each kind must be, by the first word of pydantic's error type (``int_type``)."""
-
-_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
-           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
-"""A bound a field's constraint (``Ge(1)``) sets: pydantic's error type -> its context key and sign."""
-
-
-def _config_error(exc: ValidationError, written: dict[str, Any]) -> ConfigError:
-    """Pydantic's first error in the order the keys were written, as one ConfigError; the
-    errors of a union's branches (``train.num_workers``: an integer or a list) joined by ``;``."""
-    found: dict[str, list[str]] = {}
-    where: dict[str, tuple[int, ...]] = {}
-    for error in exc.errors():
-        one = _explain(error)
-        found.setdefault(one.key, []).append(one.message)
-        where.setdefault(one.key, _position(written, error["loc"]))
-    key = min(found, key=where.__getitem__)
-    return ConfigError(key, "; ".join(found[key]))
-
-
-def _explain(error: ErrorDetails) -> ConfigError:
-    """One pydantic error as a ConfigError, its key path and message from the type hints."""
-    key, hint, outer, in_union = "", RunConfig, None, False
-    for item in error["loc"]:
-        outer = hint = _non_null(hint)
-        if dataclasses.is_dataclass(hint):
-            key = f"{key}.{item}" if key else str(item)
-            hint = _field_types(hint).get(str(item))
-        elif typing.get_origin(hint) is tuple:
-            args = typing.get_args(hint)
-            if not in_union and error["type"] != "missing":
-                key += f"[{item}]"
-            fixed = isinstance(item, int) and item < len(args)
-            hint = args[0] if args[-1] is Ellipsis else args[item] if fixed else None
-        elif _is_union(hint):  # item is a branch's tag: each branch's error is the union's
-            in_union = True
-            hint = next((a for a in typing.get_args(hint) if item in (getattr(a, "__name__", ""), str(a))), None)
-    if error["type"] == "value_error":
-        return _raised(error, key)
-    message = _message(error, _non_null(hint), outer)
-    if error["type"] in _BOUNDS and _non_null(hint) is not hint:
-        message += " or null"  # the field is optional: null is the other way to be right
-    return ConfigError(key, message)
-
-
-def _message(error: ErrorDetails, hint: Any, outer: Any) -> str:
-    """What was wrong with the value, in the words of the hand-written checks before pydantic."""
-    kind, value = error["type"], error["input"]
-    if kind == "unexpected_keyword_argument":
-        known = ["preset"] * (outer is ModelConfig) + [f.name for f in dataclasses.fields(outer)]
-        return f"unknown key (known: {', '.join(known)})"
-    if kind == "missing" and dataclasses.is_dataclass(outer):
-        return "is required"
-    if kind in ("missing", "too_long", "too_short"):  # a fixed-length tuple (adam_betas)
-        return f"{value!r} must have {len(typing.get_args(outer if kind == 'missing' else hint))} items"
-    if kind == "literal_error":
-        return f"{value!r} is not one of {', '.join(map(repr, typing.get_args(hint)))}"
-    if kind == "dataclass_type":
-        return f"must be a mapping, got {type(value).__name__}"
-    if kind in _BOUNDS:
-        key, sign = _BOUNDS[kind]
-        bound = error.get("ctx", {})[key]  # a float field's bound comes as a float: 0 -> 0.0
-        return f"{value!r} must be {sign} {int(bound) if float(bound).is_integer() else bound}"
-    expected = _EXPECTED.get(kind.split("_")[0])
-    return f"{value!r} {expected}" if expected else f"{value!r}: {error['msg']}"
-
-
-def _raised(error: ErrorDetails, key: str) -> ConfigError:
-    """A check written as code that failed (a section's ``__post_init__``, a field's
-    validator), under the section's or the field's key."""
-    cause = error.get("ctx", {}).get("error")
-    if isinstance(cause, ConfigError):
-        return cause.under(key) if key else cause
-    return ConfigError(key, str(cause or error["msg"]))
-
-
-def _position(data: Any, loc: tuple[int | str, ...]) -> tuple[int, ...]:
-    """Where the value at ``loc`` was written: each key's index in its mapping (a key not
-    written, a missing ``name``, after every written one)."""
-    at: list[int] = []
-    for item in loc:
-        if not isinstance(data, dict):
-            break
-        keys = [str(k) for k in data]
-        if str(item) not in keys:
-            return (*at, sys.maxsize)
-        at.append(keys.index(str(item)))
-        data = list(data.values())[at[-1]]
-    return tuple(at)
-
-
-@functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _is_union(hint: Any) -> bool:
-    return typing.get_origin(hint) in (typing.Union, types.UnionType)
-
-
-def _non_null(hint: Any) -> Any:
-    """``X`` for ``X | None`` (pydantic checks it as X, allowing null); any other hint as it is."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)] if _is_union(hint) else []
-    return args[0] if len(args) == 1 else hint
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

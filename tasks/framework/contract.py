@@ -17,12 +17,13 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from corpora.redact import redacted
+from corpora.storage import StoredFolder
 from tasks.framework.code_fingerprint import stage_code
 from tasks.framework.config import RunConfig, fingerprint, flatten, to_dict
 from transformer_core.folders import (
@@ -203,6 +204,9 @@ class BuildContext:
     inputs: Mapping[str, Path]
     input_fps: Mapping[str, str]
     tmp: Path
+    stored: Mapping[str, StoredFolder] = field(default_factory=dict)
+    """Input role -> its folder on the object store, when the work dir is on one (``inputs``
+    are then this node's copies): what a Ray worker on another node is handed to copy."""
 
 
 @dataclass(frozen=True)
@@ -246,13 +250,20 @@ def check(folder: Path, identity: Mapping[str, Any], *, full: bool = False) -> S
     manifest = read_manifest(folder)
     if manifest is None:
         return Status("stale", f"{folder} has no readable {MANIFEST}")
+    return judge(manifest, identity, lambda: damage(folder, manifest, full=full))
+
+
+def judge(manifest: Mapping[str, Any], identity: Mapping[str, Any],
+          problem: Callable[[], str | None]) -> Status:
+    """A folder with this manifest is up to date for ``identity`` if it was written or accepted
+    for it and ``problem()`` (what is wrong with its files, asked only then) finds nothing."""
     expected = fingerprint(identity)
     accepted = {a.get("fingerprint") for a in manifest.get("accepted") or ()}
     if expected != manifest.get("fingerprint") and expected not in accepted:
         return Status("stale", why_changed(manifest, identity))
-    problem = damage(folder, manifest, full=full)
-    if problem is not None:
-        return Status("stale", problem)
+    found = problem()
+    if found is not None:
+        return Status("stale", found)
     how = "accepted" if expected != manifest.get("fingerprint") else "matches"
     return Status("up to date", f"fingerprint {expected[:12]} {how}")
 
@@ -292,13 +303,18 @@ def accept(stage: str, out_dir: Path, current: Callable[[], Mapping[str, Any]]) 
     if status.up_to_date:
         return StageResult(stage, out_dir, False, status.reason, manifest.get("stats", {}),
                            time.time() - started)
-    entry = {**identity, "fingerprint": fingerprint(identity), "time": started,
-             "changed": status.reason, "code_version": code_version()}
-    manifest["accepted"] = [*(manifest.get("accepted") or []), entry]
-    write_json_atomic(out_dir / MANIFEST, manifest)
+    write_json_atomic(out_dir / MANIFEST, accepted(manifest, identity, status.reason, started))
     log.info("stage %s: accepted as up to date (%s) -> %s", stage, status.reason, out_dir)
     return StageResult(stage, out_dir, False, f"accepted: {status.reason}",
                        manifest.get("stats", {}), time.time() - started)
+
+
+def accepted(manifest: Mapping[str, Any], identity: Mapping[str, Any], changed: str,
+             when: float) -> dict[str, Any]:
+    """``manifest`` with the acceptance of ``identity`` recorded (``accept``)."""
+    entry = {**identity, "fingerprint": fingerprint(identity), "time": when,
+             "changed": changed, "code_version": code_version()}
+    return {**manifest, "accepted": [*(manifest.get("accepted") or []), entry]}
 
 
 def describe_files(folder: Path, hash_files: bool = True) -> dict[str, dict[str, Any]]:

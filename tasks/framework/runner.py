@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corpora.redact import redacted
-from tasks.framework import tracking
+from tasks.framework import stored, tracking
 from tasks.framework.config import RunConfig, fingerprint, to_dict
 from tasks.framework.contract import (
     MANIFEST,
@@ -65,7 +65,14 @@ def standing(
     what ``run_stage`` skips on and ``tfm status`` shows, one decision."""
     ident = identity(config, stage, input_fps)
     rule = (lambda folder: stage.outdated(config, folder)) if outdated else None
+    if config.store.remote:
+        return ident, stored.check(config, stage.name, ident, outdated=rule, full=full)
     return ident, freshness(output_dir(config, stage.name), ident, outdated=rule, full=full)
+
+
+def place(config: RunConfig, name: str) -> str:
+    """Where stage ``name``'s output lives, as a person reads it: its folder, or its URI."""
+    return stored.location(config, name) if config.store.remote else str(output_dir(config, name))
 
 
 def stage_inputs(
@@ -100,6 +107,11 @@ def run_stage(
     stage = spec(config, name)
     started = time.time()
     try:
+        if config.store.remote:
+            result = _run_stored(config, stage, inputs, force, options, started)
+            if "mlflow" in sys.modules:
+                tracking.log_stage_result(result)
+            return result
         folder_inputs = stage_inputs(config, stage, inputs)
         input_fps = input_fingerprints(folder_inputs)
         ident, st = standing(config, stage, input_fps, outdated=not force)
@@ -123,6 +135,8 @@ def accept_stage(config: RunConfig, name: str) -> StageResult:
     """Keep stage ``name``'s output for the current config, inputs and code without running it
     (``contract.accept``: recorded in its manifest)."""
     stage = spec(config, name)
+    if config.store.remote:
+        return stored.accept(config, name, lambda: identity(config, stage, _stored_fps(config, stage)))
     return accept(name, output_dir(config, name),
                   lambda: identity(config, stage, input_fingerprints(inputs_of(config, stage))))
 
@@ -132,18 +146,20 @@ def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]
     checks every file's sha256, not only the small files'."""
     result: list[tuple[str, Status]] = []
     fresh: dict[str, bool] = {}
+    remote = config.store.remote
     for stage in pipeline(config):
         folder = output_dir(config, stage.name)
         stale_inputs = [up for up in stage.inputs.values() if not fresh.get(up, False)]
         if stale_inputs:
-            state = "missing" if not folder.exists() else "stale"
+            there = config.store.exists(stage.name) if remote else folder.exists()
+            state = "stale" if there else "missing"
             st = Status(state, f"waits for {', '.join(dict.fromkeys(stale_inputs))}")
         else:
             # The inputs were just found up to date (damage included): their manifests'
             # fingerprints are what input_fingerprints returns, without checking them again.
             input_fps: dict[str, str] = {}
             for role, path in inputs_of(config, stage).items():
-                manifest = read_manifest(path)
+                manifest = config.store.read_manifest(path.name) if remote else read_manifest(path)
                 assert manifest is not None  # found up to date just now
                 input_fps[role] = manifest["fingerprint"]
             _, st = standing(config, stage, input_fps, full=full)
@@ -201,24 +217,85 @@ def _run_unless_fresh(
     tmp = temporary_sibling(out_dir)
     tmp.mkdir()
     try:
-        stats = redacted(to_dict(dict(build(tmp) or {})))
-        manifest = {
-            "stage": stage,
-            "fingerprint": fingerprint(ident),
-            "config": ident["config"],
-            "inputs": {n: {"path": str(Path(p).resolve()), "fingerprint": input_fps[n]}
-                       for n, p in inputs.items()},
-            "code_version": code_version(),
-            "code": ident["code"],
-            "started": started,
-            "seconds": round(time.time() - started, 3),
-            "stats": stats,
-            "files": describe_files(tmp, hash_files=hash_files),
-        }
-        write_json_atomic(tmp / MANIFEST, manifest)
+        places = {n: str(Path(p).resolve()) for n, p in inputs.items()}
+        stats = _write_manifest(tmp, stage, ident, places, input_fps, started, build(tmp),
+                                hash_files=hash_files)
         publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("stage %s: done in %.1fs -> %s", stage, time.time() - started, out_dir)
     return StageResult(stage, out_dir, True, reason, stats, time.time() - started)
+
+
+def _write_manifest(
+    tmp: Path,
+    stage: str,
+    ident: Mapping[str, Any],
+    places: Mapping[str, str],
+    input_fps: Mapping[str, str],
+    started: float,
+    stats: Mapping[str, Any] | None,
+    *,
+    hash_files: bool = True,
+) -> dict[str, Any]:
+    """The finished ``tmp``'s manifest, written last: what made it (``places``: where each
+    input was read) and every file's size and sha256; its stats (secrets masked)."""
+    manifest: dict[str, Any] = {
+        "stage": stage,
+        "fingerprint": fingerprint(ident),
+        "config": ident["config"],
+        "inputs": {n: {"path": places[n], "fingerprint": input_fps[n]} for n in places},
+        "code_version": code_version(),
+        "code": ident["code"],
+        "started": started,
+        "seconds": round(time.time() - started, 3),
+        "stats": redacted(to_dict(dict(stats or {}))),
+        "files": describe_files(tmp, hash_files=hash_files),
+    }
+    write_json_atomic(tmp / MANIFEST, manifest)
+    return manifest["stats"]
+
+
+def _stored_fps(config: RunConfig, stage: StageSpec) -> dict[str, str]:
+    """The fingerprints of the stage's input folders on the object store (checked complete)."""
+    return {role: stored.input_fingerprint(config, up, role) for role, up in stage.inputs.items()}
+
+
+def _run_stored(
+    config: RunConfig,
+    stage: StageSpec,
+    given: Mapping[str, Path] | None,
+    force: bool | str,
+    options: Mapping[str, object],
+    started: float,
+) -> StageResult:
+    """``run_stage`` with the work dir on an object store (``tasks.framework.stored``): the
+    inputs judged by their manifests there and read from this node's copies, the output built
+    locally, uploaded manifest last, and kept as this node's copy."""
+    name = stage.name
+    if given is not None:
+        raise StageError(f"stage {name}: inputs given by hand need a local work dir, not {config.store.uri}")
+    config.store.check()  # a missing bucket, refused keys, a silent endpoint: one line, nothing written
+    input_fps = _stored_fps(config, stage)
+    ident, st = standing(config, stage, input_fps, outdated=not force)
+    reason = (force if isinstance(force, str) else "forced") if force else st.reason
+    if st.up_to_date and not force:
+        log.info("stage %s: up to date, skipped (%s)", name, stored.location(config, name))
+        manifest = config.store.read_manifest(name) or {}
+        return StageResult(name, stored.manifest_copy(config, name, manifest), False, st.reason,
+                           manifest.get("stats", {}), time.time() - started)
+    log.info("stage %s: running (%s)", name, reason)
+    tmp = stored.staging(config, name)
+    try:
+        inputs = {role: stored.local_copy(config, up) for role, up in stage.inputs.items()}
+        sources = {role: stored.folder(config, up, input_fps[role]) for role, up in stage.inputs.items()}
+        stats = stage.build(BuildContext(config, inputs, input_fps, tmp, sources), **options)
+        places = {role: stored.location(config, up) for role, up in stage.inputs.items()}
+        stats = _write_manifest(tmp, name, ident, places, input_fps, started, stats)
+        out = stored.publish_stored(config, name, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("stage %s: done in %.1fs -> %s", name, time.time() - started, stored.location(config, name))
+    return StageResult(name, out, True, reason, stats, time.time() - started)

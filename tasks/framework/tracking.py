@@ -147,15 +147,16 @@ def active_or_stage_run(config: RunConfig, stage: str) -> Iterator[ActiveRun]:
 
 
 @contextmanager
-def training_run(config: RunConfig, stage: str, run_dir: str) -> Iterator[tuple[str, str]]:
+def training_run(
+    config: RunConfig, stage: str, run_dir: tuple[Any, str]
+) -> Iterator[tuple[str, str]]:
     """``(tracking_uri, run_id)`` a training logs into: the run its storage folder logged into
-    before (a resume), else the active run, else a new stage run; remembered in the folder, and
-    ended FINISHED or FAILED with the training when it was reopened."""
+    before (a resume), else the active run, else a new stage run; remembered in the folder
+    (``run_dir``: a filesystem and the path in it), and ended FINISHED or FAILED with the
+    training when it was reopened."""
     import mlflow
 
-    from training.data import open_fs
-
-    fs, root = open_fs(run_dir)
+    fs, root = run_dir
     record_path = f"{root}/{MLFLOW_RUN_FILE}"
     stored = _read_record(fs, record_path)
     if stored is not None and not _run_exists(stored["tracking_uri"], stored["run_id"]):

@@ -76,9 +76,14 @@ class SeaweedS3:
             "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3 + 10_000}", f"-s3.config={config}",
             f"-s3.localSocket={self.root / 's3.sock'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip
-        self.log = open(self.root / "weed.log", "wb")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root)
-        self._wait_for_bucket(ready_seconds)
+        self.args, self.ready_seconds = args, ready_seconds
+        self.start()
+
+    def start(self) -> None:
+        """Start the server (again, after ``stop``: the same ports, keys and data)."""
+        self.log = open(self.root / "weed.log", "ab")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root)
+        self._wait_for_bucket(self.ready_seconds)
 
     @property
     def env(self) -> dict[str, str]:
@@ -104,12 +109,16 @@ class SeaweedS3:
 
     def _wait_for_bucket(self, seconds: float) -> None:
         """Create the test bucket once the gateway, filer and volume answer (a few seconds)."""
+        import pyarrow.fs as pafs
+
         deadline, last = time.monotonic() + seconds, None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
             try:
-                self.filesystem().create_dir(BUCKET)
+                fs = self.filesystem()
+                if fs.get_file_info(BUCKET).type != pafs.FileType.Directory:
+                    fs.create_dir(BUCKET)
                 return
             except OSError as exc:
                 last = exc
@@ -119,7 +128,8 @@ class SeaweedS3:
         raise RuntimeError(f"SeaweedFS did not serve S3 within {seconds:.0f} s ({last}):\n{tail}")
 
     def close(self) -> None:
-        """Stop it: a graceful stop drains for ~25 s, and the test's data is thrown away."""
+        """Stop it (a graceful stop drains for ~25 s, so it is killed after 3); ``start`` serves
+        the same data again."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -120,7 +120,48 @@ def test_name_defaults_to_file_stem_and_overrides_apply(tmp_path: Path):
     assert config.train.steps == 7
     assert config.model == presets.debug().replace(dropout=0.0)
     # The work dir is resolved once, at load, against the current directory.
-    assert config.root == config.workdir == Path.cwd() / "runs" / "my_run"
+    assert config.root == Path(config.workdir) == Path.cwd() / "runs" / "my_run"
+    assert not config.store.remote
+
+
+def test_a_work_dir_on_an_object_store_loads_and_keeps_its_local_files_in_the_node_cache(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", None)
+    data = {"name": "r", "workdir": "s3://bucket/team/{name}/", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"},
+            "storage": {"endpoint": "http://127.0.0.1:8333", "cache_dir": str(tmp_path)}}
+    config = config_from_dict(data)
+    assert config.workdir == "s3://bucket/team/r"
+    assert config.store.remote and config.store.base == "bucket/team/r"
+    assert config.store.endpoint == "http://127.0.0.1:8333"
+    assert config.root.parent == tmp_path / "runs" and config.root.name.startswith("r-")
+    # Another bucket, another local folder: two runs of one name never share one.
+    other = config_from_dict({**data, "workdir": "s3://other/team/{name}"})
+    assert other.root != config.root
+    assert config_from_dict({**data, "workdir": "gs://bucket/p"}).store.remote
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "words"),
+    [
+        ({"workdir": "s3://bucket/run"}, "mlflow.tracking_uri", "MLflow's SQLite database cannot live"),
+        ({"workdir": "ftp://host/run"}, "workdir", "use a local path, s3://bucket/prefix"),
+        ({"workdir": "s3:///run"}, "workdir", "no bucket"),
+        ({"workdir": "s3://AKIAX:hunter22@bucket/run", "mlflow": {"tracking_uri": "http://h:5000"}},
+         "workdir", "put credentials in environment variables"),
+        ({"workdir": "s3://bucket/run", "mlflow": {"tracking_uri": "http://h:5000"},
+          "storage": {"access_key_env": "TFM_TEST_UNSET_KEY"}}, "workdir", "$TFM_TEST_UNSET_KEY"),
+    ],
+)
+def test_a_store_work_dir_that_cannot_work_fails_at_load_in_one_line(
+    data: dict, key: str, words: str, monkeypatch
+):
+    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", None)
+    monkeypatch.delenv("TFM_TEST_UNSET_KEY", raising=False)
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"name": "r", **data})
+    assert err.value.key == key and words in str(err.value) and "\n" not in str(err.value)
+    assert "hunter22" not in str(err.value)
 
 
 def test_preset_table3_rows_load(tmp_path: Path):
