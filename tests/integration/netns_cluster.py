@@ -68,11 +68,14 @@ class Cluster:
 
     @property
     def credentials(self) -> dict[str, str]:
-        """The pipeline's MLflow user and Prefect's auth string, as env.sh gives a shell."""
+        """The pipeline's MLflow user, Prefect's auth string and the object store's keys, as
+        env.sh gives a shell."""
         secrets = self.state / "secrets"
         return {"MLFLOW_TRACKING_USERNAME": "pipeline",
                 "MLFLOW_TRACKING_PASSWORD": (secrets / "mlflow-pipeline").read_text().strip(),
-                "PREFECT_API_AUTH_STRING": (secrets / "prefect-auth").read_text().strip()}
+                "PREFECT_API_AUTH_STRING": (secrets / "prefect-auth").read_text().strip(),
+                "AWS_ACCESS_KEY_ID": (secrets / "s3-access-key").read_text().strip(),
+                "AWS_SECRET_ACCESS_KEY": (secrets / "s3-secret-key").read_text().strip()}
 
     @property
     def env(self) -> dict[str, str]:
