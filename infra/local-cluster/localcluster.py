@@ -23,9 +23,10 @@ string, the object store its access keys. PostgreSQL, MLflow, Prefect and Seawee
 an unprivileged user of their own (``postgres``, ``tfm-mlflow``, ``tfm-prefect``, ``tfm-s3``), and
 no password or key is on any command line: the servers get theirs from their environment or a
 file only they can read. The state folder
-(default runs/local-cluster) holds the token, the generated passwords (``secrets/``), the logs,
-PostgreSQL's data and MLflow's artifacts; ``env.sh`` there sets a shell up as a client of the
-cluster (it reads the passwords from ``secrets/``, so it needs root).
+(default runs/local-cluster) holds the token, the generated passwords and keys (``secrets/``),
+the logs, PostgreSQL's data, MLflow's artifacts and the object store's data (``s3/``); ``env.sh``
+there sets a shell up as a client of the cluster (it reads the passwords and keys from
+``secrets/``, so it needs root).
 
 Written by hand (iproute2 calls): no library makes network-namespace hosts, and the commands
 are the ones a person would type. Needs root (CAP_NET_ADMIN), Debian's postgresql and the
@@ -51,6 +52,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -171,12 +173,12 @@ class Layout:
     def credentials(self, services: tuple[str, ...] = tuple(CREDENTIALS)) -> dict[str, str]:
         """The client credentials for ``services``, read from ``secrets/``: never written to
         cluster.json or env.sh, never put on a command line."""
-        values = {"MLFLOW_TRACKING_USERNAME": lambda: PIPELINE_USER,
-                  "MLFLOW_TRACKING_PASSWORD": lambda: _secret(self, "mlflow-pipeline"),
-                  "PREFECT_API_AUTH_STRING": lambda: _secret(self, "prefect-auth"),
-                  "AWS_ACCESS_KEY_ID": lambda: _secret(self, "s3-access-key", _access_key),
-                  "AWS_SECRET_ACCESS_KEY": lambda: _secret(self, "s3-secret-key")}
-        return {name: values[name]() for service in services for name in CREDENTIALS[service]}
+        values = {"MLFLOW_TRACKING_USERNAME": PIPELINE_USER,
+                  "MLFLOW_TRACKING_PASSWORD": _secret(self, "mlflow-pipeline"),
+                  "PREFECT_API_AUTH_STRING": _secret(self, "prefect-auth"),
+                  "AWS_ACCESS_KEY_ID": _secret(self, "s3-access-key", _access_key),
+                  "AWS_SECRET_ACCESS_KEY": _secret(self, "s3-secret-key")}
+        return {name: values[name] for service in services for name in CREDENTIALS[service]}
 
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -448,7 +450,7 @@ def start_service(layout: Layout, service: str) -> None:
 # ----------------------------------------------------------------------------- services
 
 
-def _secret(layout: Layout, name: str, make=lambda: secrets.token_urlsafe(24)) -> str:
+def _secret(layout: Layout, name: str, make: Callable[[], str] = lambda: secrets.token_urlsafe(24)) -> str:
     """A password kept in the state folder (mode 0600), made (by ``make()``) on first use."""
     path = layout.root / "secrets" / name
     if not path.is_file():
@@ -637,7 +639,7 @@ def weed_argv(layout: Layout, weed: str, home: Path) -> list[str]:
         "-s3", f"-s3.ip.bind={ip}", f"-s3.port={ports['s3']}", f"-s3.port.grpc={grpc['s3']}",
         f"-s3.config={home / 'identities.json'}", f"-s3.localSocket={home / 's3.sock'}",
         "-s3.port.iceberg=0", "-s3.port.lance=0",
-    ]  # fmt: skip
+    ]
 
 
 def weed_sockets_taken(layout: Layout) -> list[str]:
@@ -672,7 +674,7 @@ def s3_start(layout: Layout) -> int:
         "name": PIPELINE_USER,
         "credentials": [{"accessKey": keys["AWS_ACCESS_KEY_ID"], "secretKey": keys["AWS_SECRET_ACCESS_KEY"]}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-    }]}  # fmt: skip
+    }]}
     config = home / "identities.json"
     config.write_text(json.dumps(identities))
     owned_folder(home, user)
@@ -808,8 +810,8 @@ def status(layout: Layout) -> None:
     print(f"MLflow login   {MLFLOW_ADMIN} / {layout.root / 'secrets' / 'mlflow-admin'} (the flows: "
           f"{PIPELINE_USER} / secrets/mlflow-pipeline)")
     print(f"Prefect login  the auth string in {layout.root / 'secrets' / 'prefect-auth'}")
-    print(f"S3 (SeaweedFS) bucket {BUCKET}; keys in {layout.root / 'secrets' / 's3-access-key'} and "
-          f"s3-secret-key (the services: {', '.join(SERVICES)})")
+    print(f"S3 login       bucket {BUCKET}, the keys in {layout.root / 'secrets' / 's3-access-key'} "
+          f"and s3-secret-key")
     print(f"client shell   source {layout.root / 'env.sh'}")
 
 
