@@ -107,6 +107,26 @@ def test_status_judges_the_bucket_and_verify_reads_every_byte_back(store_run, s3
             f.write(data)
 
 
+def test_accept_on_the_store_keeps_a_folder_for_a_changed_config(store_run, s3_server, monkeypatch):
+    import dataclasses
+
+    from tasks.framework import runner
+
+    config, _, _, _ = store_run
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, s3_server.env[name])
+    changed = config.replace(decode=dataclasses.replace(config.decode, beam_size=3))
+    before = dict(runner.status(changed))["translate"]
+    assert not before.up_to_date and "config changed" in before.reason
+    result = runner.accept_stage(changed, "translate")
+    assert result.reason.startswith("accepted: config changed")
+    assert dict(runner.status(changed))["translate"].up_to_date
+    manifest = changed.store.read_manifest("translate")
+    assert manifest["accepted"][-1]["changed"] == before.reason
+    # The folder keeps the fingerprint it was written with: the original config still stands.
+    assert all(st.up_to_date for _, st in runner.status(config))
+
+
 def test_a_missing_bucket_fails_the_first_stage_in_one_line_and_writes_nothing(
     store_run, s3_server, monkeypatch, tmp_path
 ):
@@ -145,6 +165,9 @@ class StopTheStore:
 def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_resumes(
     tmp_path, harness, ray_local, monkeypatch
 ):
+    import sys
+
+    import ray.cloudpickle
     from s3_server import SeaweedS3
 
     from pipelines.cli import error_line
@@ -152,6 +175,7 @@ def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_re
     from tasks.framework.contract import StageError
     from tasks.framework.runner import run_stage
 
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import it
     server = SeaweedS3(tmp_path / "s3")
     try:
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
