@@ -133,6 +133,11 @@ class Layout:
     def root(self) -> Path:
         return Path(self.state)
 
+    @property
+    def node_dir(self) -> str:
+        """The path each Ray host sees as its own local disk (``in_host``)."""
+        return f"/var/tmp/{self.prefix}-node"
+
     def ray_temp(self, host: str) -> str:
         # Ray's unix sockets live under its temp dir; their paths must stay under 108 bytes.
         return f"/tmp/ray-{self.prefix}-{host}"
@@ -183,7 +188,7 @@ class Layout:
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         info = {**asdict(self), "netns": {h: self.netns(h) for h in HOSTS}, "urls": self.urls,
-                "env": self.env(), "work_pool": WORK_POOL}
+                "node_dir": self.node_dir, "env": self.env(), "work_pool": WORK_POOL}
         (self.root / "cluster.json").write_text(json.dumps(info, indent=2) + "\n")
         secret = self.root / "secrets"
         lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env().items()] + [
@@ -221,10 +226,23 @@ def sh(*args: str, check: bool = True, quiet: bool = False, env: dict[str, str] 
     return done
 
 
+RAY_HOSTS = ("head", "w1", "w2")
+
+
 def in_host(layout: Layout, host: str, argv: list[str], user: str | None = None) -> list[str]:
-    """``argv`` run on ``host``, as ``user`` if given; run it with ``host_env``'s environment."""
+    """``argv`` run on ``host``, as ``user`` if given; run it with ``host_env``'s environment.
+
+    On a Ray host, ``layout.node_dir`` is that host's own disk: its folder under
+    ``<state>/hosts/`` mounted there in a mount namespace of the process's own, so no other host
+    (nor this machine) sees what it writes at that path; a work dir on an object store keeps its
+    node cache there (``storage.cache_dir``), as a cloud node keeps it on its local disk."""
     drop = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"] if user else []
-    return ["ip", "netns", "exec", layout.netns(host), *drop, *argv]
+    own: list[str] = []
+    if host in RAY_HOSTS:
+        own = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               'mount --bind "$1" "$2" && shift 2 && exec "$@"', "node-disk",
+               str(layout.root / "hosts" / host), layout.node_dir]
+    return ["ip", "netns", "exec", layout.netns(host), *own, *drop, *argv]
 
 
 def host_env(layout: Layout, env: dict[str, str] | None = None,
@@ -403,8 +421,9 @@ def network_down(layout: Layout) -> None:
             sh("ip", "netns", "del", layout.netns(host), check=False, quiet=True)
         sh("ip", "link", "del", layout.veth(host), check=False, quiet=True)
     sh("ip", "link", "del", layout.bridge, check=False, quiet=True)
-    for host in ("head", "w1", "w2"):
+    for host in RAY_HOSTS:
         shutil.rmtree(layout.ray_temp(host), ignore_errors=True)
+    shutil.rmtree(layout.root / "hosts", ignore_errors=True)  # the hosts' own disks
 
 
 def service_pids(layout: Layout, service: str) -> list[int]:
@@ -775,6 +794,9 @@ def up(layout: Layout, health_check_ms: int = 1000) -> None:
     started = time.time()
     try:
         network_up(layout)
+        for host in RAY_HOSTS:  # each host's own disk, and the path it is mounted at
+            (layout.root / "hosts" / host).mkdir(parents=True, exist_ok=True)
+        Path(layout.node_dir).mkdir(parents=True, exist_ok=True)
         store = s3_start(layout)  # weed comes up (~5 s) while the database and servers do
         postgres_up(layout)
         mlflow_up(layout)

@@ -34,6 +34,8 @@ from pathlib import Path
 import pytest
 import yaml
 from netns_cluster import (
+    ROOT,
+    SCRIPT,
     Cluster,
     cmdline,
     command_lines_with,
@@ -387,6 +389,134 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
           f"{timings['outside_driver']:.0f} s")
 
 
+# ----------------------------------------------------------------------------- no shared disk
+# The same flow with its work dir in the services host's bucket. Each Ray host has a disk of its
+# own at the cluster's node_dir (localcluster.in_host), where its node cache lives; nothing else
+# of the run is on any disk. A worker host dies mid-training, training resumes from the
+# checkpoint in the bucket, the final weights are an uninterrupted run's, a rerun skips it all.
+
+NODISK = "nodisk"
+
+
+def nodisk_config(cluster: Cluster, name: str = NODISK) -> dict:
+    config = scenario_config(cluster)
+    config["name"] = name
+    config["workdir"] = "s3://tfm/scenario/{name}"
+    del config["train"]["storage_path"]  # Ray Train's storage: <workdir>/train_ray, in the bucket
+    config["storage"] = {"endpoint": cluster.info["urls"]["s3"], "cache_dir": cluster.info["node_dir"]}
+    config["register"] = {"model_name": f"{name}-translator"}
+    return config
+
+
+def bucket(cluster: Cluster):
+    """A client of the services host's store, from this machine, with the pipeline's keys."""
+    import pyarrow.fs as pafs
+
+    creds = cluster.credentials
+    return pafs.S3FileSystem(access_key=creds["AWS_ACCESS_KEY_ID"], secret_key=creds["AWS_SECRET_ACCESS_KEY"],
+                             endpoint_override=cluster.info["urls"]["s3"].removeprefix("http://"),
+                             scheme="http", region="us-east-1")
+
+
+def stored_json(fs, path: str) -> dict | None:
+    try:
+        with fs.open_input_stream(path) as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def registered_in_bucket(fs, prefix: str) -> list[int]:
+    """``registered_steps`` for Ray Train's storage in the bucket."""
+    import pyarrow.fs as pafs
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+    steps: set[int] = set()
+    for info in fs.get_file_info(pafs.FileSelector(f"{prefix}/train_ray", recursive=True, allow_not_found=True)):
+        if info.path.endswith(CHECKPOINT_MANAGER_SNAPSHOT_FILENAME):
+            with fs.open_input_stream(info.path) as f:
+                steps.update(int(s) for s in re.findall(r"step-(\d{9})", f.read().decode()))
+    return sorted(steps)
+
+
+def stored_weights(fs, path: str, local: Path):
+    import pyarrow.fs as pafs
+
+    pafs.copy_files(path, str(local), source_filesystem=fs)
+    return final_weights_file(local)
+
+
+def final_weights_file(path: Path):
+    from transformer_core import checkpoint
+
+    return checkpoint.load(path)["model"]
+
+
+def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(cluster: Cluster, tmp_path):
+    config = nodisk_config(cluster)
+    config_path = cluster.state / f"{NODISK}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    where = cluster.state / "work" / f"where-{NODISK}"
+    where.mkdir(parents=True)
+    fs, prefix = bucket(cluster), f"tfm/scenario/{NODISK}"
+    node_dir, disks = Path(cluster.info["node_dir"]), cluster.state / "hosts"
+    on_disks_before = {p for p in disks.rglob("*") if p.is_file()}
+
+    # The flow run on the head host (its driver), training's last rank stopped at KILL_AT.
+    log_path = cluster.state / "logs" / f"{NODISK}-run.log"
+    with open(log_path, "w") as log:
+        run = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--state", str(cluster.state), "exec", "head", "--", sys.executable,
+             str(Path(__file__).resolve()), str(where), "run", str(config_path)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+    deadline = time.time() + 600
+    while not ((where / "stopped").exists() and [s for s in registered_in_bucket(fs, prefix) if s >= KILL_AFTER]):
+        assert run.poll() is None, f"the run ended before the kill:\n{log_path.read_text()[-4000:]}"
+        assert time.time() < deadline, "training did not reach its first checkpoints"
+        time.sleep(0.5)
+    victim = host_of(cluster, int((where / "pid-0-1").read_text()))
+    last_registered = registered_in_bucket(fs, prefix)[-1]
+    cluster.script("kill", victim)
+    assert run.wait(timeout=900) == 0, log_path.read_text()[-4000:]
+
+    # Every stage's folder is in the bucket, complete; training resumed from its checkpoint there.
+    manifests = {stage: stored_json(fs, f"{prefix}/{stage}/manifest.json") for stage in STAGES}
+    assert all(manifests.values()), [s for s, m in manifests.items() if not m]
+    train = manifests["train"]["stats"]
+    assert train["step"] == STEPS and train["world_size"] == 2
+    assert train["resumed_from_step"] == last_registered == KILL_AFTER, (last_registered, train)
+    # Nothing of the run on any disk but the hosts' own node caches: this machine's node_dir
+    # (where a shared disk would show it) is empty, and each host holds only its copies.
+    assert not any(node_dir.iterdir())
+    written = sorted(p.relative_to(disks).as_posix() for p in disks.rglob("*")
+                     if p.is_file() and p not in on_disks_before)
+    assert all(re.match(r"(head|w1|w2)/runs/nodisk-[0-9a-f]{8}/", f) for f in written), written[:20]
+    shard_fp = manifests["shard"]["fingerprint"]
+    for host in ("head", "w1", "w2"):  # the victim fetched its copy before it died
+        assert list((disks / host).glob(f"runs/nodisk-*/copies/{shard_fp}/shard/arrow/train/part-*.arrow")), host
+
+    # A second run skips every stage.
+    second = cluster.run("head", sys.executable, "-m", "pipelines.cli", "run", str(config_path), timeout=400)
+    skipped = [line.split()[0] for line in second.stdout.splitlines() if "up to date (skipped)" in line]
+    assert skipped == STAGES, second.stdout[-3000:]
+
+    # The same training, uninterrupted, with the victim back: its final weights, bit for bit.
+    cluster.script("start-ray", victim)
+    import pyarrow.fs as pafs
+
+    for stage in ("tokenizer", "shard"):
+        pafs.copy_files(f"{prefix}/{stage}", f"tfm/scenario/{NODISK}-reference/{stage}",
+                        source_filesystem=fs, destination_filesystem=fs)
+    cluster.run("head", sys.executable, "-m", "pipelines.cli", "stage", "train", "--config", str(config_path),
+                "--set", f"name={NODISK}-reference", timeout=600)
+    reference = stored_json(fs, f"tfm/scenario/{NODISK}-reference/train/manifest.json")
+    assert reference["stats"]["resumed_from_step"] == 0
+    assert_same_weights(stored_weights(fs, f"{prefix}/train/final/model.pt", tmp_path / "resumed.pt"),
+                        stored_weights(fs, f"tfm/scenario/{NODISK}-reference/train/final/model.pt",
+                                       tmp_path / "reference.pt"))
+
+
 # ----------------------------------------------------------------------------- outages
 # Each service of the services host goes away mid-training and comes back; the flow run still
 # ends Completed with every step's metrics in MLflow and its champion in the registry. Training
@@ -670,11 +800,28 @@ def flow_run_with(callback) -> None:
     runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
 
 
+def tfm_run_with(callback, config: str) -> None:
+    """``tfm run <config>`` with ``callback`` on training's steps (as ``flow_run_with``)."""
+    import functools
+
+    import ray.cloudpickle
+    import test_multinode
+
+    from pipelines import cli
+    from tasks import train
+
+    ray.cloudpickle.register_pickle_by_value(test_multinode)
+    train.build = functools.partial(train.build, callbacks=[callback])
+    sys.exit(cli.main(["run", config]))
+
+
 if __name__ == "__main__":
     # The first run: the host dies while training waits for it at KILL_AT, however fast the
     # machine is. An outage run: the service is down between two steps training waits at.
     where = Path(sys.argv[1])
     if sys.argv[2:] == ["outage"]:
         flow_run_with(Gates(where, {OUTAGE_FROM: "down", OUTAGE_TO: "up"}))
+    elif sys.argv[2:3] == ["run"]:  # `tfm run <config>` itself, with the same stop at KILL_AT
+        tfm_run_with(StopAndSayWhere(where, KILL_AT), sys.argv[3])
     else:
         flow_run_with(StopAndSayWhere(where, KILL_AT))
