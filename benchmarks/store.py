@@ -4,14 +4,15 @@ shard and a short training run, stage by stage.
 One config (configs/multi30k_en_de.yaml on the real Multi30k mirror in ../shared/data/multi30k,
 with a tiny model trained for ``--steps`` steps) runs with ``workdir`` a temporary folder and
 with ``workdir: s3://tfm/<random>/{name}`` on a SeaweedFS this script starts on loopback (MLflow
-on a local SQLite file for both), in one process and one Ray session, each from nothing; with
-``--repeats 2`` a second round runs the store first, and each stage keeps its best time. Measured:
-each stage's wall time on disk and on the store and their ratio (the disk run is the reference,
-measured on the same cores within minutes); the bytes each stage's folder holds (and Ray Train's
-checkpoints, ``train_ray``); the files whose bytes differ between the two runs (their manifests'
-sizes and hashes); and the shard folder's node copy (``corpora.storage.node_copy``: what each
-training node fetches once) filled into a fresh cache, then asked for again. Ray's start and a
-warm-up of its workers come before both runs, so neither pays them.
+on a local SQLite file for both), in one process and one Ray session, each from nothing. Of the
+``--repeats`` rounds (2 by default) every second one runs the store first; each stage keeps its
+best time. Measured: each stage's wall time on disk and on the store and their ratio (the disk
+run is the reference, measured on the same cores within minutes); the bytes each stage's
+folder holds (and Ray Train's checkpoints, ``train_ray``); the files whose bytes differ between
+the two runs (their manifests' sizes and hashes) and whether the final weights are equal; and
+the shard folder's node copy (``corpora.storage.node_copy``: what each training node fetches
+once) filled into a fresh cache, then asked for again. Ray's start and a warm-up of its workers
+come before both runs, so neither pays them.
 
     python benchmarks/store.py                       # ~5 minutes on 2 cores
     python benchmarks/store.py --steps 30 --repeats 1 --json store.json
@@ -106,6 +107,16 @@ def differing(a: Store, b: Store, rel: str) -> str:
     files_a, files_b = ((s.read_manifest(rel) or {}).get("files", {}) for s in (a, b))
     names = sorted(n for n in files_a.keys() | files_b.keys() if files_a.get(n) != files_b.get(n))
     return ", ".join(names) if names else "same"
+
+
+def same_weights(disk: RunConfig, store: RunConfig, cache: Path) -> bool:
+    """Whether both runs' final weights are equal tensor by tensor (model.pt's bytes differ by
+    its ``time`` field, config.json by the work dir)."""
+    import torch
+
+    paths = (Path(disk.store.path("train")), node_copy(store.store, "train", cache))
+    a, b = (torch.load(p / "final" / "model.pt", map_location="cpu", weights_only=False)["model"] for p in paths)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def cache_fill(store: Store, cache: Path) -> tuple[float, float, int]:
@@ -208,7 +219,10 @@ def measure(base: Path, steps: int, repeats: int, extra: dict[str, object]) -> l
         times, disk, store = run_rounds(base, server.endpoint, {**shared_overrides(steps), **extra}, repeats)
         ray.shutdown()
         fill = cache_fill(store.store, base / "fresh-cache")
-        return stage_rows(disk, store, times) + cache_rows(*fill, server_s)
+        rows = stage_rows(disk, store, times) + cache_rows(*fill, server_s)
+        equal = same_weights(disk, store, base / "weights-cache")
+        blank = {c: "" for c in rows[0] if c not in ("what", "files")}
+        return [*rows, {"what": "train: final weights, tensor by tensor", **blank, "files": "equal" if equal else "differ"}]
     finally:
         ray.shutdown()
         server.close()
