@@ -149,7 +149,7 @@ def stage_rows(disk: RunConfig, store: RunConfig, times: dict[str, dict[str, flo
     })  # fmt: skip
     d, s = sum(times["disk"].values()), sum(times["store"].values())
     rows.append({
-        "what": "all (stages and checkpoints)", "disk s": d, "store s": s, "store/disk": s / d,
+        "what": "all (each stage's best; bytes with checkpoints)", "disk s": d, "store s": s, "store/disk": s / d,
         "disk MB": sum(r["disk MB"] for r in rows), "store MB": sum(r["store MB"] for r in rows),
         "MB/s": "", "files": "",
     })  # fmt: skip
@@ -171,6 +171,8 @@ def warm_ray(config: RunConfig) -> None:
     """Start Ray, its Data workers and the driver's imports before either run is timed."""
     import ray
     import ray.train.torch  # noqa: F401  (the train stage's driver side: seconds to import)
+
+    # Ray's workers import data.py too: the driver's script folder (benchmarks/) is on their path.
     from data import warm_up
 
     from tasks.framework.graph import stage_module
@@ -183,7 +185,9 @@ def warm_ray(config: RunConfig) -> None:
     warm_up(config.ray.num_cpus or os.cpu_count() or 1)
 
 
-def run_rounds(base: Path, endpoint: str, overrides: dict[str, object], repeats: int):
+def run_rounds(
+    base: Path, endpoint: str, overrides: dict[str, object], repeats: int
+) -> tuple[dict[str, dict[str, float]], RunConfig, RunConfig]:
     """``repeats`` rounds of both runs, each from nothing, the disk first in even rounds and the
     store first in odd ones; each stage's best seconds per work dir, and the last round's configs."""
     times: dict[str, list[dict[str, float]]] = {"disk": [], "store": []}
