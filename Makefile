@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # later pip step sees it satisfied instead of pulling CUDA packages.
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test test-all test-slow test-gpu bench bench-gpu gpu-recipe lint clean
+.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-gpu gpu-recipe lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/train.py --json $(RESULTS)/train.json
 	$(PY) benchmarks/data.py $(if $(BENCH_FULL),,--pairs 100000) --json $(RESULTS)/data.json
 	$(PY) benchmarks/train_memory.py $(if $(BENCH_FULL),,--pairs 100000 --steps 12 --repeats 1) --json $(RESULTS)/train_memory.json
+
+# The work dir on a local S3 server (SeaweedFS, started by the script) against a local disk,
+# stage by stage on the Multi30k mirror (../shared/data/multi30k): ~5 minutes on 2 cores.
+bench-store: $(STAMP)
+	mkdir -p $(RESULTS)
+	$(PY) benchmarks/store.py --json $(RESULTS)/store.json
 
 # The GPU suite runs in a Python whose torch is a CUDA build (ours in .venv is the CPU wheel):
 # the machine's own by default. It fails fast without CUDA, installs Ray Train if missing, and
