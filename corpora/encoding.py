@@ -136,8 +136,9 @@ class _Lengths:
         }
 
 
-def _train_ranges(files: list[Path], rows_per_range: int) -> list[dict[str, Any]]:
-    """Consecutive row groups of the clean files, about ``rows_per_range`` rows a range, in order."""
+def _train_ranges(files: list[Path], rows_per_range: int, root: Path) -> list[dict[str, Any]]:
+    """Consecutive row groups of the clean files, about ``rows_per_range`` rows a range, in
+    order; each file named by its path under the clean folder ``root``."""
     import pyarrow.parquet as pq
 
     items: list[dict[str, Any]] = []
@@ -149,39 +150,47 @@ def _train_ranges(files: list[Path], rows_per_range: int) -> list[dict[str, Any]
             groups.append(g)
             rows += meta.row_group(g).num_rows
             if rows >= rows_per_range:
-                items.append({"path": str(path), "groups": groups, "rows": rows})
+                items.append({"name": path.relative_to(root).as_posix(), "groups": groups, "rows": rows})
                 groups, rows = [], 0
         if groups:
-            items.append({"path": str(path), "groups": groups, "rows": rows})
+            items.append({"name": path.relative_to(root).as_posix(), "groups": groups, "rows": rows})
     return items
 
 
 class RangeEncoder:
     """Ray Data actor: loads the tokenizer once, then reads ranges of clean row groups and
-    encodes them (reading inside the actor: only encoded rows cross the object store)."""
+    encodes them (reading inside the actor: only encoded rows cross the object store). The
+    clean files are read from the folder ``root``, or straight from the object store when the
+    clean folder is there (``source``: only the row groups a range needs are fetched)."""
 
     def __init__(
-        self, model_file: str, pretokenizer: Pretokenizer | None = None, fetch: Sequence[StoredFolder] = ()
+        self, model_file: str, root: str, pretokenizer: Pretokenizer | None = None,
+        fetch: Sequence[StoredFolder] = (), source: StoredFolder | None = None,
     ):
         fetch_all(fetch)  # this node's copies of the inputs, at the paths the driver gave
         self.sp = _processor(model_file)
-        self.pretokenizer = pretokenizer
+        self.root, self.source, self.pretokenizer = Path(root), source, pretokenizer
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> pa.Table:
         import pyarrow.parquet as pq
 
         tables = []
-        for path, groups, rows in zip(batch["path"], batch["groups"], batch["rows"], strict=True):
-            table = pq.ParquetFile(str(path)).read_row_groups([int(g) for g in groups], columns=["src", "tgt"])
+        for name, groups, rows in zip(batch["name"], batch["groups"], batch["rows"], strict=True):
+            wanted = [int(g) for g in groups]
+            if self.source is not None:
+                with self.source.open_input_file(str(name)) as f:
+                    table = pq.ParquetFile(f).read_row_groups(wanted, columns=["src", "tgt"])
+            else:
+                table = pq.ParquetFile(self.root / str(name)).read_row_groups(wanted, columns=["src", "tgt"])
             if table.num_rows != int(rows):  # pragma: no cover - the file changed under us
-                raise CorpusError(f"{path} changed while it was being read")
+                raise CorpusError(f"{name} changed while it was being read")
             tables.append(encode_table(self.sp, table, self.pretokenizer))
         return pa.concat_tables(tables)
 
 
 def _encode_train(
     files: list[Path], model_file: Path, config: ShardConfig, pretokenizer: Pretokenizer | None,
-    fetch: Sequence[StoredFolder] = (),
+    root: Path, fetch: Sequence[StoredFolder] = (), source: StoredFolder | None = None,
 ) -> Iterator[pa.Table]:
     """Encode the clean training files in an actor pool; the shard rows in input order, batch by batch.
 
@@ -192,11 +201,12 @@ def _encode_train(
     import ray
 
     rows_per_range = config.batch_size * max(1, 16384 // config.batch_size)
-    items = _train_ranges(files, rows_per_range)
+    items = _train_ranges(files, rows_per_range, root)
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         RangeEncoder,
-        fn_constructor_kwargs={"model_file": str(model_file), "pretokenizer": pretokenizer, "fetch": tuple(fetch)},
+        fn_constructor_kwargs={"model_file": str(model_file), "root": str(root), "pretokenizer": pretokenizer,
+                               "fetch": tuple(fetch), "source": source},
         batch_size=1,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
@@ -275,13 +285,15 @@ def shard_corpus(
     max_len: int,
     pretokenizer: Pretokenizer | None = None,
     fetch: Sequence[StoredFolder] = (),
+    source: StoredFolder | None = None,
 ) -> dict[str, Any]:
     """Encode the clean folder (``train/part-*.parquet``, ``dev.*``, ``test.*``) with the
     sentencepiece ``model_file`` (after ``pretokenizer``, if given) into ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
     ``out/arrow/{train,dev,test}/part-*.arrow``, dropping train and
     dev rows over ``max_len`` pieces; the stats per split and ``lengths.png``. Needs a running Ray.
-    ``fetch``: the object-store folders ``clean`` and the model are this node's copies of; a
-    task on another node copies them to the same paths first."""
+    ``fetch``: the object-store folders the model (and ``clean``) are this node's copies of; a
+    task on another node copies them to the same paths first. ``source``: the clean folder on
+    the object store, which the actors read the training rows from, straight."""
     import ray
 
     clean, out = Path(clean), Path(out)
@@ -293,8 +305,8 @@ def shard_corpus(
         str(model_file), pa.concat_tables(list(evals.values())), pretokenizer, tuple(fetch)
     )
     train_lengths, files, over = _write(
-        _encode_train(train_files, model_file, config, pretokenizer, fetch), out / "train", config, max_len,
-        drop=True
+        _encode_train(train_files, model_file, config, pretokenizer, clean, fetch, source), out / "train", config,
+        max_len, drop=True
     )
     stats["train"] = {**train_lengths.stats(files), "dropped_too_long": over}
     if train_lengths.rows == 0 and over:

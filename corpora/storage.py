@@ -331,6 +331,12 @@ class StoredFolder:
     """The manifest's fingerprint the reader expects: a copy of it already on this node is
     used without asking the store (a Ray worker calls ``local`` once per batch)."""
 
+    def open_input_file(self, name: str) -> Any:  # a pyarrow NativeFile: pyarrow ships no types
+        """File ``name`` of the folder, read straight from the store (seekable: a Parquet reader
+        fetches only the footer and the row groups it reads)."""
+        with self.store.errors("read"):
+            return self.store.filesystem.open_input_file(self.store.path(f"{self.rel}/{name}"))
+
     def local(self) -> Path:
         """This node's copy (made now if this node has none)."""
         if self.fingerprint is not None and self.store.remote:

@@ -51,7 +51,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     limit = max_pieces(config)
     stats = shard_corpus(
         clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit, pretokenizer=tok.pretokenizer,
-        fetch=tuple(ctx.stored.values()),
+        # The tokenizer's model is copied to each node; the clean rows are read from the bucket.
+        fetch=tuple(f for role, f in ctx.stored.items() if role != "clean"), source=ctx.stored.get("clean"),
     )
     log.info("shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
              stats["train"]["rows"], stats["train"]["shards"], stats["train"]["dropped_too_long"],
