@@ -150,16 +150,36 @@ def test_a_missing_bucket_fails_the_first_stage_in_one_line_and_writes_nothing(
 
 
 class StopTheStore:
-    """A training callback: kills the S3 server (by pid, from the Ray worker) after step ``at``."""
+    """A training callback: at step ``at``, once Ray Train has registered the step-3 checkpoint
+    in the bucket (its controller collects the reports every 2 s: a kill before that would leave
+    no checkpoint to resume from), kills the S3 server (by pid, from the Ray worker)."""
 
-    def __init__(self, pid: int, at: int):
-        self.pid, self.at = pid, at
+    def __init__(self, pid: int, at: int, endpoint: str, keys: tuple[str, str], prefix: str):
+        self.pid, self.at, self.endpoint, self.keys, self.prefix = pid, at, endpoint, keys, prefix
+
+    def registered(self) -> bool:
+        import pyarrow.fs as pafs
+        from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+        fs = pafs.S3FileSystem(access_key=self.keys[0], secret_key=self.keys[1], scheme="http",
+                               endpoint_override=self.endpoint.removeprefix("http://"), region="us-east-1")
+        for info in fs.get_file_info(pafs.FileSelector(self.prefix, recursive=True, allow_not_found=True)):
+            if info.path.endswith(CHECKPOINT_MANAGER_SNAPSHOT_FILENAME):
+                with fs.open_input_stream(info.path) as f:
+                    if b"step-000000003" in f.read():
+                        return True
+        return False
 
     def __call__(self, trainer) -> None:
         import signal
+        import time
 
-        if trainer.step == self.at:
-            os.kill(self.pid, signal.SIGKILL)
+        if trainer.step != self.at or trainer.rank != 0:
+            return
+        deadline = time.time() + 180
+        while not self.registered() and time.time() < deadline:
+            time.sleep(0.5)
+        os.kill(self.pid, signal.SIGKILL)
 
 
 def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_resumes(
@@ -190,7 +210,9 @@ def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_re
         for name in ("download", "clean", "tokenizer", "shard"):
             run_stage(config, name)
         with pytest.raises(StageError) as caught:
-            run_stage(config, "train", callbacks=[StopTheStore(server.proc.pid, at=5)])
+            keys = (server.env["AWS_ACCESS_KEY_ID"], server.env["AWS_SECRET_ACCESS_KEY"])
+            stop = StopTheStore(server.proc.pid, 5, server.endpoint, keys, "tfm/outage/flowtest/train_ray")
+            run_stage(config, "train", callbacks=[stop])
         line = error_line(caught.value)
         assert "stage train failed" in line and "rerun the same config to resume" in line
         assert server.env["AWS_SECRET_ACCESS_KEY"] not in line
