@@ -288,8 +288,9 @@ def _run_stored(
     log.info("stage %s: running (%s)", name, reason)
     tmp = stored.staging(config, name)
     try:
-        inputs = {role: stored.local_copy(config, up) for role, up in stage.inputs.items()}
         sources = {role: stored.folder(config, up, input_fps[role]) for role, up in stage.inputs.items()}
+        # This node's copies: a copy already here for that fingerprint is used without asking the store.
+        inputs = {role: folder.local() for role, folder in sources.items()}
         stats = stage.build(BuildContext(config, inputs, input_fps, tmp, sources), **options)
         places = {role: stored.location(config, up) for role, up in stage.inputs.items()}
         stats = _write_manifest(tmp, name, ident, places, input_fps, started, stats)
