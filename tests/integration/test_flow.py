@@ -197,6 +197,43 @@ def test_status_reports_every_stage_up_to_date(first_run):
     assert all(st.up_to_date for _, st in rows), rows
 
 
+
+def test_decode_dev_with_the_configs_settings_on_test_gives_the_score_stages_figure(first_run, tmp_path):
+    """benchmarks/decode_dev.py (one process, the translator in a loop) agrees with the pipeline
+    (Ray Data's translate actors, then the score stage) on the test split; on dev it sweeps."""
+    import subprocess
+    import sys
+
+    from tasks.framework.config import load_config
+
+    _, path, _ = first_run
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_dev.py"
+    out = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, str(script), path, "--split", "test", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    config = load_config(path)
+    scores = json.loads((config.root / "score" / "scores.json").read_text())
+    assert (row["beam"], row["alpha"], row["config's"]) == (2, config.decode.alpha, "*")
+    assert row["segments"] == scores["test_segments"]
+    assert row["bleu_tok_lc"] == round(scores["bleu_tok_lc"], 2)
+    assert row["bleu_sacre"] == round(scores["bleu_sacre"], 2)
+
+    done = subprocess.run([sys.executable, str(script), path, "--beams", "1,2", "--alphas", "0.6,1.0",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["split"], r["beam"], r["alpha"]) for r in rows] == [
+        ("dev", 1, 0.6), ("dev", 1, 1.0), ("dev", 2, 0.6), ("dev", 2, 1.0)]
+    assert all(r["segments"] == 30 for r in rows)
+
+    missing = tmp_path / "nothing.pt"
+    done = subprocess.run([sys.executable, str(script), path, "--model", str(missing)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"decode_dev: {missing} does not exist (run `tfm run {path}` first)"
+
 @pytest.mark.slow  # a rerun of train .. register: ~25 s
 def test_force_shard_reruns_shard_and_everything_after_it(first_run):
     from pipelines.flows import pipeline_flow
