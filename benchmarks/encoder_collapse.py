@@ -140,15 +140,8 @@ def ours_fairseq_init(config: ModelConfig, vocab_size: int) -> Transformer:
 
 def ours_fairseq_fork_init(config: ModelConfig, vocab_size: int) -> Transformer:
     """The init of the fairseq fork behind Multi30k's published tiny Transformer
-    (LividWo/Revisit-MMT, fairseq ~0.9): Xavier (gain 1) and zero biases on the feed-forward
-    and attention-output layers, query/key/value Xavier at gain 1/sqrt(2) with nn.Linear's
-    default biases."""
-    model = ours_xavier(config, vocab_size)
-    for proj in _qkv(model):
-        nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
-        bound = proj.in_features**-0.5
-        nn.init.uniform_(proj.bias, -bound, bound)
-    return model
+    (LividWo/Revisit-MMT, fairseq 0.9): ``model.init: fairseq``."""
+    return Transformer(config.replace(init="fairseq"), vocab_size)
 
 
 MODELS = {

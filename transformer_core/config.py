@@ -47,6 +47,12 @@ class ModelConfig:
     """Dropout on attention weights (the paper does not use it; tensor2tensor's base has 0)."""
     label_smoothing: float = 0.1
     """epsilon_ls of the training objective (Table 3 row D varies it)."""
+    init: Literal["torch", "fairseq"] = "torch"
+    """Initial weights of the linear layers. torch: PyTorch's own Transformer layers' (query/key/
+    value Xavier at gain 1/sqrt(2), attention output and feed-forward nn.Linear's default, zero
+    attention biases). fairseq: fairseq 0.9's Transformer (behind the published Multi30k recipe):
+    attention output and feed-forward Xavier at gain 1 with zero biases, query/key/value Xavier
+    at gain 1/sqrt(2) with nn.Linear's default biases, the padding row of the embedding zero."""
     positional: Literal["sinusoidal", "learned"] = "sinusoidal"
     """Positional encoding: the paper's sinusoids, or learned embeddings (Table 3 row E)."""
     max_len: int = 1024
@@ -79,6 +85,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(name, f"{value!r} must be in [0, 1)")
+        if self.init not in ("torch", "fairseq"):
+            raise ConfigError("init", f"{self.init!r} is not 'torch' or 'fairseq'")
         if self.positional not in ("sinusoidal", "learned"):
             raise ConfigError("positional", f"{self.positional!r} is not 'sinusoidal' or 'learned'")
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend
 
 from transformer_core.config import ModelConfig
+from transformer_core.init import Parts, initialise
 
 if TYPE_CHECKING:  # decoding.py builds on this module; the model only reads its states
     from transformer_core.decoding import DecoderState, LayerState
@@ -269,34 +270,15 @@ class Transformer(nn.Module):
         if config.norm_first:  # pre-norm leaves the last residual sum unnormalised
             self.encoder_norm = nn.LayerNorm(D)
             self.decoder_norm = nn.LayerNorm(D)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        # The paper does not say; this is how PyTorch's own Transformer layers (and fairseq)
-        # start. Query/key/value: Xavier-uniform as one packed (3 D x D) matrix, i.e. gain
-        # 1/sqrt(2) per projection; the attention output and the feed-forward layers: nn.Linear's
-        # default (uniform in +-1/sqrt(fan_in), about half of Xavier's scale); zero attention
-        # biases. Xavier at gain 1 everywhere (tensor2tensor's) makes every sub-layer's output
-        # outweigh the residual it is added to: with post-norm, a short warmup and small data
-        # the encoder's output then collapses to one vector for every position (Multi30k:
-        # val_encoder_spread 0.06 after 50 steps, against 0.25-0.33 for torch.nn.Transformer
-        # on the same batches; docs/training.md, benchmarks/encoder_collapse.py).
-        # Embeddings: N(0, d_model^-0.5), as tensor2tensor and fairseq do, because one matrix
-        # plays two roles: times sqrt(d_model) at the input it has unit variance, matching the
-        # sinusoids' scale; as the pre-softmax projection it keeps initial logits O(1).
-        for module in self.modules():
-            if isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
-            elif isinstance(module, nn.Linear) and module is not self.generator:
-                module.reset_parameters()
-        for module in self.modules():  # after the pass above, which reaches their Linears
-            if isinstance(module, MultiHeadAttention):
-                for proj in (module.q_proj, module.k_proj, module.v_proj):
-                    nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
-                for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
-                    nn.init.zeros_(proj.bias)
-        if not self.config.share_embeddings:  # an untied output embedding, initialised alike
-            nn.init.normal_(self.generator.weight, mean=0.0, std=self.config.d_model**-0.5)
+        attentions = [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
+        parts = Parts(
+            qkv=[p for a in attentions for p in (a.q_proj, a.k_proj, a.v_proj)],
+            out=[a.out_proj for a in attentions],
+            ffn=[w for m in self.modules() if isinstance(m, FeedForward) for w in (m.w1, m.w2)],
+            token_embeddings=list({self.src_embed: None, self.tgt_embed: None}),  # once if shared
+            generator=self.generator,
+        )
+        initialise(self, config, parts)  # config.init's scheme
 
     # -- input checks and embedding ------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from tiny_models import V, tiny_model, tiny_tokens
 
 from evaluation.attention import cross_attention_maps
 from transformer_core import BOS_ID, PAD_ID, Transformer, count_parameters, presets
+from transformer_core.config import ConfigError
 from transformer_core.model import sinusoids
 
 # -- padding ---------------------------------------------------------------------------------
@@ -119,6 +120,32 @@ def test_initialisation_is_pytorchs_transformer_layers():
     for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
         assert getattr(ours.self_attn, proj).bias.abs().max() == 0
     assert model.src_embed.weight.std().item() == pytest.approx(D**-0.5, rel=0.1)
+
+
+def test_fairseq_initialisation_matches_fairseq_09s_formulas():
+    # fairseq 0.9 (modules/multihead_attention.py reset_parameters, transformer_layer.py Linear):
+    # U(+-gain sqrt(6 / (fan_in + fan_out))); q/k/v gain 1/sqrt(2) with nn.Linear's default
+    # biases U(+-1/sqrt(fan_in)); out_proj, fc1, fc2 gain 1 with zero biases; pad row zero.
+    model = tiny_model(d_ff=96, init="fairseq")
+    D, d_ff, pad = model.config.d_model, model.config.d_ff, model.config.pad_id
+    for layer in (*model.encoder_layers, *model.decoder_layers):
+        attentions = [layer.self_attn] + ([layer.cross_attn] if hasattr(layer, "cross_attn") else [])
+        expected = [(layer.ffn.w1, 1.0, D, d_ff), (layer.ffn.w2, 1.0, d_ff, D)]
+        for attn in attentions:
+            expected += [(p, 2**-0.5, D, D) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+            expected.append((attn.out_proj, 1.0, D, D))
+            for p in (attn.q_proj, attn.k_proj, attn.v_proj):
+                assert 0 < p.bias.abs().max().item() <= D**-0.5
+        for linear, gain, fan_in, fan_out in expected:
+            bound = gain * (6 / (fan_in + fan_out)) ** 0.5
+            assert linear.weight.abs().max().item() == pytest.approx(bound, rel=0.05)
+            assert linear.weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.15)
+        for linear in (layer.ffn.w1, layer.ffn.w2, *(a.out_proj for a in attentions)):
+            assert linear.bias.abs().max() == 0
+    assert model.src_embed.weight[pad].abs().max() == 0
+    assert model.src_embed.weight[pad + 1 :].std().item() == pytest.approx(D**-0.5, rel=0.1)
+    with pytest.raises(ConfigError, match="init: 'xavier' is not 'torch' or 'fairseq'"):
+        model.config.replace(init="xavier")
 
 
 def test_dropout_only_in_training():
