@@ -8,9 +8,9 @@ build). It
    range, so pip installs no other torch) and installs the project there, from the package index
    or, offline, from a folder of wheels (``--wheels DIR``, pip's ``--no-index --find-links``);
 3. runs ``tfm run configs/multi30k_en_de_tiny.yaml --set train.use_gpu=true --set
-   train.num_workers=1`` (the config as committed otherwise: its two workers' 4,096-token batches
-   of an update are accumulated on the one GPU, the same batches; a mirror with ``--mirror``) in a
-   fresh work dir;
+   train.num_workers=1 --set train.bf16=false`` (the config as committed otherwise: its two
+   workers' 4,096-token batches of an update are accumulated on the one GPU, the same batches,
+   in float32 as the reference ran; a mirror with ``--mirror``) in a fresh work dir;
 4. prints test2016 ``bleu_tok_lc`` beside the published 41.02 and the wall time of each part,
    and writes them as JSON.
 
@@ -60,8 +60,9 @@ def install(venv: Path, wheels: str | None) -> float:
 
 def run_recipe(venv: Path, workdir: Path, seed: int | None, mirror: str | None) -> float:
     """``tfm run`` of the published recipe on the GPU; seconds taken."""
-    # One GPU: the two workers' 4,096-token batches of an update accumulated on it, the same batches.
-    overrides = ["train.use_gpu=true", "train.num_workers=1", f"workdir={workdir}"]
+    # One GPU: the two workers' 4,096-token batches of an update accumulated on it, the same
+    # batches; float32 as the reference's fairseq run (no --fp16), not our bf16 default.
+    overrides = ["train.use_gpu=true", "train.num_workers=1", "train.bf16=false", f"workdir={workdir}"]
     overrides += [f"seed={seed}"] if seed is not None else []
     overrides += [f"data.mirror={mirror}"] if mirror else []
     start = time.time()

@@ -37,7 +37,10 @@ class TrainConfig:
     elastic_check_seconds: float = 60.0
     """With ``num_workers: [min, max]``: how often Ray Train looks for room for more workers."""
     use_gpu: bool = False
-    """Train on GPUs (bf16 autocast)."""
+    """Train on GPUs (bf16 autocast unless ``bf16`` is false)."""
+    bf16: bool = True
+    """On GPUs, bf16 autocast; false: float32 throughout, as the published fairseq recipes ran
+    (their speed is not the point there). CPUs always train in float32."""
     compile: bool = False
     """torch.compile the model and the loss (dynamic shapes: one graph for every batch shape)."""
     fused_loss: bool = False

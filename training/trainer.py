@@ -195,8 +195,8 @@ class Trainer:
     # -------------------------------------------------------------------------- steps
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast on CUDA, nothing on CPU."""
-        if self.device.type == "cuda":
+        """bf16 autocast on CUDA (``train.bf16``), nothing on CPU."""
+        if self.device.type == "cuda" and self.config.bf16:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -169,3 +169,15 @@ def test_compiled_training_matches_eager_training_over_steps():
         traces[compile] = [trainer.train_step()["loss"] for _ in range(4)]
         trainer.close()
     assert traces[True] == pytest.approx(traces[False], rel=1e-2)
+
+
+def test_train_bf16_false_keeps_the_forward_in_float32():
+    src, tgt_in, _ = (t.to(CUDA) for t in batch())
+    dtypes = {}
+    for bf16 in (True, False):
+        m = model(seed=9).to(CUDA)
+        trainer = Trainer(m, gpu_training(steps=2, bf16=bf16), tokens(200, 5), tokens(20, 6), seed=3)
+        with trainer.autocast():
+            dtypes[bf16] = m(src, tgt_in).dtype
+        trainer.close()
+    assert dtypes == {True: torch.bfloat16, False: torch.float32}
