@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from transformer_core.config import ConfigError
 
@@ -52,6 +53,11 @@ class TrainConfig:
     pad_multiple: int = 1
     """Pad each batch's source and target length to a multiple of this (8 or 64 on GPUs, for
     tensor-core-friendly shapes); the batch planner counts the padded length in the budget."""
+    batching: Literal["fill", "fairseq"] = "fill"
+    """How the training batches are cut. fill: rows by the longer side's length, shuffled within a
+    length, cut greedily, a new plan every epoch. fairseq: fairseq 0.9's (the published Multi30k
+    recipe's): one seeded order by source then target length, batches of a multiple of 8 rows,
+    the same batches every epoch in a new order (``transformer_core.batching``)."""
     cudnn_attention: bool = False
     """Let SDPA choose cuDNN's attention kernels; off: FlashAttention (causal self-attention)
     and the memory-efficient kernel (padding masks), as cuDNN builds a plan per batch shape."""
@@ -96,6 +102,8 @@ class TrainConfig:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
         self._at_least(1, "steps", "tokens_per_step", "max_tokens_per_batch", "pad_multiple")
         self._check_workers()
+        if self.batching not in ("fill", "fairseq"):
+            raise ConfigError("batching", f"{self.batching!r} is not 'fill' or 'fairseq'")
         self._at_least(0, "elastic_check_seconds")
         self._at_least(1, "warmup_steps")
         if self.torch_threads is not None and self.torch_threads < 1:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer_core.batching import collate, plan_batches
+from transformer_core.batching import collate, plan_batches, plan_batches_fairseq
 
 log = logging.getLogger(__name__)
 
@@ -215,13 +215,24 @@ class BatchStream:
         epoch: int = 0,
         index: int = 0,
         pad_multiple: int = 1,
+        fairseq: bool = False,
     ):
         self.src_lens, self.tgt_lens = data.src_lens, data.tgt_lens
         self.max_tokens, self.seed, self.pad_multiple = max_tokens, seed, pad_multiple
+        self.fairseq = fairseq  # train.batching: fairseq
         self.epoch, self.index = epoch, index
         self._plan: list[np.ndarray] | None = None
 
     def _current(self) -> list[np.ndarray]:
+        if self._plan is None and self.fairseq:
+            self._plan = plan_batches_fairseq(
+                self.src_lens,
+                self.tgt_lens,
+                self.max_tokens,
+                seed=self.seed,
+                epoch=self.epoch,
+                pad_multiple=self.pad_multiple,
+            )
         if self._plan is None:
             self._plan = plan_batches(
                 self.src_lens,

@@ -91,7 +91,13 @@ class Trainer:
         self.per_step = config.batches_per_step(world_size)  # micro-batches, all ranks
         self.accumulation = -(-self.per_step // world_size)  # the most a rank takes
         self.prefetcher = Prefetcher(
-            BatchStream(train, config.max_tokens_per_batch, seed, pad_multiple=config.pad_multiple),
+            BatchStream(
+                train,
+                config.max_tokens_per_batch,
+                seed,
+                pad_multiple=config.pad_multiple,
+                fairseq=config.batching == "fairseq",
+            ),
             per_step=self.per_step,
             mine=slice(rank, None, world_size),
             collate=self._collate,

@@ -79,6 +79,46 @@ def plan_batches(
     return batches
 
 
+def plan_batches_fairseq(
+    src_lens: Sequence[int] | np.ndarray,
+    tgt_lens: Sequence[int] | np.ndarray,
+    max_tokens: int,
+    *,
+    seed: int,
+    epoch: int = 0,
+    multiple: int = 8,
+    pad_multiple: int = 1,
+) -> list[np.ndarray]:
+    """fairseq 0.9's training batches for translation (``ordered_indices``, ``batch_by_size``):
+    one seeded permutation sorted by target, then source length (stable), cut greedily by
+    ``max(src_len, tgt_len)`` padded tokens; when a row would break the budget the batch keeps a
+    multiple of ``multiple`` rows and the rest start the next (``--required-batch-size-multiple``).
+    The batches are the same every epoch; only their order is shuffled, by ``(seed, epoch)``.
+    ``pad_multiple`` rounds a row's size up as ``collate`` pads (1 in fairseq)."""
+    src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
+    if src.shape != tgt.shape or src.size == 0:
+        raise ValueError(f"need as many src_lens as tgt_lens, at least one: {src.size}, {tgt.size}")
+    size = np.maximum(np.maximum(src, tgt), 1)
+    size = -(-size // pad_multiple) * pad_multiple
+    if int(size.max()) > max_tokens:
+        raise ValueError(f"a row of {int(size.max())} tokens exceeds max_tokens={max_tokens}")
+    order = np.random.default_rng([seed]).permutation(size.size)
+    order = order[np.argsort(tgt[order], kind="stable")]
+    order = order[np.argsort(src[order], kind="stable")]
+    # A Python loop as fairseq's own (data_utils_fast.pyx): each cut depends on the rows carried.
+    batches, batch, sizes = [], [], []
+    for row, n in zip(order.tolist(), size[order].tolist(), strict=True):
+        sizes.append(n)
+        if batch and (len(batch) + 1) * max(sizes) > max_tokens:
+            keep = max(multiple * (len(batch) // multiple), len(batch) % multiple)
+            batches.append(batch[:keep])
+            batch, sizes = batch[keep:], sizes[keep:]
+        batch.append(row)
+    batches.append(batch)
+    shuffled = np.random.default_rng([seed, epoch]).permutation(len(batches))
+    return [np.asarray(batches[i], dtype=np.int64) for i in shuffled]
+
+
 def _fill(width: np.ndarray, max_tokens: int, max_sentences: int | None) -> list[int]:
     """Where to cut rows ``0 .. n-1`` into batches, greedily, given ``width[j]``: the running
     maximum of the sizes in planning order. ``width`` never decreases, so rows ``i .. j-1`` fit

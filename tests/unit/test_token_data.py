@@ -99,6 +99,19 @@ def test_the_batch_stream_is_the_same_over_either_reading(split):
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def test_a_fairseq_batch_stream_repeats_its_batches_each_epoch_and_resumes_at_its_cursor(split):
+    folder, _ = split
+    data = TokenData.read(str(folder), VOCAB)
+    stream = BatchStream(data, max_tokens=60, seed=3, fairseq=True)
+    first = stream.take(len(stream._current()))  # epoch 0, whole
+    assert stream.position == {"epoch": 0, "index": len(first)}
+    second = stream.take(len(first))  # epoch 1: the same batches, another order
+    assert {tuple(b) for b in first} == {tuple(b) for b in second}
+    assert [tuple(b) for b in first] != [tuple(b) for b in second]
+    resumed = stream.at(1, 3).take(5)
+    assert all(np.array_equal(x, y) for x, y in zip(resumed, second[3:8], strict=True))
+
+
 def test_a_folder_without_ipc_files_is_read_from_parquet_with_one_warning(tmp_path, caplog):
     folder = tmp_path / "train"
     table = write_split(folder, ipc=False)
