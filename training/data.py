@@ -224,17 +224,9 @@ class BatchStream:
         self._plan: list[np.ndarray] | None = None
 
     def _current(self) -> list[np.ndarray]:
-        if self._plan is None and self.fairseq:
-            self._plan = plan_batches_fairseq(
-                self.src_lens,
-                self.tgt_lens,
-                self.max_tokens,
-                seed=self.seed,
-                epoch=self.epoch,
-                pad_multiple=self.pad_multiple,
-            )
         if self._plan is None:
-            self._plan = plan_batches(
+            plan = plan_batches_fairseq if self.fairseq else plan_batches
+            self._plan = plan(
                 self.src_lens,
                 self.tgt_lens,
                 self.max_tokens,
