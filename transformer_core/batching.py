@@ -90,7 +90,7 @@ def plan_batches_fairseq(
     pad_multiple: int = 1,
 ) -> list[np.ndarray]:
     """fairseq 0.9's training batches for translation (``ordered_indices``, ``batch_by_size``):
-    one seeded permutation sorted by target, then source length (stable), cut greedily by
+    one seeded permutation ordered by source length, ties by target length, cut greedily by
     ``max(src_len, tgt_len)`` padded tokens; when a row would break the budget the batch keeps a
     multiple of ``multiple`` rows and the rest start the next (``--required-batch-size-multiple``).
     The batches are the same every epoch; only their order is shuffled, by ``(seed, epoch)``.
