@@ -41,30 +41,11 @@ def plan_batches(
     Without it, batches come in increasing length order and rows in index order (decoding).
     With ``pad_multiple`` m, a row's size is rounded up to a multiple of m, as ``collate`` pads.
     """
-    src = _lengths(src_lens, "src_lens")
-    tgt = _lengths(tgt_lens, "tgt_lens")
-    if src.shape != tgt.shape:
-        raise ValueError(f"src_lens has {src.size} rows but tgt_lens has {tgt.size}")
-    if src.size == 0:
-        raise ValueError("cannot plan batches for an empty dataset (0 rows)")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens {max_tokens} must be >= 1")
     if bucket_width < 1:
         raise ValueError(f"bucket_width {bucket_width} must be >= 1")
-    if pad_multiple < 1:
-        raise ValueError(f"pad_multiple {pad_multiple} must be >= 1")
     if max_sentences is not None and max_sentences < 1:
         raise ValueError(f"max_sentences {max_sentences} must be >= 1 or None")
-
-    size = np.maximum(np.maximum(src, tgt), 1)  # an empty row still takes a column (EOS)
-    size = -(-size // pad_multiple) * pad_multiple
-    too_long = np.flatnonzero(size > max_tokens)
-    if too_long.size:
-        first = int(too_long[0])
-        raise ValueError(
-            f"{too_long.size} row(s) exceed max_tokens={max_tokens}, e.g. row {first} with "
-            f"{int(size[first])} tokens; raise max_tokens or filter long rows first"
-        )
+    _, _, size = _row_sizes(src_lens, tgt_lens, max_tokens, pad_multiple)
 
     rng = np.random.default_rng([seed, epoch])
     n = size.size
@@ -95,13 +76,7 @@ def plan_batches_fairseq(
     multiple of ``multiple`` rows and the rest start the next (``--required-batch-size-multiple``).
     The batches are the same every epoch; only their order is shuffled, by ``(seed, epoch)``.
     ``pad_multiple`` rounds a row's size up as ``collate`` pads (1 in fairseq)."""
-    src, tgt = _lengths(src_lens, "src_lens"), _lengths(tgt_lens, "tgt_lens")
-    if src.shape != tgt.shape or src.size == 0:
-        raise ValueError(f"need as many src_lens as tgt_lens, at least one: {src.size}, {tgt.size}")
-    size = np.maximum(np.maximum(src, tgt), 1)
-    size = -(-size // pad_multiple) * pad_multiple
-    if int(size.max()) > max_tokens:
-        raise ValueError(f"a row of {int(size.max())} tokens exceeds max_tokens={max_tokens}")
+    src, tgt, size = _row_sizes(src_lens, tgt_lens, max_tokens, pad_multiple)
     order = np.random.default_rng([seed]).permutation(size.size)
     order = order[np.argsort(tgt[order], kind="stable")]
     order = order[np.argsort(src[order], kind="stable")]
@@ -194,6 +169,37 @@ def _pad(rows: list[np.ndarray], pad_id: int, multiple: int = 1) -> np.ndarray:
     # A row-major boolean mask visits cells in the order the rows are concatenated.
     out[np.arange(out.shape[1]) < lens[:, None]] = np.concatenate(rows)
     return out
+
+
+def _row_sizes(
+    src_lens: Sequence[int] | np.ndarray,
+    tgt_lens: Sequence[int] | np.ndarray,
+    max_tokens: int,
+    pad_multiple: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lengths as arrays and each row's size, ``max(src_len, tgt_len)`` rounded up to
+    ``pad_multiple``; a clear error
+    for mismatched or empty lengths, a bad budget, or a row that could never fit."""
+    src = _lengths(src_lens, "src_lens")
+    tgt = _lengths(tgt_lens, "tgt_lens")
+    if src.shape != tgt.shape:
+        raise ValueError(f"src_lens has {src.size} rows but tgt_lens has {tgt.size}")
+    if src.size == 0:
+        raise ValueError("cannot plan batches for an empty dataset (0 rows)")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens {max_tokens} must be >= 1")
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple {pad_multiple} must be >= 1")
+    size = np.maximum(np.maximum(src, tgt), 1)  # an empty row still takes a column (EOS)
+    size = -(-size // pad_multiple) * pad_multiple
+    too_long = np.flatnonzero(size > max_tokens)
+    if too_long.size:
+        first = int(too_long[0])
+        raise ValueError(
+            f"{too_long.size} row(s) exceed max_tokens={max_tokens}, e.g. row {first} with "
+            f"{int(size[first])} tokens; raise max_tokens or filter long rows first"
+        )
+    return src, tgt, size
 
 
 def _lengths(values: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
