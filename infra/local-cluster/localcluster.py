@@ -703,7 +703,8 @@ def s3_start(layout: Layout) -> int:
 
 
 def s3_ready(layout: Layout, pid: int | None = None, seconds: float = 120) -> None:
-    """Wait until the S3 gateway answers with the cluster's keys, and make the bucket."""
+    """Wait until the S3 gateway answers with the cluster's keys, make the bucket, and wait until
+    an object there reads back (after a restart the volume server reports to the master late)."""
     import pyarrow.fs as pafs  # here, not at import: the script's other commands need no pyarrow
 
     keys = layout.credentials(("s3",))
@@ -712,10 +713,15 @@ def s3_ready(layout: Layout, pid: int | None = None, seconds: float = 120) -> No
         endpoint_override=f"{layout.hosts['services']}:{layout.s3_port}", scheme="http",
         region=S3_REGION, allow_bucket_creation=True, connect_timeout=3, request_timeout=10)
 
-    def bucket() -> bool:
+    def bucket() -> bool:  # and an object in it reads back: a restarted filer answers first
         if store.get_file_info(BUCKET).type != pafs.FileType.Directory:
             store.create_dir(BUCKET)
-        return True
+        probe = f"{BUCKET}/.s3-ready"
+        if store.get_file_info(probe).type != pafs.FileType.File:
+            with store.open_output_stream(probe) as out:
+                out.write(b"ready")
+        with store.open_input_stream(probe) as back:
+            return back.read() == b"ready"
 
     wait_for("SeaweedFS's S3 gateway", bucket, seconds, layout.root / "logs" / "services-s3.log", pid)
 

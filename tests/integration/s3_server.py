@@ -19,6 +19,8 @@ from pathlib import Path
 from shared_data import required_in_ci
 
 BUCKET = "tfm"
+PROBE = f"{BUCKET}/.ready"  # read back before the server counts as up: the filer answers
+# before the volume server has told the master where its volumes are (INTERNAL_FAILURE on GetObject)
 
 
 def weed_binary() -> str:
@@ -108,7 +110,8 @@ class SeaweedS3:
         )
 
     def _wait_for_bucket(self, seconds: float) -> None:
-        """Create the test bucket once the gateway, filer and volume answer (a few seconds)."""
+        """Create the test bucket once the gateway and filer answer, then wait until an object
+        written there reads back (after a restart, one written before it)."""
         import pyarrow.fs as pafs
 
         deadline, last = time.monotonic() + seconds, None
@@ -119,7 +122,12 @@ class SeaweedS3:
                 fs = self.filesystem()
                 if fs.get_file_info(BUCKET).type != pafs.FileType.Directory:
                     fs.create_dir(BUCKET)
-                return
+                if fs.get_file_info(PROBE).type != pafs.FileType.File:
+                    with fs.open_output_stream(PROBE) as out:
+                        out.write(b"ready")
+                with fs.open_input_stream(PROBE) as probe:  # a restarted volume answers reads late
+                    if probe.read() == b"ready":
+                        return
             except OSError as exc:
                 last = exc
                 time.sleep(0.5)
