@@ -3,6 +3,11 @@
 ``kind: bpe`` is the paper's byte-pair encoding (37,000 shared pieces for En-De).
 ``kind: wordpiece`` is sentencepiece's unigram model: GNMT's word-piece model (the paper's En-Fr
 vocabulary, 32,000) was never released, and the unigram model is its open stand-in.
+``kind: subword-nmt`` is the BPE of fairseq's published recipes: ``tokenizer.merges`` joint merges
+learned by subword-nmt (``learn-bpe``, minimum pair frequency 2) on the pretokenized sample,
+applied as ``apply-bpe`` does (``corpora.pretokenize``; the folder keeps the codes). sentencepiece
+then only numbers the pieces (a ``word`` model over the segmented sample): the vocabulary is every
+distinct piece of the sample, as fairseq's joined dictionary, and a piece never seen is ``<unk>``.
 
 Choices, deliberately:
 - ``normalization_rule_name=identity``: the clean stage has already applied NFC, removed control
@@ -28,6 +33,7 @@ Choices, deliberately:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -47,13 +53,14 @@ __all__ = [
     "NORMALIZATION",
     "SubwordModel",
     "TokenizerConfig",
+    "learn_codes",
     "sample_sentences",
     "target_tokens",
     "train",
 ]
 
 NORMALIZATION = "identity"
-MODEL_TYPES = {"bpe": "bpe", "wordpiece": "unigram"}
+MODEL_TYPES = {"bpe": "bpe", "wordpiece": "unigram", "subword-nmt": "word"}
 """Our kind names -> sentencepiece model types."""
 WORD_MARK = "\u2581"
 """sentencepiece's word-boundary mark, which starts every piece that starts a word."""
@@ -65,10 +72,14 @@ FIRST_SYMBOL_ID = max(PAD_ID, UNK_ID, BOS_ID, EOS_ID) + 1
 class TokenizerConfig:
     """The sentencepiece model."""
 
-    kind: Literal["bpe", "wordpiece"] = "bpe"
-    """bpe: joint BPE (En-De); wordpiece: sentencepiece unigram, the open stand-in for GNMT word-pieces."""
+    kind: Literal["bpe", "wordpiece", "subword-nmt"] = "bpe"
+    """bpe: joint BPE (En-De); wordpiece: sentencepiece unigram, the open stand-in for GNMT
+    word-pieces; subword-nmt: subword-nmt's joint BPE of ``merges`` merges (fairseq's recipes)."""
     vocab_size: int = 37000
-    """Vocabulary size (37,000 for En-De BPE, 32,000 for En-Fr word-pieces)."""
+    """Vocabulary size (37,000 for En-De BPE, 32,000 for En-Fr word-pieces); with subword-nmt,
+    the most pieces the merges may make (its vocabulary is every piece of the sample)."""
+    merges: int | None = None
+    """subword-nmt's number of merges (``learn-bpe -s``); only, and always, with that kind."""
     sample_size: int = 2_000_000
     """Sentences sampled (seeded) from the clean corpus to train on."""
     threads: int = 2
@@ -85,6 +96,12 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
             raise ConfigError("vocab_size", f"{self.vocab_size} is too small")
+        if (self.kind == "subword-nmt") != (self.merges is not None):
+            raise ConfigError("merges", "is set with kind: subword-nmt, and only then")
+        if self.merges is not None and self.merges < 1:
+            raise ConfigError("merges", f"{self.merges} is too few")
+        if self.kind == "subword-nmt" and self.target_symbols:
+            raise ConfigError("target_symbols", "needs kind bpe or wordpiece, not subword-nmt")
 
 
 def sample_sentences(
@@ -170,6 +187,16 @@ def target_tokens(
     return sorted(counts, key=lambda t: (-counts[t], t))
 
 
+def learn_codes(sentences: Iterable[str], merges: int) -> str:
+    """subword-nmt's joint BPE codes (``learn-bpe -s merges``) of pretokenized ``sentences``."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    codes = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()):  # its "no pair has frequency >= 2" note
+        learn_bpe(io.StringIO("\n".join(sentences)), codes, merges, min_frequency=2)
+    return codes.getvalue()
+
+
 def train(
     sentences: Iterable[str], config: TokenizerConfig, symbols: Sequence[str] = ()
 ) -> SubwordModel:
@@ -183,15 +210,17 @@ def train(
             "target tokens of tokenizer.target_symbols (is the target side a closed set?)"
         )
 
-    count = 0
+    count, numbers_pieces = 0, config.kind == "subword-nmt"  # the sentences are BPE pieces already
+    pieces: set[str] = set()
 
     def counted() -> Iterator[str]:
         nonlocal count
         for s in sentences:
             if s:
                 count += 1
+                if numbers_pieces:
+                    pieces.update(s.split())
                 yield s
-
     # model_writer, not model_prefix: the model would record the (temporary) prefix path, and
     # two runs of the same config would differ in that one field.
     model = io.BytesIO()
@@ -208,7 +237,8 @@ def train(
                 pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
                 input_sentence_size=0,
                 shuffle_input_sentence=False,
-                hard_vocab_limit=True,
+                hard_vocab_limit=not numbers_pieces,
+                max_sentencepiece_length=512 if numbers_pieces else 16,
                 user_defined_symbols=[WORD_MARK + s for s in symbols],
                 logstream=logstream,
             )
@@ -222,4 +252,9 @@ def train(
                 f"{count} sampled sentences support{supported}; lower it or use more data"
             ) from None
         raise CorpusError(f"sentencepiece training failed: {message}") from None
+    if numbers_pieces and len(pieces) + FIRST_SYMBOL_ID > config.vocab_size:
+        raise CorpusError(
+            f"tokenizer.vocab_size: {config.vocab_size} cannot hold the {len(pieces)} pieces "
+            f"that tokenizer.merges {config.merges} make (and {FIRST_SYMBOL_ID} special ids); raise it"
+        )
     return SubwordModel(model.getvalue(), count)

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from corpora import CorpusError
+from corpora.pretokenize import CODES_FILE, Pretokenizer
 from corpora.pretokenize import FILE as PRETOKENIZE_FILE
-from corpora.pretokenize import Pretokenizer
 from serving import ServingError
 from transformer_core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -21,7 +21,7 @@ __all__ = ["FILES", "MODEL_FILE", "VOCAB_FILE", "Tokenizer", "load"]
 
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
-FILES = (MODEL_FILE, VOCAB_FILE, PRETOKENIZE_FILE)
+FILES = (MODEL_FILE, VOCAB_FILE, PRETOKENIZE_FILE, CODES_FILE)
 """What a tokenizer folder may hold (a copy of the folder copies these)."""
 
 

@@ -59,11 +59,14 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- pure helpers
 
 
-def pip_requirements(engine: str = "torch") -> list[str]:
+def pip_requirements(engine: str = "torch", pretokenizer: Any = None) -> list[str]:
     """``name==version`` of the installed distributions the pyfunc imports, ctranslate2 for that
-    engine (local labels such as ``+cpu`` dropped: an index serves ``torch==2.13.0``, not
-    ``2.13.0+cpu``)."""
+    engine, and what the tokenizer folder's ``pretokenizer`` runs (sacremoses, subword-nmt);
+    local labels such as ``+cpu`` dropped: an index serves ``torch==2.13.0``, not ``2.13.0+cpu``."""
     names = REQUIREMENTS + (("ctranslate2",) if engine == "ctranslate2" else ())
+    if pretokenizer is not None:
+        names += (("sacremoses",) if pretokenizer.moses else ()) + (
+            ("subword-nmt",) if pretokenizer.bpe_codes else ())
     return [f"{name}=={metadata.version(name).split('+')[0]}" for name in names]
 
 
@@ -165,6 +168,7 @@ def register_model(
 
     import serving
     from serving.pyfunc import INPUT_EXAMPLE, signature
+    from serving.tokenizer import load as load_tokenizer
 
     name = config.register.model_name
     metric = config.register.metric
@@ -179,7 +183,8 @@ def register_model(
             python_model=str(Path(serving.__file__).parent / "registered_model.py"),
             artifacts=artifacts,
             code_paths=_stage_code(staging),
-            pip_requirements=pip_requirements(config.decoding.engine),
+            pip_requirements=pip_requirements(
+                config.decoding.engine, load_tokenizer(tokenizer_dir).pretokenizer),
             signature=signature(config.decoding),
             input_example=INPUT_EXAMPLE,
             registered_model_name=name,

@@ -3,7 +3,9 @@
 In: ``clean`` (``train/part-*.parquet``). Out: ``spm.model`` and ``spm.vocab`` (pieces and
 scores, for people to read), and ``pretokenize.json`` when ``tokenizer.lowercase`` or
 ``tokenizer.moses`` is on (``corpora.pretokenize``: the text is lowercased and Moses-tokenized
-before the subword model, here and wherever the folder is read). With ``tokenizer.target_symbols`` (the parsing configs) every
+before the subword model, here and wherever the folder is read). With ``tokenizer.kind:
+subword-nmt`` the folder also holds ``bpe.codes``, learned here on the pretokenized sample and
+applied wherever the folder is read. With ``tokenizer.target_symbols`` (the parsing configs) every
 distinct training-target token is one piece. The choices (identity normalisation, determinism,
 an exact vocabulary size) are explained in ``corpora.subwords``.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
@@ -41,6 +44,10 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     files = part_files(clean / "train")
     prepare = pretokenizer.prepare if pretokenizer.active else None
     sentences = subwords.sample_sentences(files, tok.sample_size, config.seed, prepare)
+    if tok.merges is not None:  # subword-nmt: learn its codes, then number the pieces they make
+        sample = list(sentences)
+        pretokenizer = replace(pretokenizer, bpe_codes=subwords.learn_codes(sample, tok.merges))
+        sentences = pretokenizer.segment(sample)
     symbols = []
     if tok.target_symbols:
         tgt = config.languages[1]
@@ -62,6 +69,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
         "normalization": subwords.NORMALIZATION,
         "pretokenize": pretokenizer.description,
         "target_symbols": len(symbols),
+        **({"merges": tok.merges} if tok.merges is not None else {}),
     }
 
 

@@ -165,7 +165,8 @@ def vocab_size(
     config: RunConfig, inputs: Mapping[str, Path], shard_stats: Mapping[str, Any]
 ) -> int:
     """The model's vocabulary: the tokenizer's piece count, checked against the shard manifest's
-    ``shard_stats`` (``vocab_size``) and against ``tokenizer.vocab_size`` in the config."""
+    ``shard_stats`` (``vocab_size``) and against ``tokenizer.vocab_size`` in the config (with
+    ``kind: subword-nmt``, at most that many)."""
     spm_file = Path(inputs["tokenizer"]) / "spm.model"
     if not spm_file.is_file():
         raise StageError(f"tokenizer model {spm_file} does not exist")
@@ -177,7 +178,9 @@ def vocab_size(
             f"vocabulary mismatch: {inputs['shard']}/manifest.json says vocab_size "
             f"{shard_stats['vocab_size']} but the tokenizer {spm_file} has {pieces} pieces"
         )
-    if config.tokenizer.vocab_size != pieces:
+    expected = config.tokenizer.vocab_size
+    ceiling = config.tokenizer.kind == "subword-nmt"  # its vocabulary is what the merges make
+    if pieces > expected or (pieces != expected and not ceiling):
         raise StageError(
             f"tokenizer.vocab_size: the config says {config.tokenizer.vocab_size} but the "
             f"tokenizer {spm_file} has {pieces} pieces (the model's vocabulary)"

@@ -15,7 +15,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,12 +129,9 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
     )
     dev_bleu = None
     if tc.bleu_sentences:
-        import sentencepiece
-
-        tokenizer = sentencepiece.SentencePieceProcessor(model_file=job.tokenizer())
         dev_bleu = DevBleu(
             dev,
-            tokenizer.decode,
+            _pieces_text(job.tokenizer()),
             tc.bleu_sentences,
             rank=rank,
             world_size=world,
@@ -271,3 +268,17 @@ def read_state(folder: Path, rank: int) -> dict[str, Any]:
     rng_file = folder / f"rng-rank-{rank:05d}.pt"
     state["rng"] = torch.load(rng_file, weights_only=True) if rng_file.is_file() else None
     return state
+
+
+def _pieces_text(model_file: str | None) -> Callable[[list[int]], str]:
+    """Dev BLEU's text of piece ids: the pieces joined, and subword-nmt's pieces joined into
+    words (``--remove-bpe``); not detokenized, so a pretokenized run's BLEU is on tokens."""
+    import sentencepiece
+
+    from corpora.pretokenize import Pretokenizer, join_pieces
+
+    decode = sentencepiece.SentencePieceProcessor(model_file=model_file).decode
+    pre = Pretokenizer.load(Path(str(model_file)).parent)
+    if pre is None or not pre.bpe_codes:
+        return decode
+    return lambda ids: join_pieces(decode(ids))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import random
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sacremoses import MosesTokenizer
+from sacremoses import MosesDetokenizer, MosesTokenizer
 
 from corpora import CorpusError, synthetic
 from corpora.encoding import SHARD_SCHEMA
@@ -349,3 +350,29 @@ def test_moses_lowercase_pretokenization_reaches_the_vocabulary_shards_and_decod
     # the folder's reader (translate, the registered model) applies the same step and undoes Moses
     assert tok.encode("Ein Mann, der läuft.", side=1) == tok.encode("ein mann , der läuft .", side=1)
     assert tok.decode(tok.encode("Ein Hund, der läuft.", side=1)) == "ein hund, der läuft."
+
+
+def test_subword_nmt_codes_reach_the_folder_the_shards_and_decoding(tmp_path):
+    from subword_nmt.apply_bpe import BPE
+
+    tokenizer = TokenizerConfig(kind="subword-nmt", merges=300, vocab_size=2000, sample_size=2000, threads=1,
+                                moses=True, lowercase=True)
+    folders = run_chain(make_config(tmp_path, tokenizer=tokenizer))
+    tok_dir = folders["tokenizer"]
+    stats = read_manifest(tok_dir)["stats"]
+    assert stats["pretokenize"] == "moses+lowercase+subword-nmt" and stats["merges"] == 300
+    assert stats["model_type"] == "word"
+    codes = (tok_dir / "bpe.codes").read_text()
+    assert len(codes.splitlines()) <= 301 and "bpe.codes" in read_manifest(tok_dir)["files"]
+
+    # the shards hold one id per piece of subword-nmt's segmentation of the Moses-tokenized text
+    bpe = BPE(io.StringIO(codes))
+    tok = load_tokenizer(tok_dir)
+    moses = MosesTokenizer(lang="de")
+    table = pq.read_table(folders["shard"] / "train" / "part-00000.parquet")
+    clean_rows = pq.read_table(folders["clean"] / "train").slice(0, 500)
+    for i in (0, 1, 250, 499):
+        pieces = bpe.segment(moses.tokenize(clean_rows["tgt"][i].as_py().lower(), escape=False, return_str=True))
+        ids = table["tgt_ids"][i].as_py()[:-1]
+        assert [tok.sp.id_to_piece(x).lstrip("\u2581") for x in ids] == pieces.split()
+        assert tok.decode(ids) == MosesDetokenizer(lang="de").detokenize(pieces.replace("@@ ", "").split())

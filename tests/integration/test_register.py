@@ -209,6 +209,11 @@ def test_pip_requirements_are_pinned_and_installable() -> None:
     reqs = register.pip_requirements()
     assert [r.split("==")[0] for r in reqs] == ["torch", "sentencepiece", "numpy"]
     assert all("==" in r and "+" not in r for r in reqs)
+    from corpora.pretokenize import Pretokenizer
+
+    moses_bpe = Pretokenizer(("en", "de"), moses=True, lowercase=True, bpe_codes="#version: 0.2\na b\n")
+    reqs = register.pip_requirements("torch", moses_bpe)
+    assert [r.split("==")[0] for r in reqs] == ["torch", "sentencepiece", "numpy", "sacremoses", "subword-nmt"]
 
 
 def test_unknown_model_uri_is_a_clear_error(setup) -> None:

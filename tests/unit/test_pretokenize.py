@@ -51,3 +51,32 @@ def test_the_config_takes_the_options():
     config = config_from_dict({"name": "x", "tokenizer": {"moses": True, "lowercase": True}})
     assert config.tokenizer.moses and config.tokenizer.lowercase
     assert not config_from_dict({"name": "x"}).tokenizer.moses
+
+
+# --- subword-nmt's BPE (tokenizer.kind: subword-nmt) -----------------------------------------
+
+CODES = "#version: 0.2\nm a\nma n</w>\ne i\nei n</w>\n"
+"""Four merges: "man" and "ein" whole ("mann" only begins with "ma"), every other word in letters."""
+
+
+def test_bpe_codes_split_words_as_apply_bpe_and_restore_joins_them():
+    pre = Pretokenizer(("en", "de"), moses=True, lowercase=True, bpe_codes=CODES)
+    assert pre.prepare(["Ein Mann."], 1) == ["ein ma@@ n@@ n ."]
+    assert pre.prepare(["A man"], 0) == ["a man"]
+    # --remove-bpe, then Moses' detokenizer; a mark left at the end goes too
+    assert pre.restore(["ein ma@@ n@@ n ."]) == ["ein mann."]
+    assert pre.restore(["ein m@@"]) == ["ein m"]
+    assert pre.description == "moses+lowercase+subword-nmt"
+
+
+def test_the_codes_travel_in_their_own_file_and_a_missing_one_is_named(tmp_path):
+    from corpora.pretokenize import CODES_FILE
+
+    pre = Pretokenizer(("en", "de"), moses=True, bpe_codes=CODES)
+    pre.save(tmp_path)
+    assert (tmp_path / CODES_FILE).read_text() == CODES and CODES not in (tmp_path / FILE).read_text()
+    again = Pretokenizer.load(tmp_path)
+    assert again == pre and again.prepare(["ein Mann", "a man"], 1) == ["ein M@@ a@@ n@@ n", "a man"]
+    (tmp_path / CODES_FILE).unlink()
+    with pytest.raises(CorpusError, match=f"{CODES_FILE} does not exist: .*{FILE} names it"):
+        Pretokenizer.load(tmp_path)
