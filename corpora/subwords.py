@@ -201,7 +201,8 @@ def train(
     sentences: Iterable[str], config: TokenizerConfig, symbols: Sequence[str] = ()
 ) -> SubwordModel:
     """Train a ``config.kind`` model of exactly ``config.vocab_size`` pieces on ``sentences``;
-    each of ``symbols`` (whole words, e.g. ``target_tokens``) becomes one piece of its own."""
+    each of ``symbols`` (whole words, e.g. ``target_tokens``) becomes one piece of its own. With
+    subword-nmt the ``sentences`` are its pieces already, and each distinct one gets an id."""
     import sentencepiece as spm
 
     if len(symbols) >= config.vocab_size:
@@ -221,6 +222,7 @@ def train(
                 if numbers_pieces:
                     pieces.update(s.split())
                 yield s
+
     # model_writer, not model_prefix: the model would record the (temporary) prefix path, and
     # two runs of the same config would differ in that one field.
     model = io.BytesIO()

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from corpora.pretokenize import Pretokenizer
 from corpora.redact import redacted
 from evaluation.champion import decide_champion, protocol
 from tasks.framework import tracking
@@ -59,7 +60,7 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- pure helpers
 
 
-def pip_requirements(engine: str = "torch", pretokenizer: Any = None) -> list[str]:
+def pip_requirements(engine: str = "torch", pretokenizer: Pretokenizer | None = None) -> list[str]:
     """``name==version`` of the installed distributions the pyfunc imports, ctranslate2 for that
     engine, and what the tokenizer folder's ``pretokenizer`` runs (sacremoses, subword-nmt);
     local labels such as ``+cpu`` dropped: an index serves ``torch==2.13.0``, not ``2.13.0+cpu``."""
