@@ -240,9 +240,10 @@ def train(
                 input_sentence_size=0,
                 shuffle_input_sentence=False,
                 hard_vocab_limit=not numbers_pieces,
-                max_sentencepiece_length=512 if numbers_pieces else 16,
                 user_defined_symbols=[WORD_MARK + s for s in symbols],
                 logstream=logstream,
+                # a piece may be a whole long word; set only here, as the model records it
+                **({"max_sentencepiece_length": 512} if numbers_pieces else {}),
             )
     except RuntimeError as exc:
         message = str(exc)
