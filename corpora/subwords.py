@@ -242,8 +242,6 @@ def train(
                 hard_vocab_limit=not numbers_pieces,
                 user_defined_symbols=[WORD_MARK + s for s in symbols],
                 logstream=logstream,
-                # a piece may be a whole long word; set only here, as the model records it
-                **({"max_sentencepiece_length": 512} if numbers_pieces else {}),
             )
     except RuntimeError as exc:
         message = str(exc)

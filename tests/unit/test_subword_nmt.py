@@ -95,3 +95,15 @@ def test_dev_bleu_reads_words_not_pieces(tmp_path):
     text = _pieces_text(str(tmp_path / "spm.model"))
     ids = tok.encode(SENTENCES[1])[:-1]
     assert "@@" in segmented[1] and text(ids) == SENTENCES[1]
+
+
+def test_a_piece_longer_than_sentencepieces_piece_limit_keeps_its_id(tmp_path):
+    long_word = "fahrradfahrerinnengruppe"  # 24 characters; its BPE and unigram pieces stop at 16
+    sentences = SENTENCES + [f"die {long_word} fährt ."] * 30
+    codes = learn_codes(sentences, 60)
+    pre = Pretokenizer(("en", "de"), bpe_codes=codes)
+    assert pre.segment([long_word]) == [long_word]  # the merges made it one piece
+    built = train(pre.segment(sentences), TokenizerConfig(kind="subword-nmt", merges=60, vocab_size=400, threads=1))
+    (tmp_path / "spm.model").write_bytes(built.proto)
+    ids = Tokenizer(tmp_path / "spm.model", pre).encode(long_word)
+    assert len(ids) == 2 and UNK_ID not in ids
