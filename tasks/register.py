@@ -169,7 +169,6 @@ def register_model(
 
     import serving
     from serving.pyfunc import INPUT_EXAMPLE, signature
-    from serving.tokenizer import load as load_tokenizer
 
     name = config.register.model_name
     metric = config.register.metric
@@ -185,7 +184,7 @@ def register_model(
             artifacts=artifacts,
             code_paths=_stage_code(staging),
             pip_requirements=pip_requirements(
-                config.decoding.engine, load_tokenizer(tokenizer_dir).pretokenizer),
+                config.decoding.engine, Pretokenizer.load(tokenizer_dir)),
             signature=signature(config.decoding),
             input_example=INPUT_EXAMPLE,
             registered_model_name=name,

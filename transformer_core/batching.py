@@ -178,8 +178,8 @@ def _row_sizes(
     pad_multiple: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The lengths as arrays and each row's size, ``max(src_len, tgt_len)`` rounded up to
-    ``pad_multiple``; a clear error
-    for mismatched or empty lengths, a bad budget, or a row that could never fit."""
+    ``pad_multiple``; a clear error for mismatched or empty lengths, a bad budget, or a row that
+    could never fit."""
     src = _lengths(src_lens, "src_lens")
     tgt = _lengths(tgt_lens, "tgt_lens")
     if src.shape != tgt.shape:
