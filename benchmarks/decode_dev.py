@@ -92,6 +92,7 @@ def sweep(
                     "split": split,
                     "beam": beam,
                     "alpha": alpha,
+                    "length_norm": own.length_norm,
                     "config's": "*" if (beam, alpha) == (own.beam_size, own.alpha) else "",
                     "bleu_tok_lc": round(scores["bleu_tok_lc"], 2),
                     "bleu_sacre": round(scores["bleu_sacre"], 2),

@@ -1,8 +1,8 @@
 """The CTranslate2 engine: beam search through a checkpoint's CTranslate2 export
 (``serving.ct2_export`` makes it).
 
-``CTranslate2Engine.search`` keeps what beam size, alpha and the output limit mean for our own
-search (``transformer_core.search``); see ``CTranslate2Engine.hypotheses`` for how.
+``CTranslate2Engine.search`` keeps what beam size, alpha, the length penalty's form and the output
+limit mean for our own search (``transformer_core.search``); see ``CTranslate2Engine.hypotheses`` for how.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from serving.ct2_export import (
     require,
 )
 from transformer_core.config import ConfigError, ModelConfig
-from transformer_core.search import Hypothesis
+from transformer_core.search import Hypothesis, length_penalty
 
-if TYPE_CHECKING:  # serving.translator imports this module (its compute types)
+if TYPE_CHECKING:  # serving.decode_config imports this module (its compute types)
     from ctranslate2 import TranslationResult
 
-    from serving.translator import DecodeConfig
+    from serving.decode_config import DecodeConfig
 
 __all__ = ["COMPUTE_TYPES", "CTranslate2Engine", "load_engine"]
 
@@ -87,9 +87,12 @@ class CTranslate2Engine:
         return self.translator.compute_type
 
     def search(self, src_ids: Sequence[Sequence[int]], decode: DecodeConfig) -> list[list[int]]:
-        """The best output ids (no BOS/EOS) per source, with ``decode``'s beam size, alpha and
-        output limit (source length + ``max_len_offset``)."""
-        found = self.hypotheses(src_ids, decode.beam_size, decode.alpha, decode.max_len_offset)
+        """The best output ids (no BOS/EOS) per source, with ``decode``'s beam size, alpha,
+        length penalty and output limit (source length + ``max_len_offset``)."""
+        found = self.hypotheses(
+            src_ids, decode.beam_size, decode.alpha, decode.max_len_offset,
+            length_norm=decode.length_norm,
+        )
         return [hyps[0].tokens for hyps in found]
 
     def nbest(
@@ -97,7 +100,8 @@ class CTranslate2Engine:
     ) -> list[list[Hypothesis]]:
         """The ``n_best`` best hypotheses per source with ``decode``'s settings (as TorchEngine)."""
         return self.hypotheses(
-            src_ids, decode.beam_size, decode.alpha, decode.max_len_offset, n_best=n_best
+            src_ids, decode.beam_size, decode.alpha, decode.max_len_offset, n_best=n_best,
+            length_norm=decode.length_norm,
         )
 
     def hypotheses(
@@ -110,9 +114,11 @@ class CTranslate2Engine:
         max_len: int | None = None,
         min_len: int = 0,
         n_best: int = 1,
+        length_norm: str = "gnmt",
     ) -> list[list[Hypothesis]]:
         """The ``n_best`` (<= beam size) hypotheses per source, best first, scored as our search
-        scores them: summed log-probabilities / ((5 + len) / 6)^alpha, len counting EOS.
+        scores them: summed log-probabilities / ((5 + len) / 6)^alpha, len counting EOS (or
+        / len^alpha with ``length_norm`` fairseq, CTranslate2's own penalty).
 
         CTranslate2 grows the same beams (top 2k continuations, EOS among the first k finishes,
         a sentence stops at k finished) but has one output limit per call: all sources are
@@ -129,8 +135,10 @@ class CTranslate2Engine:
         def decode(rows: list[int], limit: int) -> list[int]:
             """Decode ``rows`` under ``limit`` into ``out``; the rows that need their own."""
             sources = [[self.pieces[t] for t in src_ids[i]] for i in rows]
-            penalty = _penalty(alpha, sorted(map(len, sources))[len(sources) // 2])
-            found = self._decode(sources, beam_size, alpha, penalty, limit, min(min_len, limit))
+            penalty = _penalty(alpha, sorted(map(len, sources))[len(sources) // 2], length_norm)
+            found = self._decode(
+                sources, beam_size, (alpha, length_norm), penalty, limit, min(min_len, limit)
+            )
             redo = []
             for i, (hyps, steps) in zip(rows, found, strict=True):
                 out[i] = hyps[:n_best]
@@ -152,7 +160,7 @@ class CTranslate2Engine:
         self,
         sources: list[list[str]],
         k: int,
-        alpha: float,
+        lp: tuple[float, str],
         penalty: float,
         limit: int,
         min_len: int,
@@ -178,29 +186,34 @@ class CTranslate2Engine:
         found = []
         for result in results:
             lengths = [len(p) + (len(p) < limit) for p in result.hypotheses]
-            found.append((self._rerank(result, alpha, penalty, limit), max(lengths)))
+            found.append((self._rerank(result, lp, penalty, limit), max(lengths)))
         return found
 
-    def _rerank(self, result: TranslationResult, alpha: float, penalty: float, limit: int) -> list[Hypothesis]:
-        """CTranslate2's hypotheses with their raw scores recovered, divided by GNMT's penalty."""
+    def _rerank(
+        self, result: TranslationResult, lp: tuple[float, str], penalty: float, limit: int
+    ) -> list[Hypothesis]:
+        """CTranslate2's hypotheses with their raw scores recovered, divided by our penalty
+        ``lp`` = (alpha, form)."""
         hyps = []
         for pieces, score in zip(result.hypotheses, result.scores, strict=True):
             # Decoded positions, EOS included (an output that reached the limit has none): the
-            # length both CTranslate2's len^penalty and GNMT's ((5 + len) / 6)^alpha count.
+            # length both CTranslate2's len^penalty and ours (``length_penalty``) count.
             length = len(pieces) + (len(pieces) < limit)
             raw = score * length**penalty
             tokens = [self.ids[p] for p in pieces]
-            hyps.append(Hypothesis(tokens, raw / ((5.0 + length) / 6.0) ** alpha))
+            hyps.append(Hypothesis(tokens, raw / length_penalty(length, *lp)))
         return sorted(hyps, key=lambda h: h.score, reverse=True)
 
 
-def _penalty(alpha: float, length: int) -> float:
-    """CTranslate2's length_penalty p for our alpha: d log lp / d log len of GNMT's
-    lp = ((5 + len) / 6)^alpha is alpha * len / (5 + len), so near ``length`` len^p ranks
-    hypotheses as GNMT does (p = alpha would over-reward length: short outputs get dropped)."""
+def _penalty(alpha: float, length: int, norm: str = "gnmt") -> float:
+    """CTranslate2's length_penalty p for our alpha. fairseq's len^alpha is CTranslate2's own
+    form: p = alpha. For GNMT's, d log lp / d log len of lp = ((5 + len) / 6)^alpha is
+    alpha * len / (5 + len), so near ``length`` len^p ranks hypotheses as GNMT does (p = alpha
+    would over-reward length: short outputs get dropped)."""
+    p = alpha if norm == "fairseq" else alpha * length / (5.0 + length)
     # Never 0: with a zero penalty CTranslate2 stops a sentence once its top beam ends, not
     # after k finished hypotheses as our search does.
-    return max(alpha * length / (5.0 + length), MIN_LENGTH_PENALTY)
+    return max(p, MIN_LENGTH_PENALTY)
 
 
 def load_engine(

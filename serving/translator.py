@@ -1,4 +1,5 @@
-"""Translating text with a trained checkpoint: ``DecodeConfig`` and the ``Translator``.
+"""Translating text with a trained checkpoint: the ``Translator`` (its settings,
+``DecodeConfig``, live in ``serving.decode_config`` and are imported from here too).
 
 ``Translator`` loads a checkpoint and a sentencepiece tokenizer once and translates lists of
 strings with the paper's beam search (section 6.1). Sentences are sorted by length and cut into
@@ -7,24 +8,22 @@ order. The translate stage's Ray actors and the registered pyfunc both use it.
 
 Two engines run the search: ``torch`` (``transformer_core.search`` on the torch model) and
 ``ctranslate2`` (the checkpoint exported to CTranslate2, ``serving/ct2.py``), chosen by
-``DecodeConfig.engine``; beam size, alpha and the output limit mean the same on both.
+``DecodeConfig.engine``; beam size, alpha, the length penalty and the output limit mean the same
+on both.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import numpy as np
 
-from parsing.linearize import FORMS
-from serving.ct2 import COMPUTE_TYPES
+from serving.decode_config import DecodeConfig
 from serving.tokenizer import Tokenizer
-from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
 
 if TYPE_CHECKING:  # imported where they are used: the ctranslate2 engine needs no torch model
     from serving.ct2 import CTranslate2Engine
@@ -33,78 +32,6 @@ if TYPE_CHECKING:  # imported where they are used: the ctranslate2 engine needs 
     from transformer_core.search_settings import Hypothesis
 
 log = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------- settings
-
-
-DECODE_DTYPES = ("float32", "bfloat16")
-ENGINES = ("torch", "ctranslate2")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeConfig:
-    """Beam search settings (paper section 6.1)."""
-
-    beam_size: int = 4
-    """Beam width."""
-    alpha: float = 0.6
-    """Length penalty exponent of ((5+len)/6)^alpha."""
-    max_len_offset: int = 50
-    """Maximum output length = source length + this."""
-    max_tokens_per_batch: int = 4096
-    """Source tokens per decoding batch."""
-    num_actors: int = 1
-    """Ray Data decoding actors of the translate stage."""
-    dtype: str = "float32"
-    """Engine torch: weights and activations while decoding: float32, or bfloat16 (on GPUs, and
-    on CPUs with AVX512-BF16 or AMX, faster than float32; slow on CPUs without them:
-    docs/translation.md)."""
-    engine: str = "torch"
-    """Who runs the search: torch (our beam search) or ctranslate2 (CTranslate2's, same
-    settings; the checkpoint is exported once, next to it)."""
-    compute_type: str = "default"
-    """Engine ctranslate2: CTranslate2's compute type (default, auto, int8, int8_float32,
-    int8_float16, int8_bfloat16, int16, float16, bfloat16, float32)."""
-    threads: int = 0
-    """Intra-op CPU threads of the engine; 0 leaves the library's default."""
-    tree_constraint: str | None = None
-    """Parsing (engine torch): t2t, vinyals or words keeps every hypothesis a well-formed tree of
-    that linearized form with one leaf per source word (``parsing.constrain``); null:
-    unconstrained."""
-
-    def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ConfigError("beam_size", f"{self.beam_size} must be >= 1")
-        if self.dtype not in DECODE_DTYPES:
-            raise ConfigError("dtype", f"{self.dtype!r} is not one of {', '.join(DECODE_DTYPES)}")
-        if self.engine not in ENGINES:
-            raise ConfigError("engine", f"{self.engine!r} is not one of {', '.join(ENGINES)}")
-        if self.compute_type not in COMPUTE_TYPES:
-            raise ConfigError(
-                "compute_type", f"{self.compute_type!r} is not one of {', '.join(COMPUTE_TYPES)}"
-            )
-        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
-            raise ConfigError("threads", f"{self.threads!r} must be an integer >= 0")
-        if self.tree_constraint is not None and self.tree_constraint not in FORMS:
-            raise ConfigError(
-                "tree_constraint",
-                f"{self.tree_constraint!r} is not one of null, {', '.join(FORMS)}",
-            )
-        if self.tree_constraint and self.engine != "torch":
-            raise ConfigError("tree_constraint", "needs engine torch (our beam search)")
-        # Each engine has its own precision setting; the other one's would be silently ignored.
-        if self.engine == "torch" and self.compute_type != "default":
-            raise ConfigError("compute_type", "applies to engine ctranslate2; torch uses dtype")
-        if self.engine == "ctranslate2" and self.dtype != "float32":
-            raise ConfigError("dtype", "applies to engine torch; ctranslate2 uses compute_type")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DecodeConfig:
-        """From stored JSON (a registered model's decode.json), ignoring fields this code
-        version does not know."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # ----------------------------------------------------------------------------- batching
@@ -222,6 +149,7 @@ class TorchEngine:
         settings = SearchSettings(
             beam_size=decode.beam_size,
             alpha=decode.alpha,
+            length_norm=decode.length_norm,
             max_len_offset=decode.max_len_offset,
             n_best=n_best,
         )

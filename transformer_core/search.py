@@ -129,9 +129,10 @@ def _greedy(model: Transformer, src: Tensor, settings: SearchSettings) -> list[H
         done |= ended | limits.le(step + 1)
         if bool(done.all()):
             break
+    alpha, norm = settings.alpha, settings.length_norm
     return [
         # Decoded positions count the EOS, as in the beam loop.
-        Hypothesis(row[:n], score / length_penalty(n + int(eos), settings.alpha))
+        Hypothesis(row[:n], score / length_penalty(n + int(eos), alpha, norm))
         for row, n, eos, score in zip(
             tokens[:, 1:].tolist(), lengths.tolist(), by_eos.tolist(), scores.tolist(), strict=True
         )
@@ -179,6 +180,7 @@ class _Search:
         self.model, self.settings, self.step = model, settings, step
         k = self.k = settings.beam_size
         self.alpha, self.n_best = settings.alpha, settings.n_best
+        self.length_norm = settings.length_norm
         self.limits: Tensor = limits  # (B,) on CPU: output length limit of each input row
         self.device: torch.device = device
         self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
@@ -275,7 +277,7 @@ def _finish(search: _Search, top: _Top, length: int) -> None:
         out = prefixes[i * k + int(end_beams[i, j])].tolist()
         if int(end_tokens[i, j]) != eos_id:  # ended by the length limit
             out.append(int(end_tokens[i, j]))
-        score = float(end_scores[i, j]) / length_penalty(length, search.alpha)
+        score = float(end_scores[i, j]) / length_penalty(length, search.alpha, search.length_norm)
         search.finished[int(search.active[i])].append(Hypothesis(out, score))
 
 
@@ -283,7 +285,8 @@ def _sentences_left(search: _Search, top: _Top) -> Tensor:
     """(n,) bool on CPU: the sentences still open. One is done at its length limit, with k
     finished hypotheses, or when no open beam can beat its ``n_best``-th finished one."""
     best_open = top.open_scores.max(dim=1).values.cpu()  # (n,)
-    bound = best_open / length_penalty(search.limits[search.active].float(), search.alpha)
+    limits = search.limits[search.active].float()
+    bound = best_open / length_penalty(limits, search.alpha, search.length_norm)
     still_open = []
     for sentence, limited, bound_i in zip(
         search.active.tolist(), top.at_limit.tolist(), bound.tolist(), strict=True

@@ -17,16 +17,24 @@ class Hypothesis:
     score: float
 
 
+LENGTH_NORMS = ("gnmt", "fairseq")
+"""How a finished hypothesis's summed log-probability is normalised by its length."""
+
+
 @overload
-def length_penalty(length: int, alpha: float) -> float: ...
+def length_penalty(length: int, alpha: float, norm: str = "gnmt") -> float: ...
 @overload
-def length_penalty(length: Tensor, alpha: float) -> Tensor: ...
+def length_penalty(length: Tensor, alpha: float, norm: str = "gnmt") -> Tensor: ...
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used by the paper with alpha=0.6.
+def length_penalty(length: int | Tensor, alpha: float, norm: str = "gnmt") -> float | Tensor:
+    """What a hypothesis's summed log-probability is divided by.
 
-    |Y| counts decoded positions, the final EOS included (as tensor2tensor)."""
+    ``gnmt``: lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used by the paper with alpha=0.6.
+    ``fairseq``: |Y|^alpha, fairseq's ``--lenpen`` (its default 1 is the mean log-probability).
+    |Y| counts decoded positions, the final EOS included (as tensor2tensor and fairseq)."""
+    if norm == "fairseq":
+        return length**alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -37,7 +45,9 @@ class SearchSettings:
     beam_size: int = 4
     """Beams per sentence."""
     alpha: float = 0.6
-    """Length penalty exponent of ((5 + |Y|) / 6)^alpha."""
+    """Length penalty exponent: of ((5 + |Y|) / 6)^alpha, or of |Y|^alpha (``length_norm``)."""
+    length_norm: str = "gnmt"
+    """gnmt or fairseq: the penalty's form (``length_penalty``)."""
     max_len_offset: int = 50
     """Output length limit: the source's length (non-pad tokens) plus this..."""
     max_len: int | None = None
@@ -59,6 +69,10 @@ class SearchSettings:
             )
         if self.greedy and self.beam_size != 1:
             raise ValueError(f"greedy search has one beam, got beam_size {self.beam_size}")
+        if self.length_norm not in LENGTH_NORMS:
+            raise ValueError(
+                f"length_norm must be one of {', '.join(LENGTH_NORMS)}, got {self.length_norm!r}"
+            )
         if self.alpha < 0:
             raise ValueError(f"alpha must be >= 0 (the early stop relies on it), got {self.alpha}")
 

@@ -42,13 +42,19 @@ def checkpoint_copy(tmp_path, tiny_model) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("beam_size", "offset"),
-    [(1, 50), pytest.param(4, 50, marks=pytest.mark.slow), pytest.param(4, 6, marks=pytest.mark.slow)],
+    ("beam_size", "offset", "norm"),
+    [
+        (1, 50, "gnmt"),
+        pytest.param(4, 50, "gnmt", marks=pytest.mark.slow),
+        pytest.param(4, 6, "gnmt", marks=pytest.mark.slow),
+        pytest.param(4, 50, "fairseq", marks=pytest.mark.slow),
+    ],
 )
-def test_translations_equal_torch(tiny_model, tiny_tokenizer, export, beam_size, offset) -> None:
-    """Greedy and beam search, with a loose and a tight output limit: >= 99% identical (measured
-    on 2026-11-23: greedy 300/300, beam 299/300: one near-tie where the beams part)."""
-    settings = {"beam_size": beam_size, "max_len_offset": offset}
+def test_translations_equal_torch(tiny_model, tiny_tokenizer, export, beam_size, offset, norm) -> None:
+    """Greedy and beam search, with a loose and a tight output limit and either length penalty:
+    >= 99% identical (measured on 2026-11-23: greedy 300/300, beam 299/300: one near-tie where
+    the beams part)."""
+    settings = {"beam_size": beam_size, "max_len_offset": offset, "length_norm": norm}
     ours = translate(tiny_model, tiny_tokenizer, DecodeConfig(**settings))
     theirs = translate(
         tiny_model, tiny_tokenizer, DecodeConfig(engine="ctranslate2", **settings), export

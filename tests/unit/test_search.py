@@ -124,7 +124,9 @@ def test_batched_results_come_back_in_input_order():
         assert best_tokens(model, alone, beam_size=3, max_len_offset=6) == [out]
 
 
-def _exhaustive_best(model: Transformer, src: torch.Tensor, limit: int, alpha: float):
+def _exhaustive_best(
+    model: Transformer, src: torch.Tensor, limit: int, alpha: float, norm: str = "gnmt"
+):
     """Score every output of length <= limit (EOS-terminated below the limit, cut at it)."""
     words = [t for t in range(model.tgt_vocab_size) if t not in (PAD_ID, BOS_ID, EOS_ID)]
     outputs = [list(s) for n in range(limit + 1) for s in itertools.product(words, repeat=n)]
@@ -137,7 +139,7 @@ def _exhaustive_best(model: Transformer, src: torch.Tensor, limit: int, alpha: f
             tgt_in = torch.tensor([[BOS_ID] + target[:-1]])
             log_probs = torch.log_softmax(model.decode(tgt_in, memory).float(), dim=-1)[0]
             total = log_probs[torch.arange(len(target)), torch.tensor(target)].sum().item()
-            score = total / length_penalty(len(target), alpha)
+            score = total / length_penalty(len(target), alpha, norm)
             if best is None or score > best[1]:
                 best = (out, score)
     return best, len(outputs)
@@ -161,15 +163,19 @@ def _exhaustive_ranking(model, src, limit, alpha):
     return sorted(scored, key=lambda pair: -pair[1])
 
 
-@pytest.mark.parametrize("seed,alpha", [(0, 0.6), (1, 0.0), (2, 1.0), (3, 0.6)])
-def test_wide_beam_finds_the_exhaustive_optimum(seed, alpha):
+@pytest.mark.parametrize(
+    "seed,alpha,norm",
+    [(0, 0.6, "gnmt"), (1, 0.0, "gnmt"), (2, 1.0, "gnmt"), (3, 0.6, "gnmt"),
+     (2, 1.0, "fairseq"), (3, 2.0, "fairseq")],
+)
+def test_wide_beam_finds_the_exhaustive_optimum(seed, alpha, norm):
     # Vocabulary: pad, unk, bos, eos and two words -> 3 producible words, outputs up to 3 long:
     # 1 + 3 + 9 + 27 = 40 sequences, all of which a beam of 64 keeps.
     model = _model(vocab=6, seed=seed)
     src = torch.tensor([[4, 5, 5, 4]])
-    (tokens, score), n = _exhaustive_best(model, src, limit=3, alpha=alpha)
+    (tokens, score), n = _exhaustive_best(model, src, limit=3, alpha=alpha, norm=norm)
     assert n == 40
-    [found] = _best(model, src, beam_size=64, alpha=alpha, max_len=3)
+    [found] = _best(model, src, beam_size=64, alpha=alpha, max_len=3, length_norm=norm)
     assert found.tokens == tokens
     assert found.score == pytest.approx(score, abs=1e-5)
 
