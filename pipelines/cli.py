@@ -151,7 +151,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.checkpoint is None):
         raise ConfigError("", "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)")
-    options = {k: v for k, v in (("beam_size", args.beam), ("alpha", args.alpha)) if v is not None}
+    given = (("beam_size", args.beam), ("alpha", args.alpha), ("length_norm", args.length_norm))
+    options = {k: v for k, v in given if v is not None}
     if args.n_best < 1:
         raise ConfigError("", f"--n-best {args.n_best} must be >= 1")
     if args.engine is not None and args.model is not None:
@@ -280,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
     p.add_argument("--beam", type=int, help="beam size (default: the model's or config's)")
     p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's or config's)")
+    p.add_argument("--length-norm", choices=["gnmt", "fairseq"],
+                   help="the length penalty's form (default: the model's or config's)")
     p.add_argument("--n-best", type=int, default=1,
                    help="the N best translations per line (<= beam), as LINE ||| TEXT ||| SCORE")
     p.add_argument("--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from mlflow.models import ModelSignature
     from mlflow.pyfunc import PythonModelContext
 
-REQUEST_PARAMS = ("beam_size", "alpha", "max_len_offset")
+REQUEST_PARAMS = ("beam_size", "alpha", "length_norm", "max_len_offset")
 """Decoding settings a request may change (``params``); the rest are the version's own."""
 N_BEST = "n_best"
 """A request's ``params`` may also ask for the n best translations (<= beam size) of each text:

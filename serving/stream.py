@@ -54,7 +54,7 @@ def from_registry(
     model_uri: str, tracking_uri: str | None = None, params: Mapping[str, Any] | None = None
 ) -> Predict:
     """A registered model's ``predict``, with per-request decoding ``params`` (beam_size, alpha,
-    max_len_offset) if given."""
+    length_norm, max_len_offset) if given."""
     model = load_translator(model_uri, tracking_uri)
     params = dict(params or {})
     # The translator's predict answers a list; MLflow types a pyfunc's answer as any of its forms.

@@ -149,7 +149,10 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     # A request may change the decoding: each setting gives what the Translator gives with it,
     # and (the tiny model being what it is) at least one of them changes some translation.
     changed = False
-    for params in ({"max_len_offset": 1}, {"beam_size": 1}, {"alpha": 0.0}, {"max_len_offset": 0}):
+    for params in (
+        {"max_len_offset": 1}, {"beam_size": 1}, {"alpha": 0.0}, {"length_norm": "fairseq"},
+        {"max_len_offset": 0},
+    ):
         here = translate_here(inputs, TEXTS, DecodeConfig(**{**asdict(config.decode), **params}))
         assert model.predict(TEXTS, params=params) == here, params
         changed |= here != expected

@@ -142,9 +142,12 @@ def test_tfm_translate_from_a_checkpoint_stops_at_a_line_that_is_not_utf8(inputs
 
     lines = [b"the cat", b"a big red house", b"bad \xff byte", b"dog"]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n".join(lines) + b"\n")))
-    args = ["--checkpoint", str(inputs["average"]), "--tokenizer", str(inputs["tokenizer"]), "--beam", "2"]
+    args = ["--checkpoint", str(inputs["average"]), "--tokenizer", str(inputs["tokenizer"]), "--beam", "2",
+            "--length-norm", "fairseq"]
     assert main(["translate", *args]) == 1
     out, err = capsys.readouterr()
-    # The lines before the bad one are translated (beam 2 as asked), then one line names it.
-    assert out.splitlines() == translate_here(inputs, ["the cat", "a big red house"], DecodeConfig(beam_size=2))
+    # The lines before the bad one are translated (beam 2, fairseq's penalty, as asked), then one
+    # line names it.
+    asked = DecodeConfig(beam_size=2, length_norm="fairseq")
+    assert out.splitlines() == translate_here(inputs, ["the cat", "a big red house"], asked)
     assert "tfm: input line 3 is not UTF-8 (byte 5 of the line is b'\\xff')" in err
