@@ -1,8 +1,9 @@
 """The CTranslate2 engine: beam search through a checkpoint's CTranslate2 export
 (``serving.ct2_export`` makes it).
 
-``CTranslate2Engine.search`` keeps what beam size, alpha, the length penalty's form and the output
-limit mean for our own search (``transformer_core.search``); see ``CTranslate2Engine.hypotheses`` for how.
+``CTranslate2Engine.search`` keeps what beam size, alpha, the length penalty's form and the
+output limit mean for our own search (``transformer_core.search``); see
+``CTranslate2Engine.hypotheses`` for how.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ class CTranslate2Engine:
         decoded under the longest limit, and those whose search ran up to their own limit
         (rare) again under it, grouped by limit; see ``_decode``. It keeps the k finished
         hypotheses best by its own raw / len^p; ``_penalty`` picks the p that ranks like GNMT
-        near the source length, and the kept ones are re-ranked by GNMT's penalty exactly.
+        near the source length, and the kept ones are re-ranked by GNMT's penalty exactly
+        (fairseq's penalty is CTranslate2's own: p = alpha).
         """
         if not 1 <= n_best <= beam_size:
             raise ValueError(f"n_best {n_best} must be in [1, beam_size {beam_size}]")

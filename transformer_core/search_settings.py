@@ -33,9 +33,11 @@ def length_penalty(length: int | Tensor, alpha: float, norm: str = "gnmt") -> fl
     ``gnmt``: lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used by the paper with alpha=0.6.
     ``fairseq``: |Y|^alpha, fairseq's ``--lenpen`` (its default 1 is the mean log-probability).
     |Y| counts decoded positions, the final EOS included (as tensor2tensor and fairseq)."""
+    if norm == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
     if norm == "fairseq":
         return length**alpha
-    return ((5.0 + length) / 6.0) ** alpha
+    raise ValueError(f"length_norm must be one of {', '.join(LENGTH_NORMS)}, got {norm!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
