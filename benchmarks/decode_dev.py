@@ -11,7 +11,8 @@ downloaded references with the score stage's metrics (``evaluation.bleu.score_te
         --alphas 1.0,1.5,2.0,2.5,3.0 [--set key=value ...] [--model PATH] [--json out.json]
 
 ``--split test`` decodes test the same way; the pipeline's own score is that of the config's
-settings, so it is for checking this script against the pipeline, not for choosing.
+settings, so it is for checking this script against the pipeline, or for the one test figure
+of a setting declared before it was decoded (docs/multi30k.md), never for choosing.
 Hand-written because it is a loop over two library calls (the translator, sacrebleu).
 """
 
