@@ -273,20 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     add_set(_tracking_parser(sub))
-    p = sub.add_parser("translate", help="translate stdin to stdout (one line per line)")
-    p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
-    p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
-    p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
-    p.add_argument("--config", help="run config: its MLflow tracking URI, or its decoding settings with --checkpoint")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
-    p.add_argument("--beam", type=int, help="beam size (default: the model's or config's)")
-    p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's or config's)")
-    p.add_argument("--length-norm", choices=["gnmt", "fairseq"],
-                   help="the length penalty's form (default: the model's or config's)")
-    p.add_argument("--n-best", type=int, default=1,
-                   help="the N best translations per line (<= beam), as LINE ||| TEXT ||| SCORE")
-    p.add_argument("--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes")
-    p.set_defaults(func=cmd_translate)
+    _translate_parser(sub)
 
     p = sub.add_parser("export", help="a checkpoint or registered model as a CTranslate2 or Hugging Face Marian folder")
     p.add_argument("--to", required=True, choices=["ctranslate2", "marian"], help="what to write")
@@ -315,6 +302,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefect-port", type=int, default=4200)
     p.set_defaults(func=cmd_ui)
     return parser
+
+
+def _translate_parser(sub: Any) -> None:
+    """``tfm translate``: a registered model or a checkpoint, stdin to stdout."""
+    p = sub.add_parser("translate", help="translate stdin to stdout (one line per line)")
+    p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
+    p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
+    p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
+    p.add_argument("--config", help="run config: its MLflow tracking URI, or its decoding settings with --checkpoint")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
+    p.add_argument("--beam", type=int, help="beam size (default: the model's or config's)")
+    p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's or config's)")
+    p.add_argument("--length-norm", choices=["gnmt", "fairseq"],
+                   help="the length penalty's form (default: the model's or config's)")
+    p.add_argument("--n-best", type=int, default=1,
+                   help="the N best translations per line (<= beam), as LINE ||| TEXT ||| SCORE")
+    p.add_argument("--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes")
+    p.set_defaults(func=cmd_translate)
 
 
 def _tracking_parser(sub: Any) -> argparse.ArgumentParser:
