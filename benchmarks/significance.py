@@ -50,8 +50,8 @@ def run_texts(workdir: Path) -> tuple[str, list[str], list[str]]:
 def compare(
     workdirs: list[Path], *, test: str = "ar", trials: int = 0, bootstrap: int = 1_000
 ) -> list[dict]:
-    """One row per run: ``bleu_tok_lc``, bootstrap mean and 95% half-width, length ratio, and
-    the paired test's p-value against the first run. ``trials`` 0 takes sacreBLEU's defaults
+    """One row per run: ``bleu_tok_lc``, bootstrap mean and 95% half-width, length ratio, the
+    lines identical to the first run's, and the paired test's p-value against the first run. ``trials`` 0 takes sacreBLEU's defaults
     (10,000 randomisation trials, 1,000 paired resamples); ``bootstrap`` sizes the intervals of
     the randomisation test (the paired bootstrap's come from its own resamples)."""
     from sacrebleu.metrics import BLEU
@@ -80,8 +80,15 @@ def compare(
     )
     _, results = paired()
     rows = []
+    base_hyps = systems[0][1]
     for (name, hyps), result in zip(systems, results["BLEU"], strict=True):
         score = bleu.corpus_score(hyps, [refs])
+        same = sum(a == b for a, b in zip(hyps, base_hyps, strict=True))
+        p_value = result.p_value
+        if p_value is not None and same == len(hyps):
+            # sacreBLEU (after MultEval) counts only shuffles that differ by more than the real
+            # difference, so identical outputs would get its smallest p; there is nothing to test.
+            p_value = 1.0
         rows.append(
             {
                 "run": name,
@@ -89,7 +96,8 @@ def compare(
                 "bootstrap_mean": None if result.mean is None else round(float(result.mean), 2),
                 "ci95_half": None if result.ci is None else round(float(result.ci), 2),
                 "length_ratio": round(score.sys_len / score.ref_len, 3),
-                f"p_{test}_vs_first": None if result.p_value is None else round(result.p_value, 4),
+                "lines_as_first": same,
+                f"p_{test}_vs_first": None if p_value is None else round(p_value, 4),
             }
         )
     return rows

@@ -53,12 +53,22 @@ def test_scores_are_the_score_stages_and_only_a_real_difference_is_significant(t
     assert [row["bleu_tok_lc"] for row in rows] == [
         round(score_texts(h, refs, "de")["bleu_tok_lc"], 2) for h in (good, close, worse)
     ]
-    base, same, other = rows
+    base, close_row, other = rows
     assert base["p_ar_vs_first"] is None
-    assert same["p_ar_vs_first"] > 0.2 and same["bleu_tok_lc"] != base["bleu_tok_lc"]
+    assert close_row["p_ar_vs_first"] > 0.2 and close_row["bleu_tok_lc"] != base["bleu_tok_lc"]
     assert other["p_ar_vs_first"] < 0.01 and other["bleu_tok_lc"] < base["bleu_tok_lc"] - 20
     assert 0 < base["ci95_half"] < 20
+    assert base["lines_as_first"] == 60 and other["lines_as_first"] == 0
     assert other["length_ratio"] < base["length_ratio"] < 1
+
+
+def test_a_run_against_itself_is_no_difference(tmp_path):
+    refs = _refs()
+    hyps = _drop_one(refs, seed=1)
+    rows = significance.compare(
+        [_run(tmp_path, "a", hyps, refs), _run(tmp_path, "again", hyps, refs)], trials=100
+    )
+    assert rows[1]["p_ar_vs_first"] == 1.0 and rows[1]["lines_as_first"] == 60
 
 
 def test_runs_with_other_references_are_refused_in_one_line(tmp_path):
