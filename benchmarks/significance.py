@@ -51,9 +51,10 @@ def compare(
     workdirs: list[Path], *, test: str = "ar", trials: int = 0, bootstrap: int = 1_000
 ) -> list[dict]:
     """One row per run: ``bleu_tok_lc``, bootstrap mean and 95% half-width, length ratio, the
-    lines identical to the first run's, and the paired test's p-value against the first run. ``trials`` 0 takes sacreBLEU's defaults
-    (10,000 randomisation trials, 1,000 paired resamples); ``bootstrap`` sizes the intervals of
-    the randomisation test (the paired bootstrap's come from its own resamples)."""
+    lines identical to the first run's, and the paired test's p-value against the first run.
+    ``trials`` 0 takes sacreBLEU's defaults (10,000 randomisation trials, 1,000 paired
+    resamples); ``bootstrap`` sizes the intervals of the randomisation test (the paired
+    bootstrap's come from its own resamples)."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
@@ -61,10 +62,10 @@ def compare(
 
     if len(workdirs) < 2:
         raise SystemExit("significance: give two or more run work dirs (the first is the baseline)")
-    lang, _, base_refs = run_texts(workdirs[0])
+    texts = [run_texts(workdir) for workdir in workdirs]
+    lang, _, base_refs = texts[0]
     systems = []
-    for workdir in workdirs:
-        run_lang, hyps, refs = run_texts(workdir)
+    for workdir, (run_lang, hyps, refs) in zip(workdirs, texts, strict=True):
         if (run_lang, refs) != (lang, base_refs):
             raise SystemExit(
                 f"significance: {workdir / 'download'} holds other references than "
