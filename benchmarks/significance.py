@@ -8,10 +8,11 @@ sacreBLEU's paired test against the first run (approximate randomisation by defa
 ``--test bs`` for paired bootstrap). sacreBLEU seeds its resampling (``SACREBLEU_SEED``, 12345),
 so a rerun prints the same figures.
 
-    python benchmarks/significance.py runs/base runs/other [runs/third ...] \\
+    python benchmarks/significance.py runs/base [runs/other runs/third ...] \\
         [--test ar|bs] [--trials N] [--bootstrap 1000] [--json out.json]
 
-The runs must have translated the same references (checked line by line).
+The runs must have translated the same references (checked line by line). One run alone gets
+its figure and interval (where the runs to compare it with are gone, say).
 Hand-written because it is two sacreBLEU calls (``PairedTest``) over the score stage's inputs.
 """
 
@@ -60,8 +61,8 @@ def compare(
 
     from evaluation.bleu import moses_tokenize
 
-    if len(workdirs) < 2:
-        raise SystemExit("significance: give two or more run work dirs (the first is the baseline)")
+    if not workdirs:
+        raise SystemExit("significance: give one or more run work dirs (the first is the baseline)")
     texts = [run_texts(workdir) for workdir in workdirs]
     lang, _, base_refs = texts[0]
     systems = []

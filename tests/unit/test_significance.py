@@ -90,3 +90,16 @@ def test_an_unfinished_run_is_named(tmp_path):
     (tmp_path / "b" / "translate").mkdir(parents=True)
     with pytest.raises(SystemExit, match=r"b/translate holds 0 hyp.<lang> files"):
         significance.compare([first, tmp_path / "b"], trials=10)
+
+
+@pytest.mark.parametrize("test", ["ar", "bs"])
+def test_one_run_alone_gets_its_figure_and_interval(tmp_path, test):
+    refs = _refs()
+    hyps, other = _drop_one(refs, seed=1), _drop_one(refs, seed=2)
+    alone = significance.compare([_run(tmp_path, "a", hyps, refs)], test=test, trials=100)
+    paired = significance.compare(
+        [tmp_path / "a", _run(tmp_path, "b", other, refs)], test=test, trials=100
+    )
+    assert alone == paired[:1]
+    assert alone[0]["bleu_tok_lc"] == round(score_texts(hyps, refs, "de")["bleu_tok_lc"], 2)
+    assert alone[0][f"p_{test}_vs_first"] is None and 0 < alone[0]["ci95_half"] < 20
