@@ -20,6 +20,10 @@ of T torch threads each, micro-batches of M padded tokens, the same ``--tokens-p
 ``1x2:4096`` and ``2x1:4096`` train on the same batches, accumulated on one worker or split over
 two and all-reduced); rates are over all workers, the first layout is the reference.
 
+With ``--glibc-defaults`` each Ray Train path is timed a second time with glibc's allocator
+defaults (``train.keep_freed_memory: false``), with the workers' minor page faults a step and
+peak resident memory beside the rates.
+
 With ``--shards`` (a shard stage's folder) both paths train on its real batches and vocabulary
 instead of random ids.
 """
@@ -90,10 +94,11 @@ def parse_layout(text: str) -> Layout:
 
 
 def train_settings(
-    args: argparse.Namespace, warm: int, layout: Layout | None = None
+    args: argparse.Namespace, warm: int, layout: Layout | None = None, keep_freed: bool = True
 ) -> TrainConfig:
     """No evaluation or checkpoint before the last step; a logging interval of ``warm`` steps;
-    one worker on every core unless ``layout`` says otherwise."""
+    one worker on every core unless ``layout`` says otherwise; ``keep_freed``:
+    ``train.keep_freed_memory``."""
     cores = os.cpu_count() or 1
     workers, threads, max_tokens = layout or (1, None, args.max_tokens)
     return TrainConfig(
@@ -109,6 +114,7 @@ def train_settings(
         checkpoint_every=0,
         checkpoint_minutes=0.0,
         log_every=warm,
+        keep_freed_memory=keep_freed,
     )
 
 
@@ -125,18 +131,24 @@ def ray_loop(
     warm: int,
     niceness: int | None = None,
     layout: Layout | None = None,
+    keep_freed: bool = True,
 ) -> dict:
     """tokens/s as measured by the Trainer in Ray Train (after its first logging interval, over
     all workers); ``niceness``: the workers', instead of Ray's default (15); ``layout``: workers,
-    threads and micro-batch (default: one worker on every core, ``--max-tokens``)."""
+    threads and micro-batch (default: one worker on every core, ``--max-tokens``);
+    ``keep_freed``: ``train.keep_freed_memory``, through the pipeline's runtime env."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from training.allocator import worker_runtime_env
     from training.job import TrainJob
     from training.worker import JOB_KEY, train_loop_per_worker
 
     with tempfile.TemporaryDirectory() as storage:
-        tc = train_settings(args, warm, layout)
+        tc = train_settings(args, warm, layout, keep_freed)
+        env = dict(worker_runtime_env(tc).get("env_vars", {}))
+        if niceness is not None:
+            env["RAY_worker_niceness"] = str(niceness)
         job = TrainJob(
             model=model_config(size, args),
             train=tc,
@@ -160,11 +172,7 @@ def ray_loop(
             run_config=ray.train.RunConfig(
                 name="bench",
                 storage_path=storage,
-                worker_runtime_env=(
-                    {"env_vars": {"RAY_worker_niceness": str(niceness)}}
-                    if niceness is not None
-                    else None
-                ),
+                worker_runtime_env={"env_vars": env} if env else None,
             ),
         )
         summary = trainer.fit().return_value
@@ -172,6 +180,8 @@ def ray_loop(
         "tokens_per_s": summary["tokens_per_s"],
         "seconds": summary["timed_seconds"],
         "threads": summary["torch_threads"],
+        "page_faults_per_step": summary["page_faults_per_step"],
+        "max_rss_mib": summary["max_rss_mib"],
     }
 
 
@@ -246,6 +256,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="WxT:M,...",
         help="time these Ray Train layouts instead (W workers of T threads, M-token micro-batches)",
     )
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="also time each Ray Train path with glibc's allocator defaults "
+        "(train.keep_freed_memory: false)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     warm = args.warm or max(args.steps // 4, 2)
@@ -274,6 +290,14 @@ def main(argv: list[str] | None = None) -> None:
                         f"ray_train {text}": partial(ray_loop, *loop_args, layout=parse_layout(text))
                         for text in args.layouts.split(",")
                     }
+                if args.glibc_defaults:
+                    paths.update(
+                        {
+                            f"{path} glibc defaults": partial(run.func, *run.args, **run.keywords, keep_freed=False)
+                            for path, run in paths.items()
+                            if path.startswith("ray_train")
+                        }
+                    )
                 if args.niceness is not None:
                     paths[f"ray_train nice {args.niceness}"] = partial(
                         ray_loop, *loop_args, niceness=args.niceness
@@ -312,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
                         "vs_plain": r["tokens_per_s"] / plain["tokens_per_s"],
                         "median_vs_plain": medians[path] / medians[reference],
                         "timed_s": r["seconds"],
+                        "faults_per_step": r.get("page_faults_per_step"),
+                        "worker_rss_mib": r.get("max_rss_mib"),
                     }
                 )
     finally:

@@ -58,6 +58,7 @@ NOT_IN_RESUME_KEY = (
     "prefetch",
     "warn_encoder_spread",
     "torch_threads",
+    "keep_freed_memory",
 )
 
 

@@ -69,6 +69,12 @@ class TrainConfig:
     placement_strategy: str = "PACK"
     """Ray's placement of the workers: PACK (as few nodes as possible: the GPUs of one node
     first), SPREAD (across nodes where possible), STRICT_PACK or STRICT_SPREAD."""
+    keep_freed_memory: bool = True
+    """On CPUs, the workers' glibc allocator keeps what a step frees for the next step (one arena,
+    no mmap, no trimming) instead of unmapping the step's large buffers, which the kernel would
+    fault in and zero again each step: 1.29x the speed on the Multi30k recipe's shape, for a
+    higher resident peak (docs/benchmarks.md, "Freed memory kept"). No effect with GPUs, or
+    without glibc."""
     torch_threads: int | None = None
     """Intra-op threads per worker; null: the node's cores divided among its workers (Ray would
     give a 1-CPU worker one thread, and training reads its own shards, so the rest would idle)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corpora.storage import StoredFolder
+from training.allocator import worker_runtime_env
 from training.config import TrainConfig
 from training.data import open_fs
 from training.tracking import TrackingOptions, spill_folder
@@ -178,6 +179,9 @@ SUMMARY_STATS = (
     "loop_seconds",
     "torch_threads",
     "torch_interop_threads",
+    "keep_freed_memory",
+    "page_faults_per_step",
+    "max_rss_mib",
 )
 """Rank 0's summary values a finished job reports as they are (None if absent)."""
 
@@ -212,6 +216,7 @@ def torch_trainer(job: TrainJob) -> TorchTrainer:
             storage_filesystem=job.storage_filesystem,
             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
             failure_config=FailureConfig(max_failures=tc.max_failures),
+            worker_runtime_env=worker_runtime_env(tc),
         ),
     )
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import resource
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from training.allocator import kept_here
 from training.data import TokenData
 from training.dev_bleu import DevBleu
 from training.progress import Progress
@@ -57,7 +60,7 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
             trainer.load_state_dict(read_state(Path(d), rank))
     tracker = make_tracker(job, rank)
     tracker.param("n_parameters", count_parameters(trainer.module))
-    started = time.time()
+    started, faults = time.time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     progress = Progress(
         trainer.last_step,
         trainer.start_step,
@@ -73,7 +76,8 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
         tracker.close(timeout=min(5.0, job.tracking.drain_seconds))  # Ray restarts the group
         raise
     tracker.close()
-    return summary(trainer, time.time() - started)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return summary(trainer, time.time() - started, faults)
 
 
 def make_tracker(job: TrainJob, rank: int) -> Tracker:
@@ -211,8 +215,10 @@ class WorkerListener(Listener):
             save_best(self.best_path, trainer.module, trainer.best.record, self.vocab_size)
 
 
-def summary(trainer: Trainer, loop_seconds: float) -> dict[str, Any]:
-    """What the worker returns (rank 0's reaches the driver): steps, throughput, threads, best."""
+def summary(trainer: Trainer, loop_seconds: float, page_faults: int) -> dict[str, Any]:
+    """What the worker returns (rank 0's reaches the driver): steps, throughput, threads, best,
+    and what the allocator cost: minor page faults a step and the process's peak resident MiB."""
+    steps = max(1, trainer.step - trainer.start_step)
     return {
         "rank": trainer.rank,
         "start_step": trainer.start_step,
@@ -226,10 +232,19 @@ def summary(trainer: Trainer, loop_seconds: float) -> dict[str, Any]:
         "loop_seconds": loop_seconds,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
+        "keep_freed_memory": kept_here(),
+        "page_faults_per_step": round(page_faults / steps),
+        "max_rss_mib": round(peak_rss_bytes() / 2**20),
         "best": dict(trainer.best.record),
         "stopped_early": trainer.step < trainer.last_step,
         **{k: v for k, v in trainer.latest.items() if k in SUMMARY_METRICS},
     }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (getrusage counts KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def worker_threads(local_workers: int) -> int:

@@ -220,6 +220,8 @@ def test_two_workers_learn_and_log_to_mlflow(trained):
     # The node's cores shared between its two workers, for intra- and inter-op threads alike.
     share = max(1, len(os.sched_getaffinity(0)) // 2)
     assert (stats["torch_threads"], stats["torch_interop_threads"]) == (share, share)
+    # The workers started with glibc told to keep freed memory (train.keep_freed_memory).
+    assert stats["keep_freed_memory"] is True
 
     losses = metric_history(config, stats["mlflow_run_id"], "loss")
     assert sorted(losses) == list(range(1, 25))
