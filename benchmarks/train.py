@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
                 if args.glibc_defaults:
                     paths.update(
                         {
-                            f"{path} glibc defaults": partial(run.func, *run.args, **run.keywords, keep_freed=False)
+                            f"{path} glibc defaults": partial(run, keep_freed=False)
                             for path, run in paths.items()
                             if path.startswith("ray_train")
                         }

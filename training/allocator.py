@@ -5,9 +5,10 @@ A CPU step allocates and frees buffers of tens to hundreds of MiB (the (tokens, 
 and their gradients). glibc serves each with its own mmap and unmaps it when it is freed, so
 the kernel faults in and zeroes every page of it again on the next step: on one worker of the
 Multi30k recipe (4,096 tokens, one thread) that was 202k page faults and 0.67 s of system time
-a step, against 1.9 s of user time; kept, 1.29x the recipe's speed (docs/benchmarks.md). With no mmap and no trimming, freed memory stays in the heap
-and is reused. These are glibc's tunables, read once when a process starts, so they go in the
-workers' runtime env; elsewhere than glibc they are ignored.
+a step, against 1.9 s of user time. With no mmap and no trimming, freed memory stays in the heap
+and is reused: 1.29x the recipe's speed (docs/benchmarks.md). These are glibc's tunables, read
+once when a process starts, so they go in the workers' runtime env; elsewhere than glibc they
+are ignored. Hand-written because it is three environment variables.
 """
 
 from __future__ import annotations

@@ -35,7 +35,11 @@ PAGES = 10 * (64 << 20) // os.sysconf("SC_PAGE_SIZE")  # every page of the 10 bu
 def _faults(env: dict[str, str]) -> int:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run(
-        [sys.executable, "-c", STEPS], env={**clean, **env}, capture_output=True, text=True, check=True
+        [sys.executable, "-c", STEPS],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(out.stdout)
 
