@@ -60,7 +60,7 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
             trainer.load_state_dict(read_state(Path(d), rank))
     tracker = make_tracker(job, rank)
     tracker.param("n_parameters", count_parameters(trainer.module))
-    started, faults = time.time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    started, faults_before = time.time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     progress = Progress(
         trainer.last_step,
         trainer.start_step,
@@ -76,7 +76,7 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
         tracker.close(timeout=min(5.0, job.tracking.drain_seconds))  # Ray restarts the group
         raise
     tracker.close()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
     return summary(trainer, time.time() - started, faults)
 
 
