@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # later pip step sees it satisfied instead of pulling CUDA packages.
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-gpu gpu-recipe lint clean
+.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-gpu gpu-recipe gpu-bundle lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,10 +59,17 @@ bench-gpu:
 # The published Multi30k recipe (configs/multi30k_en_de_tiny.yaml) end to end on one GPU: it
 # installs the project into .venv-gpu over GPU_PYTHON's CUDA torch, runs `tfm run` with
 # train.use_gpu=true and prints test2016 bleu_tok_lc beside the published 41.02 with the wall
-# time. RECIPE_FLAGS: --seed N, --mirror file://..., --wheels DIR (offline install).
+# time. RECIPE_FLAGS: --seed N, --mirror file://..., --wheels DIR or --site FILE (offline
+# install; `make gpu-bundle` writes FILE), --keep (continue a run cut by a time limit).
 gpu-recipe:
 	$(GPU_PYTHON) benchmarks/gpu_recipe.py --preflight
 	$(GPU_PYTHON) benchmarks/gpu_recipe.py $(RECIPE_FLAGS)
+
+# The offline install for a GPU machine with no package index: the dependencies it lacks
+# (HAVE: its `pip list --format=freeze`) as one site-packages archive (benchmarks/gpu_bundle.py).
+HAVE ?= .whl/have.txt
+gpu-bundle: $(STAMP)
+	$(PY) benchmarks/gpu_bundle.py --have $(HAVE) --out .whl/site-py312.tar.xz
 
 test-gpu:
 	$(GPU_PYTHON) benchmarks/gpu.py --preflight

@@ -6,7 +6,9 @@ build). It
 1. stops in one line when that torch sees no CUDA device;
 2. makes ``.venv-gpu`` with that Python's site packages visible (its CUDA torch satisfies our torch
    range, so pip installs no other torch) and installs the project there, from the package index
-   or, offline, from a folder of wheels (``--wheels DIR``, pip's ``--no-index --find-links``);
+   or, offline, from a folder of wheels (``--wheels DIR``, pip's ``--no-index --find-links``) or
+   from one site-packages archive (``--site FILE``, made by benchmarks/gpu_bundle.py: the
+   dependencies the GPU machine lacks, packed to fit where a whole wheel set does not);
 3. runs ``tfm run configs/multi30k_en_de_tiny.yaml --set train.use_gpu=true --set
    train.num_workers=1 --set train.bf16=false`` (the config as committed otherwise: its two
    workers' 4,096-token batches of an update are accumulated on the one GPU, the same batches,
@@ -16,6 +18,7 @@ build). It
 
     python benchmarks/gpu_recipe.py --preflight       # exit 2 with one line without CUDA
     python benchmarks/gpu_recipe.py [--seed 4321] [--mirror file:///data/multi30k] [--wheels .whl]
+    python benchmarks/gpu_recipe.py --site .whl/site-py312.tar.xz --keep   # continue a cut run
 
 Hand-written because it is glue around two commands (pip, tfm), each with its own progress.
 """
@@ -26,8 +29,10 @@ import argparse
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
+import tarfile
 import time
 from datetime import date
 from pathlib import Path
@@ -46,16 +51,37 @@ def cuda_device() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def install(venv: Path, wheels: str | None) -> float:
+def install(venv: Path, wheels: str | None, site_archive: str | None = None) -> float:
     """The project in ``venv`` on top of this Python's packages; seconds taken (0 when present)."""
     tfm = venv / "bin" / "tfm"
     if tfm.exists() and _run([str(venv / "bin" / "python"), "-c", "import ray.train, prefect, mlflow"], check=False) == 0:
         return 0.0
     start = time.time()
-    _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
-    source = ["--no-index", "--find-links", str(Path(wheels).resolve())] if wheels else []
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *source, "-e", str(ROOT)])
+    _run([sys.executable, "-m", "venv", str(venv)])
+    packages = venv_site_packages(venv)
+    # This Python's packages (its CUDA torch) after the venv's own: a .pth line, since a venv made
+    # from another venv's Python (`--system-site-packages`) would see the base install instead.
+    (packages / "_gpu_python.pth").write_text("\n".join(site.getsitepackages()) + "\n", encoding="utf-8")
+    if site_archive:
+        # An offline machine: every dependency the GPU Python lacks, prepared elsewhere by
+        # benchmarks/gpu_bundle.py; the project itself from this checkout.
+        try:
+            with tarfile.open(site_archive) as archive:
+                archive.extractall(packages, filter="data")  # refuses links and paths leaving it
+        except (OSError, tarfile.TarError) as err:
+            raise SystemExit(f"gpu-recipe: --site {site_archive}: {err}") from None
+        (packages / "_attention_pipeline.pth").write_text(f"{ROOT}\n", encoding="utf-8")
+        tfm.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom pipelines.cli import main\nsys.exit(main())\n")
+        tfm.chmod(0o755)
+    else:
+        source = ["--no-index", "--find-links", str(Path(wheels).resolve())] if wheels else []
+        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *source, "-e", str(ROOT)])
     return time.time() - start
+
+
+def venv_site_packages(venv: Path) -> Path:
+    """``venv``'s site-packages folder."""
+    return next((venv / "lib").glob("python3*/site-packages"))
 
 
 def run_recipe(venv: Path, workdir: Path, seed: int | None, mirror: str | None) -> float:
@@ -84,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: the config's (1234)")
     parser.add_argument("--mirror", default=None, help="data.mirror, e.g. file:///data/multi30k")
     parser.add_argument("--wheels", default=None, help="install offline from this folder of wheels")
+    parser.add_argument("--site", default=None, help="install offline from this site-packages archive (gpu_bundle.py)")
+    parser.add_argument(
+        "--keep", action="store_true",
+        help="continue the work dir's run (stages done are skipped, training resumes from its "
+        "last checkpoint) instead of starting afresh: for a run cut by a time limit",
+    )
     parser.add_argument("--venv", default=str(ROOT / ".venv-gpu"))
     parser.add_argument("--workdir", default=None, help="default: runs/gpu-recipe-seed<seed>")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_recipe.json"))
@@ -101,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.time()
     workdir = Path(args.workdir or ROOT / "runs" / f"gpu-recipe-seed{args.seed or 1234}").resolve()
-    shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, not a resumed or skipped one
-    install_s = install(Path(args.venv), args.wheels)
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, not a resumed or skipped one
+    install_s = install(Path(args.venv), args.wheels, args.site)
     run_s = run_recipe(Path(args.venv), workdir, args.seed, args.mirror)
     scores = json.loads((workdir / "score" / "scores.json").read_text(encoding="utf-8"))
     result = {
@@ -115,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "install_s": round(install_s, 1),
         "run_s": round(run_s, 1),
         "wall_s": round(time.time() - started, 1),
+        "continued": args.keep,  # then the times are this call's alone
         "workdir": str(workdir),
     }
     out = Path(args.out)
@@ -124,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         f"gpu-recipe: test2016 bleu_tok_lc {result['bleu_tok_lc']:.2f} against the published "
         f"{PUBLISHED:.2f} ({result['bleu_tok_lc'] - PUBLISHED:+.2f}), seed {result['seed']}, "
         f"{device}; {result['wall_s'] / 60:.1f} min in all (install {install_s:.0f} s, "
-        f"tfm run {run_s:.0f} s); {out}"
+        f"tfm run {run_s:.0f} s{', continued' if args.keep else ''}); {out}"
     )
     return 0
 
