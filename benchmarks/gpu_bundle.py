@@ -118,10 +118,20 @@ def resolve(work: Path, python_version: str) -> tuple[dict, str]:
     _pip(["wheel", "--no-deps", "-q", "-w", str(work / "project"), str(ROOT)])
     wheel = next((work / "project").glob("*.whl"))
     report = work / "report.json"
-    _pip([
-        "install", "--dry-run", "--ignore-installed", "-q", "--report", str(report),
-        "--target", str(work / "resolve"), *pip_target_flags(python_version), str(wheel),
-    ])
+    _pip(
+        [
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "-q",
+            "--report",
+            str(report),
+            "--target",
+            str(work / "resolve"),
+            *pip_target_flags(python_version),
+            str(wheel),
+        ]
+    )
     return json.loads(report.read_text(encoding="utf-8")), wheel.name.split("-")[0]
 
 
@@ -131,7 +141,9 @@ def pack(site: Path, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if shutil.which("xz"):  # multithreaded; Python's lzma uses one core
         with partial.open("wb") as sink:
-            tar = subprocess.Popen(["tar", "-C", str(site), "-cf", "-", "."], stdout=subprocess.PIPE)
+            tar = subprocess.Popen(
+                ["tar", "-C", str(site), "-cf", "-", "."], stdout=subprocess.PIPE
+            )
             subprocess.run(["xz", "-9", "-T0"], stdin=tar.stdout, stdout=sink, check=True)
             if tar.wait() != 0:
                 raise SystemExit(f"gpu-bundle: tar of {site} failed")
@@ -165,8 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         also = {canonical(n) for n in args.also.split()}
         chosen = select(report, read_have(args.have), also, project)
         site = work / "site"
-        _pip(["install", "-q", "--no-deps", "--no-compile", "--target", str(site),
-              *pip_target_flags(args.python_version), *chosen])
+        _pip(
+            [
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                str(site),
+                *pip_target_flags(args.python_version),
+                *chosen,
+            ]
+        )
         freed = prune(site)
         pack(site, args.out)
     mib = args.out.stat().st_size / 2**20

@@ -38,8 +38,13 @@ def test_site_archive_installs_beside_the_python_s_own_packages(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "41.02"
     assert not out.stdout.split()[1].startswith(str(venv))
-    tfm = subprocess.run([str(venv / "bin" / "tfm"), "--help"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120)
+    tfm = subprocess.run(
+        [str(venv / "bin" / "tfm"), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert tfm.returncode == 0 and "Prefect + Ray + MLflow" in tfm.stdout, tfm.stderr
     assert gpu_recipe.install(venv, None, str(site)) == 0.0  # present: nothing done again
 
