@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def venv_site_packages(venv: Path) -> Path:
 
 
 def run_recipe(
-    venv: Path, workdir: Path, seed: int | None, mirror: str | None, extra: list[str] = ()
+    venv: Path, workdir: Path, seed: int | None, mirror: str | None, extra: Sequence[str] = ()
 ) -> float:
     """``tfm run`` of the published recipe on the GPU (``extra``: more ``--set`` overrides, e.g.
     ``train.compile=true``, after ours); seconds taken."""
