@@ -44,6 +44,12 @@ class TrainConfig:
     (their speed is not the point there). CPUs always train in float32."""
     compile: bool = False
     """torch.compile the model and the loss (dynamic shapes: one graph for every batch shape)."""
+    merge_micro_batches: bool = False
+    """Run a rank's micro-batches of an update as one padded batch: the same sentences and the
+    same gradient (up to rounding and dropout's draws) in one forward and backward instead of
+    several. For a small model on a GPU, where launching kernels bounds the step; it costs
+    padding and memory (the published Multi30k recipe's model: ~900 top-level operations in each
+    micro-batch's forward and backward, measured with torch.profiler)."""
     fused_loss: bool = False
     """The pre-softmax projection and the label-smoothed loss fused, in chunks of rows: the whole
     (tokens, vocab) logits never exist: less peak memory for a little speed (measured in

@@ -27,8 +27,9 @@ Prepared = tuple[Batches, HostBatches, dict[str, int]]
 
 class Prefetcher:
     """Steps of ``stream``: each takes ``per_step`` batches and collates the ones ``mine``
-    selects with ``collate``; ``depth`` > 0 prepares that many steps ahead in a thread (pinning
-    them for non-blocking copies with ``pin``). ``position`` is where the next step starts."""
+    selects with ``collate`` (as one batch with ``merge``); ``depth`` > 0 prepares that many steps
+    ahead in a thread (pinning them for non-blocking copies with ``pin``). ``position`` is where
+    the next step starts."""
 
     def __init__(
         self,
@@ -38,8 +39,9 @@ class Prefetcher:
         collate: Callable[[np.ndarray], tuple[torch.Tensor, ...]],
         depth: int,
         pin: bool,
+        merge: bool = False,
     ):
-        self._stream, self._per_step, self._mine = stream, per_step, mine
+        self._stream, self._per_step, self._mine, self._merge = stream, per_step, mine, merge
         self._collate, self._depth, self._pin = collate, depth, pin
         self.position = stream.position
         self._queue: queue.Queue[Prepared | BaseException] | None = None
@@ -78,7 +80,10 @@ class Prefetcher:
 
     def _prepare(self, stream: BatchStream, pin: bool) -> Prepared:
         batches = stream.take(self._per_step)
-        host = [self._collate(rows) for rows in batches[self._mine]]
+        mine = batches[self._mine]
+        if self._merge and len(mine) > 1:
+            mine = [np.concatenate(mine)]
+        host = [self._collate(rows) for rows in mine]
         if pin:
             host = [tuple(t.pin_memory() for t in tensors) for tensors in host]
         return batches, host, stream.position

@@ -103,6 +103,7 @@ class Trainer:
             collate=self._collate,
             depth=config.prefetch,
             pin=self.device.type == "cuda",
+            merge=config.merge_micro_batches,
         )
         self.validation = Validation(dev, config, seed, rank, world_size, dev_bleu)
         # The wrapper's no_sync (DDP's), looked up before compiling hides it.

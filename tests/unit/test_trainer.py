@@ -167,6 +167,30 @@ def test_prefetched_batches_train_exactly_as_batches_collated_in_the_step():
     assert trace[-1]["epoch"] >= 1
 
 
+def test_merged_micro_batches_train_as_the_accumulated_ones():
+    # No dropout: its draws differ by batch shape; the rest is the same sum in another order.
+    def trainer(merge: bool) -> Trainer:
+        torch.manual_seed(SEED)
+        module = Transformer(presets.debug().replace(max_len=32, dropout=0.0), VOCAB)
+        config = settings(merge_micro_batches=merge, prefetch=0)
+        return Trainer(module, config, reversal(96, 1), reversal(16, 2), seed=SEED)
+
+    split, merged = trainer(False), trainer(True)
+    assert [len(h) for h in (split.prefetcher.next()[1], merged.prefetcher.next()[1])] == [2, 1]
+    split, merged = trainer(False), trainer(True)
+    a, b = run(split, 8), run(merged, 8)
+    for key in ("loss", "nll", "grad_norm"):
+        assert [m[key] for m in b] == pytest.approx([m[key] for m in a], rel=1e-5), key
+    position = [(m["epoch"], m["batch_index"]) for m in a]
+    assert [(m["epoch"], m["batch_index"]) for m in b] == position
+    for name, weight in split.module.state_dict().items():
+        # A key bias shifts every score of a query alike, so softmax cancels it: its gradient is
+        # zero but for rounding (~1e-9), and Adam's normalisation makes that noise a full step.
+        if not name.endswith("k_proj.bias"):
+            got = merged.module.state_dict()[name]
+            torch.testing.assert_close(got, weight, rtol=1e-4, atol=1e-5)
+
+
 def test_a_collate_error_in_the_prefetch_thread_is_raised_by_the_step():
     trainer = make_trainer(settings())
     tgt_offsets = trainer.train_data.chunks[0][3]
