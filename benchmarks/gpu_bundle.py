@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 ROOT = Path(__file__).resolve().parent.parent
 # glibc 2.17-2.35 manylinux tags: pip matches each tag exactly, so every one a wheel may carry.
 PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64"] + [
@@ -56,18 +58,13 @@ PRUNE = (
 STRIP = ("ray/_raylet.so", "ray/core/src/ray/gcs/gcs_server", "ray/core/src/ray/raylet/raylet")
 
 
-def canonical(name: str) -> str:
-    """A distribution name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def read_have(path: Path) -> set[str]:
     """Canonical names in a ``pip list --format=freeze`` file (or one name a line)."""
     names = set()
     for line in path.read_text(encoding="utf-8").splitlines():
         name = re.split(r"[=<>@ ;\[]", line.strip(), maxsplit=1)[0]
         if name and not name.startswith("#"):
-            names.add(canonical(name))
+            names.add(canonicalize_name(name))
     return names
 
 
@@ -76,8 +73,8 @@ def select(report: dict, have: set[str], also: set[str], project: str) -> list[s
     chosen = []
     for item in report["install"]:
         name, version = item["metadata"]["name"], item["metadata"]["version"]
-        key = canonical(name)
-        if key == canonical(project) or NEVER.match(key):
+        key = canonicalize_name(name)
+        if key == canonicalize_name(project) or NEVER.match(key):
             continue
         if key not in have or key in also:
             chosen.append(f"{name}=={version}")
@@ -174,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-bundle-") as tmp:
         work = Path(tmp)
         report, project = resolve(work, args.python_version)
-        also = {canonical(n) for n in args.also.split()}
+        also = {canonicalize_name(n) for n in args.also.split()}
         chosen = select(report, read_have(args.have), also, project)
         site = work / "site"
         _pip(
