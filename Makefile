@@ -49,12 +49,15 @@ bench-store: $(STAMP)
 # The GPU suite runs in a Python whose torch is a CUDA build (ours in .venv is the CPU wheel):
 # the machine's own by default. It fails fast without CUDA, installs Ray Train if missing, and
 # writes $(RESULTS)/gpu/gpu.{json,md} in a few minutes (benchmarks/gpu.py says what it measures).
+# After `make gpu-recipe` it uses that run's .venv-gpu, which has Ray Train on a machine with no
+# package index.
 GPU_PYTHON ?= python3
+BENCH_GPU_PYTHON ?= $(if $(wildcard .venv-gpu/bin/python),.venv-gpu/bin/python,$(GPU_PYTHON))
 bench-gpu:
-	$(GPU_PYTHON) benchmarks/gpu.py --preflight
-	$(GPU_PYTHON) -c "import ray.train.torch, sentencepiece, sacrebleu, yaml" 2>/dev/null || \
-		$(GPU_PYTHON) -m pip install -q "ray[train]==2.60.*" "sentencepiece>=0.2" "sacrebleu>=2.4" "pyyaml>=6"
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu.py --out $(RESULTS)/gpu $(BENCH_FLAGS)
+	$(BENCH_GPU_PYTHON) benchmarks/gpu.py --preflight
+	$(BENCH_GPU_PYTHON) -c "import ray.train.torch, sentencepiece, sacrebleu, yaml" 2>/dev/null || \
+		$(BENCH_GPU_PYTHON) -m pip install -q "ray[train]==2.60.*" "sentencepiece>=0.2" "sacrebleu>=2.4" "pyyaml>=6"
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(BENCH_GPU_PYTHON) benchmarks/gpu.py --out $(RESULTS)/gpu $(BENCH_FLAGS)
 
 # The published Multi30k recipe (configs/multi30k_en_de_tiny.yaml) end to end on one GPU: it
 # installs the project into .venv-gpu over GPU_PYTHON's CUDA torch, runs `tfm run` with

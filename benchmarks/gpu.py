@@ -41,8 +41,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+try:
+    import numpy as np
+    import torch
+except ImportError as err:  # the preflight's one line where this Python has no torch at all
+    print(
+        f"bench-gpu: no {err.name} in {sys.executable} (set GPU_PYTHON to a Python with a CUDA "
+        "build of torch)",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
