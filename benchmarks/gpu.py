@@ -46,8 +46,8 @@ try:
     import torch
 except ImportError as err:  # the preflight's one line where this Python has no torch at all
     print(
-        f"bench-gpu: no {err.name} in {sys.executable} (set GPU_PYTHON to a Python with a CUDA "
-        "build of torch)",
+        f"bench-gpu: no {err.name} in {sys.executable} (set BENCH_GPU_PYTHON to a Python with a "
+        "CUDA build of torch)",
         file=sys.stderr,
     )
     sys.exit(2)
