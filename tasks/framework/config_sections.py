@@ -130,8 +130,9 @@ class RegisterConfig:
 
     model_name: str = "transformer-translator"
     """Registered model name."""
-    metric: str = "bleu_sacre"
-    """Metric that decides whether a new version takes the champion alias."""
+    metric: Literal["bleu_sacre", "bleu_tok_compound", "bleu_tok_lc", "chrf"] = "bleu_sacre"
+    """Metric of scores.json that decides whether a new version takes the champion alias
+    (``evaluation.bleu.METRICS``); a lowercasing recipe compares ``bleu_tok_lc``."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -201,6 +201,17 @@ def test_placement_strategy_is_one_of_rays():
     assert err.value.key.endswith("placement_strategy")
 
 
+def test_register_metric_is_one_that_the_score_stage_writes():
+    from evaluation.bleu import METRICS
+
+    for metric in METRICS:  # each metric of scores.json can decide the champion
+        assert config_from_dict({"name": "r", "register": {"metric": metric}}).register.metric == metric
+    # A misspelt metric fails when the config loads, not at register after hours of training.
+    with pytest.raises(ConfigError, match="'bleu' is not one of") as err:
+        config_from_dict({"name": "r", "register": {"metric": "bleu"}})
+    assert err.value.key == "register.metric"
+
+
 def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
     path = _write(tmp_path, {"name": "x", "model": {"preset": "debug"}})
     with pytest.raises(ConfigError, match=r"train.steps: .*\(from --set train.steps='many'\)"):
