@@ -73,7 +73,9 @@ class DevBleu:
         hyps = self.translate(model)
         stats: list[float] = [0.0] * 10  # correct[4], total[4], sys_len, ref_len
         if hyps:
-            result = BLEU().corpus_score(hyps, [self.references])
+            # force: with tokenizer.moses the text is Moses-tokenized on purpose (the same
+            # scores; without it sacreBLEU warns "forgot to detokenize" at every validation).
+            result = BLEU(force=True).corpus_score(hyps, [self.references])
             stats = [*result.counts, *result.totals, result.sys_len, result.ref_len]
         total = all_reduce_sum(stats, device)
         correct, counts = [int(x) for x in total[:4]], [int(x) for x in total[4:8]]

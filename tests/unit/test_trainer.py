@@ -362,6 +362,16 @@ def test_val_bleu_keeps_the_best_validation_and_patience_stops_the_run():
     assert resumed.done and resumed.best.record == trainer.best.record
 
 
+def test_val_bleu_of_moses_tokenized_text_gives_no_detokenize_warning(caplog):
+    from training.dev_bleu import DevBleu
+
+    # With tokenizer.moses the dev text is tokenized on purpose: each line ends in " .".
+    bleu = DevBleu(reversal(120, 2), lambda ids: " ".join(f"s{i}" for i in ids) + " .", 120)
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        score = bleu.score(make_trainer(settings()).module, torch.device("cpu"))
+    assert 0.0 <= score <= 100.0 and "detokenize" not in caplog.text
+
+
 def test_logged_loss_is_the_token_weighted_mean_since_the_last_log():
     from training.data import BatchStream
 
