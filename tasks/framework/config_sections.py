@@ -20,6 +20,7 @@ from corpora.sources import (
     train_corpora,
 )
 from corpora.synthetic import PAIRS as SYNTHETIC_PAIRS
+from evaluation.bleu import METRICS
 from transformer_core.config import ConfigError
 
 __all__ = ["DataConfig", "AverageConfig", "RegisterConfig", "MlflowConfig", "RayConfig", "ParsingConfig"]
@@ -124,15 +125,25 @@ class AverageConfig:
     BLEU alone (needs train.bleu_sentences; with train.patience the last ones are past it)."""
 
 
+def _score_metric(name: str) -> str:
+    if name not in METRICS:
+        raise ValueError(f"{name!r} is not one of {', '.join(METRICS)}")
+    return name
+
+
+ScoreMetric = Annotated[str, AfterValidator(_score_metric)]
+"""A metric the score stage writes to scores.json (``evaluation.bleu.METRICS``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RegisterConfig:
     """The MLflow model registry."""
 
     model_name: str = "transformer-translator"
     """Registered model name."""
-    metric: Literal["bleu_sacre", "bleu_tok_compound", "bleu_tok_lc", "chrf"] = "bleu_sacre"
-    """Metric of scores.json that decides whether a new version takes the champion alias
-    (``evaluation.bleu.METRICS``); a lowercasing recipe compares ``bleu_tok_lc``."""
+    metric: ScoreMetric = "bleu_sacre"
+    """Metric of scores.json that decides whether a new version takes the champion alias; a
+    lowercasing recipe compares ``bleu_tok_lc``."""
 
 
 @dataclass(frozen=True, kw_only=True)
