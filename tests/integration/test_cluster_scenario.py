@@ -647,8 +647,9 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
     said = worker_log.read_text(errors="replace")[len(said_before):]
     figures = {**stall(client.get_metric_history(train_id, "loss"), config["train"]["checkpoint_every"]),
                "outage_s": outage, "flow_s": time.time() - started,
-               "unreachable_lines": said.count("the MLflow server is unreachable"),
-               "back_lines": said.count("the MLflow server answers again")}
+               "tracking_lines": [line for line in said.splitlines()
+                                  if "the MLflow server is unreachable" in line
+                                  or "the MLflow server answers again" in line]}
     print(f"\noutage of {service}: down {outage:.0f} s over steps {OUTAGE_FROM}-{OUTAGE_TO}; median step "
           f"{figures['median_ms']:.0f} ms outside, slowest {figures['slowest_during_ms']:.0f} ms during "
           f"({figures['ratio']:.1f}x; {figures['slowest_outside_ms']:.0f} ms outside); steps over twice the "
@@ -660,13 +661,17 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
 def test_tracking_outage_past_the_retry_budget_loses_no_metric_and_the_flow_completes(
         cluster: Cluster, monkeypatch):
     figures = run_through_outage(cluster, "mlflow", monkeypatch)
-    # Training said once that tracking was unreachable, and once that it was back.
-    assert (figures["unreachable_lines"], figures["back_lines"]) == (1, 1), figures
+    said = ["back" if "answers again" in line else "down" for line in figures["tracking_lines"]]
+    # Training said that tracking was unreachable and that it was back, once each, not at every
+    # probe (one each 2 s of the outage). A server that takes over the 3-s timeout to answer one
+    # request on a loaded 2-core machine (CI's stop 53) is one more outage, with its own pair.
+    assert said[:2] == ["down", "back"] and said == ["down", "back"] * (len(said) // 2), figures
+    assert len(said) <= 4, figures["tracking_lines"]
 
 
 def test_prefect_server_restarted_mid_flow(cluster: Cluster, monkeypatch):
     figures = run_through_outage(cluster, "prefect", monkeypatch)
-    assert figures["unreachable_lines"] == 0, figures
+    assert figures["tracking_lines"] == [], figures
 
 
 def test_postgres_restarted_mid_run(cluster: Cluster, monkeypatch):
