@@ -665,8 +665,7 @@ def test_tracking_outage_past_the_retry_budget_loses_no_metric_and_the_flow_comp
     # Training said that tracking was unreachable and that it was back, once each, not at every
     # probe (one each 2 s of the outage). A server that takes over the 3-s timeout to answer one
     # request on a loaded 2-core machine (CI's stop 53) is one more outage, with its own pair.
-    assert said[:2] == ["down", "back"] and said == ["down", "back"] * (len(said) // 2), figures
-    assert len(said) <= 4, figures["tracking_lines"]
+    assert said in (["down", "back"], ["down", "back"] * 2), figures["tracking_lines"]
 
 
 def test_prefect_server_restarted_mid_flow(cluster: Cluster, monkeypatch):
