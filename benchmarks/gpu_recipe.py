@@ -9,17 +9,19 @@ build). It
    or, offline, from a folder of wheels (``--wheels DIR``, pip's ``--no-index --find-links``) or
    from one site-packages archive (``--site FILE``, made by benchmarks/gpu_bundle.py: the
    dependencies the GPU machine lacks, packed to fit where a whole wheel set does not);
-3. runs ``tfm run configs/multi30k_en_de_tiny.yaml --set train.use_gpu=true --set
-   train.num_workers=1 --set train.merge_micro_batches=true --set train.bf16=false`` (the config
-   as committed otherwise: its two workers' 4,096-token batches of an update go through the one
-   GPU as one padded batch, the same sentences, in float32 as the reference ran; a mirror with
-   ``--mirror``) in a fresh work dir;
+3. runs ``tfm run configs/multi30k_en_de_tiny.yaml`` with ``train.use_gpu=true``,
+   ``train.num_workers=1``, ``train.merge_micro_batches=true``, ``train.static_shapes=true``,
+   ``train.eval_max_tokens=32768`` and ``train.bf16=false`` (the config as committed otherwise:
+   its two workers' 4,096-token batches of an update go through the one GPU as one padded batch,
+   the same sentences, replayed as a CUDA graph of its bucketed shape, validated in one batch,
+   in float32 as the reference ran; a mirror with ``--mirror``) in a fresh work dir;
 4. prints test2016 ``bleu_tok_lc`` beside the published 41.02 and the wall time of each part,
    and writes them as JSON.
 
     python benchmarks/gpu_recipe.py --preflight       # exit 2 with one line without CUDA
     python benchmarks/gpu_recipe.py [--seed 4321] [--mirror file:///data/multi30k] [--wheels .whl]
     python benchmarks/gpu_recipe.py --site .whl/site-py312.tar.xz --keep   # continue a cut run
+    python benchmarks/gpu_recipe.py --site .whl/site-py312.tar.xz --install-only  # .venv-gpu only
 
 Hand-written because it is glue around two commands (pip, tfm), each with its own progress.
 """
@@ -94,9 +96,11 @@ def run_recipe(
     """``tfm run`` of the published recipe on the GPU (``extra``: more ``--set`` overrides, e.g.
     ``train.compile=true``, after ours); seconds taken."""
     # One GPU: the two workers' 4,096-token batches of an update as one batch on it (the same
-    # sentences; this small model's step is bound by kernel launches, which one pass halves);
+    # sentences), its forward and backward replayed as the CUDA graph of its bucketed shape (this
+    # small model's update is bound by launching kernels); the dev set validated in one batch;
     # float32 as the reference's fairseq run (no --fp16), not our bf16 default.
     overrides = ["train.use_gpu=true", "train.num_workers=1", "train.merge_micro_batches=true"]
+    overrides += ["train.static_shapes=true", "train.eval_max_tokens=32768"]
     overrides += ["train.bf16=false", f"workdir={workdir}"]
     overrides += [f"seed={seed}"] if seed is not None else []
     overrides += [f"data.mirror={mirror}"] if mirror else []
@@ -132,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="another config override for `tfm run` (repeatable), e.g. train.compile=true",
     )
+    parser.add_argument(
+        "--install-only", action="store_true",
+        help="make the venv and stop (e.g. for `make test-gpu GPU_PYTHON=.venv-gpu/bin/python`)",
+    )
     parser.add_argument("--venv", default=str(ROOT / ".venv-gpu"))
     parser.add_argument("--workdir", default=None, help="default: runs/gpu-recipe-seed<seed>")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_recipe.json"))
@@ -152,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, not a resumed or skipped one
     install_s = install(Path(args.venv), args.wheels, args.site)
+    if args.install_only:
+        print(f"gpu-recipe: {args.venv} ready ({install_s:.0f} s)")
+        return 0
     run_s = run_recipe(Path(args.venv), workdir, args.seed, args.mirror, args.set)
     scores = json.loads((workdir / "score" / "scores.json").read_text(encoding="utf-8"))
     result = {

@@ -50,6 +50,12 @@ class TrainConfig:
     several. For a small model on a GPU, where launching kernels bounds the step; it costs
     padding and memory (the published Multi30k recipe's model: ~900 top-level operations in each
     micro-batch's forward and backward, measured with torch.profiler)."""
+    static_shapes: bool = False
+    """Pad every micro-batch up to one of a few bucketed shapes (at most 1/8 more rows, source or
+    target positions) and, on a GPU, capture each shape's forward and backward once as a CUDA
+    graph and replay it: for a small model whose update is bound by the host launching kernels
+    (the Multi30k recipe's; ``training.static_shapes``). Needs one worker and one micro-batch an
+    update (``merge_micro_batches``), without ``compile`` or ``fused_loss``. A CPU only pads."""
     fused_loss: bool = False
     """The pre-softmax projection and the label-smoothed loss fused, in chunks of rows: the whole
     (tokens, vocab) logits never exist: less peak memory for a little speed (measured in
@@ -84,6 +90,9 @@ class TrainConfig:
     torch_threads: int | None = None
     """Intra-op threads per worker; null: the node's cores divided among its workers (Ray would
     give a 1-CPU worker one thread, and training reads its own shards, so the rest would idle)."""
+    eval_max_tokens: int | None = None
+    """Padded tokens per validation batch (the loss and dev BLEU's greedy search); null:
+    ``max_tokens_per_batch``. Larger, fewer batches validate faster on a GPU."""
     eval_every: int = 1000
     """Validation loss and perplexity (and val_bleu, with bleu_sentences) every N steps."""
     bleu_sentences: int = 0
@@ -139,6 +148,9 @@ class TrainConfig:
                 "patience", f"{self.patience} needs bleu_sentences > 0 and must be >= 1 or null"
             )
         self._at_least(1, "eval_every", "log_every", "keep_checkpoints")
+        if self.eval_max_tokens is not None and self.eval_max_tokens < 1:
+            raise ConfigError("eval_max_tokens", f"{self.eval_max_tokens} must be >= 1 or null")
+        self._check_static_shapes()
         if self.checkpoint_every < 0 or self.checkpoint_minutes < 0:
             raise ConfigError(
                 "checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0"
@@ -148,6 +160,24 @@ class TrainConfig:
         for name in names:
             if getattr(self, name) < minimum:
                 raise ConfigError(name, f"{getattr(self, name)} must be >= {minimum}")
+
+    def _check_static_shapes(self) -> None:
+        if not self.static_shapes:
+            return
+        one_batch = self.merge_micro_batches or self.tokens_per_step <= self.max_tokens_per_batch
+        if self.num_workers != 1 or not one_batch:
+            raise ConfigError(
+                "static_shapes",
+                "needs one micro-batch an update on one worker: num_workers 1 and "
+                "merge_micro_batches true (or tokens_per_step <= max_tokens_per_batch)",
+            )
+        if self.compile or self.fused_loss:
+            raise ConfigError("static_shapes", "does not combine with compile or fused_loss")
+
+    @property
+    def eval_tokens(self) -> int:
+        """Padded tokens per validation batch: ``eval_max_tokens`` or ``max_tokens_per_batch``."""
+        return self.eval_max_tokens or self.max_tokens_per_batch
 
     def _check_workers(self) -> None:
         if self.min_workers < 1:

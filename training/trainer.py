@@ -15,7 +15,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from training.data import BatchStream, TokenData
 from training.dev_bleu import DevBleu
 from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
 from training.prefetch import Prefetcher
+from training.static_shapes import StaticShapeLoss, pad_to_bucket
 from training.throughput import ThroughputMeter
 from training.validation import Validation
 from transformer_core.config import ConfigError
@@ -113,6 +114,9 @@ class Trainer:
         self._forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
         self.fused_loss = config.fused_loss
         self._loss = loss_function(config, module, self.device)
+        self._static = None
+        if config.static_shapes:  # the step's forward, loss and backward as CUDA graphs
+            self._static = StaticShapeLoss(module, self._loss, self._contexts)
         cuda = self.device.type == "cuda"
         self.meter = ThroughputMeter(
             world_size, peak_flops(torch.cuda.get_device_name(self.device)) if cuda else None
@@ -204,8 +208,16 @@ class Trainer:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast on CUDA (``train.bf16``), nothing on CPU."""
         if self.device.type == "cuda" and self.config.bf16:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+            # A CUDA graph replays the casts it captured: autocast's cache of them must be off.
+            cache = not self.config.static_shapes
+            return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _contexts(self) -> Iterator[None]:
+        """What the model's forward runs under: ``autocast`` and the attention kernels."""
+        with self.autocast(), self._attention_kernels():
+            yield
 
     def _attention_kernels(self) -> contextlib.AbstractContextManager[Any]:
         """SDPA's kernel choice (``train.cudnn_attention``); the backward follows the forward's."""
@@ -215,7 +227,11 @@ class Trainer:
 
     def _collate(self, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
         mc = self.module.config
-        return self.train_data.batch(rows, mc.pad_id, mc.bos_id, self.config.pad_multiple)
+        batch = self.train_data.batch(rows, mc.pad_id, mc.bos_id, self.config.pad_multiple)
+        if self._static is None:
+            return batch
+        ids = {"pad_id": mc.pad_id, "bos_id": mc.bos_id, "eos_id": mc.eos_id}
+        return pad_to_bucket(*batch, max_len=mc.max_len, **ids)
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches (gradients all-reduced on the last
@@ -252,12 +268,15 @@ class Trainer:
             src, tgt_in, tgt_out = (t.to(self.device, non_blocking=True) for t in tensors)
             last = i == len(host) - 1
             with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-                with self.autocast(), self._attention_kernels():
-                    # (B, T, V) logits, or (B, T, D) states for the fused projection and loss
-                    out = self._forward(src, tgt_in, project=not self.fused_loss)
-                loss, nll, n = self._loss(
-                    out, target=tgt_out, epsilon=mc.label_smoothing, pad_id=mc.pad_id
-                )
+                if self._static is not None:
+                    loss, nll, n = self._static(src, tgt_in, tgt_out)
+                else:
+                    with self._contexts():
+                        # (B, T, V) logits, or (B, T, D) states for the fused projection and loss
+                        out = self._forward(src, tgt_in, project=not self.fused_loss)
+                    loss, nll, n = self._loss(
+                        out, target=tgt_out, epsilon=mc.label_smoothing, pad_id=mc.pad_id
+                    )
                 (loss * scale).backward()
             for total, value in zip(sums, (loss.detach(), nll.detach(), n), strict=True):
                 total += value
@@ -289,8 +308,15 @@ class Trainer:
             "memory_gb": memory_gb(self.device),
             "epoch": self.prefetcher.position["epoch"],
             "batch_index": self.prefetcher.position["index"],
+            **self._graph_metrics(),
         }
         return dict(self.latest)
+
+    def _graph_metrics(self) -> dict[str, float]:
+        """With ``static_shapes`` on CUDA: the shapes captured so far and the seconds it took."""
+        if self._static is None or not self._static.shapes:
+            return {}
+        return {"graph_shapes": self._static.shapes, "graph_capture_s": self._static.capture_seconds}
 
     def close(self) -> None:
         """Stop the prefetch thread (a new one starts with the next step)."""

@@ -55,7 +55,7 @@ def dev_batches(dev: TokenData, config: TrainConfig, seed: int) -> list[np.ndarr
     return plan_batches(
         dev.src_lens,
         dev.tgt_lens,
-        config.max_tokens_per_batch,
+        config.eval_tokens,
         seed=seed,
         shuffle=False,
         pad_multiple=config.pad_multiple,

@@ -139,7 +139,7 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
             tc.bleu_sentences,
             rank=rank,
             world_size=world,
-            max_tokens=tc.max_tokens_per_batch,
+            max_tokens=tc.eval_tokens,
         )
     return Trainer(
         module,
