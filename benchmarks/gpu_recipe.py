@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run_s = run_recipe(Path(args.venv), workdir, args.seed, args.mirror, args.set)
     scores = json.loads((workdir / "score" / "scores.json").read_text(encoding="utf-8"))
+    train = json.loads((workdir / "train" / "manifest.json").read_text(encoding="utf-8"))
+    split = train.get("stats", {}).get("loop_split") or {}  # where training's wall time went
     result = {
         "date": date.today().isoformat(),
         "device": device,
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "chrf": scores["chrf"],
         "install_s": round(install_s, 1),
         "run_s": round(run_s, 1),
+        "train_loop_split_s": split,
         "wall_s": round(time.time() - started, 1),
         "continued": args.keep,  # then the times are this call's alone
         "workdir": str(workdir),
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{device}; {result['wall_s'] / 60:.1f} min in all (install {install_s:.0f} s, "
         f"tfm run {run_s:.0f} s{', continued' if args.keep else ''}); {out}"
     )
+    print("gpu-recipe: training's loop, seconds: " + ", ".join(f"{k} {v}" for k, v in split.items()))
     return 0
 
 

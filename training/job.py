@@ -177,6 +177,7 @@ SUMMARY_STATS = (
     "n_parameters",
     "tokens_per_s",
     "loop_seconds",
+    "loop_split",
     "torch_threads",
     "torch_interop_threads",
     "keep_freed_memory",

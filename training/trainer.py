@@ -124,6 +124,8 @@ class Trainer:
         self.best = BestCheckpoint(config.patience)
         self.step = self.start_step = 0
         self.train_seconds = 0.0  # summed step times, across resumes
+        # This process's loop, by part: where an update's wall time goes (``fit``)
+        self.loop_split = dict.fromkeys(("step", "log", "validation", "checkpoint"), 0.0)
         self.latest: dict[str, Any] = {}  # the last logged and validation metrics
         self._sums: list[torch.Tensor] | None = None  # loss, nll, tokens since the last log
         self._last_checkpoint = time.time()
@@ -184,12 +186,18 @@ class Trainer:
         thread is stopped at the end, however it ends."""
         listener = listener or Listener()
         try:
+            split, clock = self.loop_split, time.time()
             while not self.done:
-                listener.logged(self, self.train_step())
+                metrics = self.train_step()
+                clock = _lap(split, "step", clock)
+                listener.logged(self, metrics)
+                clock = _lap(split, "log", clock)
                 validation = self.maybe_evaluate()
                 if validation:
                     listener.validated(self, validation)
+                clock = _lap(split, "validation", clock)
                 self.maybe_checkpoint(save)
+                clock = _lap(split, "checkpoint", clock)
         finally:
             self.close()
 
@@ -368,6 +376,13 @@ class Trainer:
         self._last_checkpoint = time.time()
         self.meter.reset()
         return True
+
+
+def _lap(split: dict[str, float], part: str, since: float) -> float:
+    """Add the seconds since ``since`` to ``split[part]``; now."""
+    now = time.time()
+    split[part] += now - since
+    return now
 
 
 def check_pad_multiple(config: TrainConfig, train: TokenData, max_len: int) -> None:

@@ -230,6 +230,7 @@ def summary(trainer: Trainer, loop_seconds: float, page_faults: int) -> dict[str
         "timed_tokens": trainer.timed_tokens,
         "timed_seconds": trainer.timed_seconds,
         "loop_seconds": loop_seconds,
+        "loop_split": {part: round(s, 1) for part, s in trainer.loop_split.items()},
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "keep_freed_memory": kept_here(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -143,6 +144,17 @@ def test_logging_evaluation_checkpoints_and_callbacks_follow_the_config():
     assert [m["step"] for m in saved] == [3, 6, 7]
     expected = {"time", "train_seconds", "epoch", "index", "loss", "val_loss", "val_encoder_spread"}
     assert expected <= set(saved[-1])
+
+
+def test_fit_splits_its_wall_time_by_part_of_the_loop():
+    config = settings(steps=4, stop_after=4, log_every=2, eval_every=4, checkpoint_every=2)
+    trainer = make_trainer(config)
+    slow_save = 0.05
+    trainer.fit(lambda metrics: time.sleep(slow_save))  # two checkpoints at steps 2 and 4
+    split = trainer.loop_split
+    assert set(split) == {"step", "log", "validation", "checkpoint"}
+    assert split["checkpoint"] >= 2 * slow_save and split["step"] > 0 and split["validation"] > 0
+    assert trainer.step == 4
 
 
 def test_loss_falls_on_a_learnable_task():
