@@ -175,7 +175,9 @@ def main() -> None:
         src = (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
         tgt = (SAMPLE / "train.de").read_text(encoding="utf-8").splitlines()
         pq.write_table(
-            pa.table({"src": normalize_array(pa.array(src)), "tgt": normalize_array(pa.array(tgt))}),
+            pa.table(
+                {"src": normalize_array(pa.array(src)), "tgt": normalize_array(pa.array(tgt))}
+            ),
             tmp / "train" / "part-00000.parquet",
         )
         return {}
@@ -198,7 +200,9 @@ def main() -> None:
         clean_dir = run_stage(config, "clean", {"download": download}, force=True).path
         clean_s = time.perf_counter() - start
         start = time.perf_counter()
-        shard_dir = run_stage(config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}, force=True).path
+        shard_dir = run_stage(
+            config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}, force=True
+        ).path
         shard_s = time.perf_counter() - start
     ray.shutdown()
 

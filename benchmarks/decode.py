@@ -107,8 +107,10 @@ def main() -> None:
 
         src = sources(greedy_batch, 25, vocab).to(device)
         t_cache, out_cache = timed(best_tokens, model, src, **GREEDY, max_len=greedy_len)
-        t_full, out_full = (None, None) if args.cache_only else timed(
-            best_tokens, model, src, **GREEDY, max_len=greedy_len, use_cache=False
+        t_full, out_full = (
+            (None, None)
+            if args.cache_only
+            else timed(best_tokens, model, src, **GREEDY, max_len=greedy_len, use_cache=False)
         )
         rows.append(
             row(
@@ -127,8 +129,10 @@ def main() -> None:
 
         src = sources(beam_batch, 25, vocab, seed=1).to(device)
         t_cache, out_cache = timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len)
-        t_full, out_full = (None, None) if args.cache_only else timed(
-            best_tokens, model, src, beam_size=beam_k, max_len=beam_len, use_cache=False
+        t_full, out_full = (
+            (None, None)
+            if args.cache_only
+            else timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len, use_cache=False)
         )
         rows.append(
             row(
@@ -149,10 +153,14 @@ def main() -> None:
             model = model.to(torch.bfloat16)
             best_tokens(model, sources(1, 25, vocab).to(device), beam_size=beam_k, max_len=2)
             t_bf16, out_bf16 = timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len)
-            bf16 = row(size, vocab, "beam", beam_batch, beam_k, beam_len, t_bf16, None, out_bf16, None)
+            bf16 = row(
+                size, vocab, "beam", beam_batch, beam_k, beam_len, t_bf16, None, out_bf16, None
+            )
             bf16["dtype"] = "bfloat16"
             bf16["vs_fp32_cache"] = t_cache / t_bf16
-            bf16["same_as_fp32"] = sum(a == b for a, b in zip(out_bf16, out_cache, strict=True)) / len(out_cache)
+            bf16["same_as_fp32"] = sum(
+                a == b for a, b in zip(out_bf16, out_cache, strict=True)
+            ) / len(out_cache)
             rows.append(bf16)
 
     report(

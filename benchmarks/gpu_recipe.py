@@ -43,7 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/multi30k_en_de_tiny.yaml"
-PUBLISHED = 41.02  # Wu et al. 2021, text-only Transformer-tiny, test2016 BLEU4 (tokenized, lowercased)
+PUBLISHED = (
+    41.02  # Wu et al. 2021, text-only Transformer-tiny, test2016 BLEU4 (tokenized, lowercased)
+)
 
 
 def cuda_device() -> str | None:
@@ -58,7 +60,13 @@ def cuda_device() -> str | None:
 def install(venv: Path, wheels: str | None, site_archive: str | None = None) -> float:
     """The project in ``venv`` on top of this Python's packages; seconds taken (0 when present)."""
     tfm = venv / "bin" / "tfm"
-    if tfm.exists() and _run([str(venv / "bin" / "python"), "-c", "import ray.train, prefect, mlflow"], check=False) == 0:
+    if (
+        tfm.exists()
+        and _run(
+            [str(venv / "bin" / "python"), "-c", "import ray.train, prefect, mlflow"], check=False
+        )
+        == 0
+    ):
         return 0.0
     start = time.time()
     _run([sys.executable, "-m", "venv", str(venv)])
@@ -128,16 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         "--site", default=None, help="install offline from this archive (gpu_bundle.py)"
     )
     parser.add_argument(
-        "--keep", action="store_true",
+        "--keep",
+        action="store_true",
         help="continue the work dir's run (stages done are skipped, training resumes from its "
         "last checkpoint) instead of starting afresh: for a run cut by a time limit",
     )
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="another config override for `tfm run` (repeatable), e.g. train.compile=true",
     )
     parser.add_argument(
-        "--install-only", action="store_true",
+        "--install-only",
+        action="store_true",
         help="make the venv and stop (e.g. for `make test-gpu GPU_PYTHON=.venv-gpu/bin/python`)",
     )
     parser.add_argument("--venv", default=str(ROOT / ".venv-gpu"))
@@ -191,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{device}; {result['wall_s'] / 60:.1f} min in all (install {install_s:.0f} s, "
         f"tfm run {run_s:.0f} s{', continued' if args.keep else ''}); {out}"
     )
-    print("gpu-recipe: training's loop, seconds: " + ", ".join(f"{k} {v}" for k, v in split.items()))
+    print(
+        "gpu-recipe: training's loop, seconds: " + ", ".join(f"{k} {v}" for k, v in split.items())
+    )
     return 0
 
 

@@ -39,8 +39,6 @@ DATA_STAGES = ("treebank", "linearize", "tokenizer", "shard")
 MODEL_STAGES = ("train", "average", "translate", "parse_score")
 
 
-
-
 def stats(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())["stats"]
 
@@ -163,9 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     hyps = (root / "translate" / "hyp.tree").read_text(encoding="utf-8").splitlines()
     words = (root / "linearize" / "test.words").read_text(encoding="utf-8").splitlines()
     form = config.parsing.form
-    slots = sum(
-        t in POS_TAGS or t == VINYALS_LEAF for h in hyps for t in structure_tokens(h, form)
-    )
+    slots = sum(t in POS_TAGS or t == VINYALS_LEAF for h in hyps for t in structure_tokens(h, form))
     sc = json.loads((root / "parse_score" / "scores.json").read_text())
     train_wall = seconds["train_timing_run"] + seconds["train"]
     rows = [

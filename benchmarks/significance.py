@@ -77,7 +77,11 @@ def compare(
     # bleu_tok_lc exactly as the score stage computes it (evaluation.bleu.score_texts).
     bleu = BLEU(tokenize="none", force=True, smooth_method="none", lowercase=True)
     paired = PairedTest(
-        systems, {"BLEU": bleu}, references=[refs], test_type=test, n_samples=trials,
+        systems,
+        {"BLEU": bleu},
+        references=[refs],
+        test_type=test,
+        n_samples=trials,
         n_ar_confidence=bootstrap,
     )
     _, results = paired()
@@ -110,11 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workdirs", nargs="+", type=Path, help="finished runs' work dirs")
     parser.add_argument("--test", default="ar", choices=["ar", "bs"])
     parser.add_argument(
-        "--trials", type=int, default=0,
+        "--trials",
+        type=int,
+        default=0,
         help="randomisation trials or paired resamples; default sacreBLEU's (10,000 / 1,000)",
     )
     parser.add_argument(
-        "--bootstrap", type=int, default=1_000,
+        "--bootstrap",
+        type=int,
+        default=1_000,
         help="with --test ar: resamples for each run's 95%% interval",
     )
     parser.add_argument("--json", default=None, help="also write the rows here")

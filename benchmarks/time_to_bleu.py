@@ -71,7 +71,9 @@ def dev_bleu(workdir: Path) -> list[dict]:
     stats = json.loads((workdir / "train" / "manifest.json").read_text())["stats"]
     client = MlflowClient(stats["tracking_uri"])
     history = client.get_metric_history(stats["mlflow_run_id"], "val_bleu")
-    return [{"step": m.step, "time": m.timestamp / 1000, "dev_bleu_greedy": m.value} for m in history]
+    return [
+        {"step": m.step, "time": m.timestamp / 1000, "dev_bleu_greedy": m.value} for m in history
+    ]
 
 
 def plot(rows: list[dict], final: dict, path: Path, title: str) -> None:
@@ -89,7 +91,10 @@ def plot(rows: list[dict], final: dict, path: Path, title: str) -> None:
         if points:
             ax.plot(*zip(*points, strict=True), style, label=label)
     ax.plot(
-        [final["minutes"]], [final["bleu_sacre"]], "r*", markersize=14,
+        [final["minutes"]],
+        [final["bleu_sacre"]],
+        "r*",
+        markersize=14,
         label=f"final: averaged, beam ({final['bleu_sacre']:.1f})",
     )
     ax.set_xlabel("wall-clock minutes since `tfm run` started")

@@ -287,7 +287,9 @@ def main(argv: list[str] | None = None) -> None:
                 }
                 if args.layouts:
                     paths = {
-                        f"ray_train {text}": partial(ray_loop, *loop_args, layout=parse_layout(text))
+                        f"ray_train {text}": partial(
+                            ray_loop, *loop_args, layout=parse_layout(text)
+                        )
                         for text in args.layouts.split(",")
                     }
                 if args.glibc_defaults:
@@ -345,7 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     report(
         f"Training throughput (best of {args.repeats}), {args.steps} steps ({warm} untimed), "
         f"{args.tokens_per_step} tokens/step, "
-        + ("micro-batches as each layout says" if args.layouts else f"{args.max_tokens} tokens/micro-batch"),
+        + (
+            "micro-batches as each layout says"
+            if args.layouts
+            else f"{args.max_tokens} tokens/micro-batch"
+        ),
         rows,
         args.json,
     )

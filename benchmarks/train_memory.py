@@ -88,7 +88,9 @@ def build_shards(work: Path, pairs: int, vocab: int, cpus: int) -> Path:
         (tmp / "train").mkdir()
         src = (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
         tgt = (SAMPLE / "train.de").read_text(encoding="utf-8").splitlines()
-        table = pa.table({"src": normalize_array(pa.array(src)), "tgt": normalize_array(pa.array(tgt))})
+        table = pa.table(
+            {"src": normalize_array(pa.array(src)), "tgt": normalize_array(pa.array(tgt))}
+        )
         pq.write_table(table, tmp / "train" / "part-00000.parquet")
         return {}
 
@@ -119,7 +121,10 @@ def no_corpus(shards: Path, out: Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     for split in ("train", "dev"):
-        for source, target in ((shards / "dev", out / split), (shards / "arrow" / "dev", out / "arrow" / split)):
+        for source, target in (
+            (shards / "dev", out / split),
+            (shards / "arrow" / "dev", out / "arrow" / split),
+        ):
             target.mkdir(parents=True)
             for path in sorted(source.glob("part-*")):
                 os.link(path, target / path.name)

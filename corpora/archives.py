@@ -68,7 +68,11 @@ def check_member(member: tarfile.TarInfo, archive: Path) -> None:
     """Raise ``UnsafeArchiveError`` unless ``member`` is a plain file or folder inside the archive root."""
     where = f"member {member.name!r} of {archive}"
     path = PurePosixPath(member.name)
-    if path.is_absolute() or member.name.startswith("\\") or (len(member.name) > 1 and member.name[1] == ":"):
+    if (
+        path.is_absolute()
+        or member.name.startswith("\\")
+        or (len(member.name) > 1 and member.name[1] == ":")
+    ):
         raise UnsafeArchiveError(f"refusing {where}: absolute path")
     if ".." in path.parts or ".." in member.name.split("\\"):
         raise UnsafeArchiveError(f"refusing {where}: '..' path component")
@@ -104,7 +108,10 @@ def iter_members(archive: Path, names: Iterable[str]) -> Iterator[tuple[str, IO[
         return
     with open(archive, "rb") as raw:
         try:
-            with _decompressed(raw) as data, tarfile.open(fileobj=data, mode="r|", tarinfo=_WholeArchiveHeader) as tar:
+            with (
+                _decompressed(raw) as data,
+                tarfile.open(fileobj=data, mode="r|", tarinfo=_WholeArchiveHeader) as tar,
+            ):
                 for member in tar:
                     check_member(member, archive)
                     key = member_key(member.name)
@@ -112,7 +119,9 @@ def iter_members(archive: Path, names: Iterable[str]) -> Iterator[tuple[str, IO[
                     if key not in wanted:
                         continue
                     if not member.isfile():
-                        raise CorpusError(f"member {member.name!r} of {archive} is a folder, not a file")
+                        raise CorpusError(
+                            f"member {member.name!r} of {archive} is a folder, not a file"
+                        )
                     stream = tar.extractfile(member)
                     # isfile() members always have one, tarfile's ExFileObject (a BufferedReader)
                     assert isinstance(stream, io.BufferedReader)
@@ -145,7 +154,11 @@ def _decompressed(raw: io.BufferedReader) -> io.BufferedIOBase:
     head = raw.peek(6)[:6]
     for magic, opener in _DECOMPRESSORS.items():
         if head.startswith(magic):
-            return opener(fileobj=raw, mode="rb") if opener is gzip.GzipFile else opener(raw, mode="rb")
+            return (
+                opener(fileobj=raw, mode="rb")
+                if opener is gzip.GzipFile
+                else opener(raw, mode="rb")
+            )
     return raw
 
 
@@ -165,15 +178,21 @@ class _WholeArchiveHeader(TarInfo):
         try:
             return super().fromtarfile(tarfile)
         except _EMPTY_HEADER:
-            reason = "empty" if offset == 0 else f"the tar data ends at byte {offset}, without an end-of-archive block"
+            reason = (
+                "empty"
+                if offset == 0
+                else f"the tar data ends at byte {offset}, without an end-of-archive block"
+            )
         except _TRUNCATED_HEADER:
             reason = (
-                "shorter than one tar header: an error page or the wrong file?" if offset == 0
+                "shorter than one tar header: an error page or the wrong file?"
+                if offset == 0
                 else f"the tar data ends inside the header at byte {offset}"
             )
         except _INVALID_HEADER as exc:
             reason = (
-                f"no tar header at its start ({exc}): an error page or the wrong file?" if offset == 0
+                f"no tar header at its start ({exc}): an error page or the wrong file?"
+                if offset == 0
                 else f"damaged tar header at byte {offset} ({exc})"
             )
         raise ReadError(reason)

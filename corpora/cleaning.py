@@ -63,7 +63,9 @@ def read_range(path: str, start: int, end: int) -> list[bytes]:
     return lines
 
 
-def _ranges(download: Path, src: str, tgt: str, every: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def _ranges(
+    download: Path, src: str, tgt: str, every: int
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Aligned line ranges of every training corpus, in corpus-name order."""
     train = download / "train"
     corpora = sorted(p.name[: -len(src) - 1] for p in train.glob(f"*.{src}"))
@@ -85,17 +87,24 @@ def _ranges(download: Path, src: str, tgt: str, every: int) -> tuple[list[dict[s
         src_ends = src_starts[1:] + [src_path.stat().st_size]
         tgt_ends = tgt_starts[1:] + [tgt_path.stat().st_size]
         for i in range(len(src_starts)):
-            items.append({
-                "src_path": str(src_path), "tgt_path": str(tgt_path),
-                "src_start": src_starts[i], "src_end": src_ends[i],
-                "tgt_start": tgt_starts[i], "tgt_end": tgt_ends[i],
-                "lines": min(every, n_src - i * every),
-            })
+            items.append(
+                {
+                    "src_path": str(src_path),
+                    "tgt_path": str(tgt_path),
+                    "src_start": src_starts[i],
+                    "src_end": src_ends[i],
+                    "tgt_start": tgt_starts[i],
+                    "tgt_end": tgt_ends[i],
+                    "lines": min(every, n_src - i * every),
+                }
+            )
     return items, lines
 
 
 def _clean_ranges(
-    batch: Mapping[str, np.ndarray], config: CleanConfig, contaminants: pa.Array,
+    batch: Mapping[str, np.ndarray],
+    config: CleanConfig,
+    contaminants: pa.Array,
     fetch: Sequence[StoredFolder] = (),
 ) -> pa.Table:
     """Ray Data batch function: read and clean each line range of the batch (from this node's
@@ -103,10 +112,16 @@ def _clean_ranges(
     fetch_all(fetch)
     tables = []
     for i in range(len(batch["src_path"])):
-        src_lines = read_range(str(batch["src_path"][i]), int(batch["src_start"][i]), int(batch["src_end"][i]))
-        tgt_lines = read_range(str(batch["tgt_path"][i]), int(batch["tgt_start"][i]), int(batch["tgt_end"][i]))
+        src_lines = read_range(
+            str(batch["src_path"][i]), int(batch["src_start"][i]), int(batch["src_end"][i])
+        )
+        tgt_lines = read_range(
+            str(batch["tgt_path"][i]), int(batch["tgt_start"][i]), int(batch["tgt_end"][i])
+        )
         expected = int(batch["lines"][i])
-        if len(src_lines) != expected or len(tgt_lines) != expected:  # pragma: no cover - file changed
+        if (
+            len(src_lines) != expected or len(tgt_lines) != expected
+        ):  # pragma: no cover - file changed
             raise CorpusError(f"{batch['src_path'][i]} changed while it was being read")
         tables.append(clean_lines(src_lines, tgt_lines, config, contaminants))
     return pa.concat_tables(tables)
@@ -135,7 +150,9 @@ def _eval_sets(download: Path, out: Path, src: str, tgt: str) -> tuple[dict[str,
         for lang in (src, tgt):
             path = download / f"{split}.{lang}"
             if not path.is_file():
-                raise CorpusError(f"{path} is missing (the download stage writes dev and test sets)")
+                raise CorpusError(
+                    f"{path} is missing (the download stage writes dev and test sets)"
+                )
             counts[lang] = _copy_through(path, out / f"{split}.{lang}")
             sentences.update((out / f"{split}.{lang}").read_text(encoding="utf-8").splitlines())
         if counts[src]["lines"] != counts[tgt]["lines"]:
@@ -143,14 +160,21 @@ def _eval_sets(download: Path, out: Path, src: str, tgt: str) -> tuple[dict[str,
                 f"{split} set is misaligned: {split}.{src} has {counts[src]['lines']} lines, "
                 f"{split}.{tgt} has {counts[tgt]['lines']}"
             )
-        stats[split] = {"lines": counts[src]["lines"],
-                        "invalid_utf8": counts[src]["invalid_utf8"] + counts[tgt]["invalid_utf8"]}
+        stats[split] = {
+            "lines": counts[src]["lines"],
+            "invalid_utf8": counts[src]["invalid_utf8"] + counts[tgt]["invalid_utf8"],
+        }
     sentences.discard("")
     return stats, sorted(sentences)
 
 
 def clean_corpus(
-    download: Path, out: Path, config: CleanConfig, src: str, tgt: str, *,
+    download: Path,
+    out: Path,
+    config: CleanConfig,
+    src: str,
+    tgt: str,
+    *,
     fetch: Sequence[StoredFolder] = (),
 ) -> dict[str, Any]:
     """Clean the raw corpus folder ``download`` (``corpora.assemble``'s layout) into ``out``:
@@ -201,5 +225,3 @@ def clean_corpus(
         "train_files": len(files),
         **eval_stats,
     }
-
-

@@ -36,7 +36,12 @@ from corpora.text import read_lines
 from transformer_core.config import EOS_ID, ConfigError
 
 __all__ = [
-    "SHARD_SCHEMA", "RangeEncoder", "ShardConfig", "encode_column", "encode_table", "shard_corpus",
+    "SHARD_SCHEMA",
+    "RangeEncoder",
+    "ShardConfig",
+    "encode_column",
+    "encode_table",
+    "shard_corpus",
     "too_long",
 ]
 
@@ -58,19 +63,24 @@ class ShardConfig:
         if self.rows_per_shard < 1:
             raise ConfigError("rows_per_shard", f"{self.rows_per_shard} must be >= 1")
         if self.num_actors < 1 or self.batch_size < 1:
-            raise ConfigError("num_actors", f"num_actors {self.num_actors} and batch_size {self.batch_size} must be >= 1")
+            raise ConfigError(
+                "num_actors",
+                f"num_actors {self.num_actors} and batch_size {self.batch_size} must be >= 1",
+            )
         if self.cpus_per_actor <= 0:
             raise ConfigError("cpus_per_actor", f"{self.cpus_per_actor} must be > 0")
 
 
 # Parquet names a list's item "element"; using that name here too makes the schema read back equal.
 _IDS = pa.list_(pa.field("element", pa.int32()))
-SHARD_SCHEMA = pa.schema([
-    ("src_ids", _IDS),
-    ("tgt_ids", _IDS),
-    ("src_len", pa.int32()),
-    ("tgt_len", pa.int32()),
-])
+SHARD_SCHEMA = pa.schema(
+    [
+        ("src_ids", _IDS),
+        ("tgt_ids", _IDS),
+        ("src_len", pa.int32()),
+        ("tgt_len", pa.int32()),
+    ]
+)
 
 
 def encode_column(sp: Any, texts: list[str]) -> tuple[pa.Array, np.ndarray]:
@@ -83,7 +93,9 @@ def encode_column(sp: Any, texts: list[str]) -> tuple[pa.Array, np.ndarray]:
     values = np.full(int(offsets[-1]), EOS_ID, dtype=np.int32)
     not_eos = np.ones(len(values), dtype=bool)
     not_eos[offsets[1:] - 1] = False
-    values[not_eos] = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(offsets[-1]) - n)
+    values[not_eos] = np.fromiter(
+        chain.from_iterable(pieces), dtype=np.int32, count=int(offsets[-1]) - n
+    )
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=_IDS), lengths
 
 
@@ -94,7 +106,9 @@ def encode_table(sp: Any, table: pa.Table, pretokenizer: Pretokenizer | None = N
         src, tgt = pretokenizer.prepare(src, 0), pretokenizer.prepare(tgt, 1)
     src_ids, src_len = encode_column(sp, src)
     tgt_ids, tgt_len = encode_column(sp, tgt)
-    return pa.Table.from_arrays([src_ids, tgt_ids, pa.array(src_len), pa.array(tgt_len)], schema=SHARD_SCHEMA)
+    return pa.Table.from_arrays(
+        [src_ids, tgt_ids, pa.array(src_len), pa.array(tgt_len)], schema=SHARD_SCHEMA
+    )
 
 
 def too_long(table: pa.Table, max_len: int) -> np.ndarray:
@@ -150,10 +164,14 @@ def _train_ranges(files: list[Path], rows_per_range: int, root: Path) -> list[di
             groups.append(g)
             rows += meta.row_group(g).num_rows
             if rows >= rows_per_range:
-                items.append({"name": path.relative_to(root).as_posix(), "groups": groups, "rows": rows})
+                items.append(
+                    {"name": path.relative_to(root).as_posix(), "groups": groups, "rows": rows}
+                )
                 groups, rows = [], 0
         if groups:
-            items.append({"name": path.relative_to(root).as_posix(), "groups": groups, "rows": rows})
+            items.append(
+                {"name": path.relative_to(root).as_posix(), "groups": groups, "rows": rows}
+            )
     return items
 
 
@@ -164,8 +182,12 @@ class RangeEncoder:
     clean folder is there (``source``: only the row groups a range needs are fetched)."""
 
     def __init__(
-        self, model_file: str, root: str, pretokenizer: Pretokenizer | None = None,
-        fetch: Sequence[StoredFolder] = (), source: StoredFolder | None = None,
+        self,
+        model_file: str,
+        root: str,
+        pretokenizer: Pretokenizer | None = None,
+        fetch: Sequence[StoredFolder] = (),
+        source: StoredFolder | None = None,
     ):
         fetch_all(fetch)  # this node's copies of the inputs, at the paths the driver gave
         self.sp = _processor(model_file)
@@ -181,7 +203,9 @@ class RangeEncoder:
                 with self.source.open_input_file(str(name)) as f:
                     table = pq.ParquetFile(f).read_row_groups(wanted, columns=["src", "tgt"])
             else:
-                table = pq.ParquetFile(self.root / str(name)).read_row_groups(wanted, columns=["src", "tgt"])
+                table = pq.ParquetFile(self.root / str(name)).read_row_groups(
+                    wanted, columns=["src", "tgt"]
+                )
             if table.num_rows != int(rows):  # pragma: no cover - the file changed under us
                 raise CorpusError(f"{name} changed while it was being read")
             tables.append(encode_table(self.sp, table, self.pretokenizer))
@@ -189,8 +213,13 @@ class RangeEncoder:
 
 
 def _encode_train(
-    files: list[Path], model_file: Path, config: ShardConfig, pretokenizer: Pretokenizer | None,
-    root: Path, fetch: Sequence[StoredFolder] = (), source: StoredFolder | None = None,
+    files: list[Path],
+    model_file: Path,
+    config: ShardConfig,
+    pretokenizer: Pretokenizer | None,
+    root: Path,
+    fetch: Sequence[StoredFolder] = (),
+    source: StoredFolder | None = None,
 ) -> Iterator[pa.Table]:
     """Encode the clean training files in an actor pool; the shard rows in input order, batch by batch.
 
@@ -205,8 +234,13 @@ def _encode_train(
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         RangeEncoder,
-        fn_constructor_kwargs={"model_file": str(model_file), "root": str(root), "pretokenizer": pretokenizer,
-                               "fetch": tuple(fetch), "source": source},
+        fn_constructor_kwargs={
+            "model_file": str(model_file),
+            "root": str(root),
+            "pretokenizer": pretokenizer,
+            "fetch": tuple(fetch),
+            "source": source,
+        },
         batch_size=1,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
@@ -218,7 +252,10 @@ def _encode_train(
 
 
 def _encode_eval(
-    model_file: str, table: pa.Table, pretokenizer: Pretokenizer | None, fetch: Sequence[StoredFolder]
+    model_file: str,
+    table: pa.Table,
+    pretokenizer: Pretokenizer | None,
+    fetch: Sequence[StoredFolder],
 ) -> pa.Table:
     """A Ray task: dev and test (small) encoded in one go."""
     fetch_all(fetch)
@@ -254,8 +291,12 @@ def _read_eval(clean: Path, split: str, src: str, tgt: str) -> pa.Table:
     """A dev/test split as a (src, tgt) table; every line kept (they are references)."""
     sides = [read_lines(clean / f"{split}.{lang}") for lang in (src, tgt)]
     if len(sides[0]) != len(sides[1]):
-        raise CorpusError(f"{split}.{src} has {len(sides[0])} lines, {split}.{tgt} has {len(sides[1])}")
-    return pa.table({"src": pa.array(sides[0], pa.string()), "tgt": pa.array(sides[1], pa.string())})
+        raise CorpusError(
+            f"{split}.{src} has {len(sides[0])} lines, {split}.{tgt} has {len(sides[1])}"
+        )
+    return pa.table(
+        {"src": pa.array(sides[0], pa.string()), "tgt": pa.array(sides[1], pa.string())}
+    )
 
 
 def plot_lengths(hists: dict[str, np.ndarray], path: Path) -> None:
@@ -305,8 +346,11 @@ def shard_corpus(
         str(model_file), pa.concat_tables(list(evals.values())), pretokenizer, tuple(fetch)
     )
     train_lengths, files, over = _write(
-        _encode_train(train_files, model_file, config, pretokenizer, clean, fetch, source), out / "train", config,
-        max_len, drop=True
+        _encode_train(train_files, model_file, config, pretokenizer, clean, fetch, source),
+        out / "train",
+        config,
+        max_len,
+        drop=True,
     )
     stats["train"] = {**train_lengths.stats(files), "dropped_too_long": over}
     if train_lengths.rows == 0 and over:
@@ -321,9 +365,10 @@ def shard_corpus(
         lengths, files, over = _write(
             [encoded.slice(offset, table.num_rows)], out / split, config, max_len, drop=drop
         )
-        stats[split] = {**lengths.stats(files), ("dropped_too_long" if drop else "too_long_kept"): over}
+        stats[split] = {
+            **lengths.stats(files),
+            ("dropped_too_long" if drop else "too_long_kept"): over,
+        }
         offset += table.num_rows
     plot_lengths(train_lengths.hist, out / "lengths.png")
     return stats
-
-

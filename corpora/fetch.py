@@ -107,10 +107,12 @@ def mirror_url(url: str, mirror: str | None, bases: Sequence[str] = STATMT_PREFI
     if not mirror:
         return url
     if not mirror.startswith(("file://", "http://", "https://")):
-        raise CorpusError(f"data.mirror {redact_uri(mirror)!r} must be a file:// folder or an http(s):// base")
+        raise CorpusError(
+            f"data.mirror {redact_uri(mirror)!r} must be a file:// folder or an http(s):// base"
+        )
     for prefix in bases:
         if url.startswith(prefix):
-            return mirror.rstrip("/") + "/" + url[len(prefix):]
+            return mirror.rstrip("/") + "/" + url[len(prefix) :]
     return url
 
 
@@ -143,7 +145,9 @@ def verify(url: str, seen: Seen, expected: Iterable[Expected]) -> None:
             want = getattr(exp, name)
             got = getattr(seen, name)
             if want is not None and (str(want).lower() != str(got).lower()):
-                raise ChecksumError(f"{url}: {name} is {got}, but {exp.origin} expects {want}. {exp.remedy}")
+                raise ChecksumError(
+                    f"{url}: {name} is {got}, but {exp.origin} expects {want}. {exp.remedy}"
+                )
 
 
 # ----------------------------------------------------------------------------- download
@@ -256,7 +260,9 @@ def _fetch(
                     f"{url}: giving up after {failures} attempts without progress: {exc.reason}"
                 ) from None
             delay = min(MAX_BACKOFF, backoff * 2 ** (failures - 1))
-            log.warning("%s: %s; retry %d/%d in %.1fs", url, exc.reason, failures, max_retries - 1, delay)
+            log.warning(
+                "%s: %s; retry %d/%d in %.1fs", url, exc.reason, failures, max_retries - 1, delay
+            )
             time.sleep(delay)
 
 
@@ -327,7 +333,9 @@ def _request(
         raise _Retryable(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from None
 
 
-def _accept_response(url: str, part: Path, response: Any, have: int) -> tuple[bool, int, int | None]:
+def _accept_response(
+    url: str, part: Path, response: Any, have: int
+) -> tuple[bool, int, int | None]:
     """``(resumed, bytes kept, total or None)`` for a response: a 206 continuing at ``have``, or
     a 200 that starts the file over."""
     if response.status == 206:
@@ -362,8 +370,14 @@ def _progress(part: Path, total: int | None, initial: int) -> Any:
 
     name = part.name.removesuffix(".part")
     return tqdm(
-        total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
-        desc=name, disable=not progress_enabled(), leave=False,
+        total=total,
+        initial=initial,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=name,
+        disable=not progress_enabled(),
+        leave=False,
     )
 
 

@@ -23,8 +23,17 @@ import pyarrow.compute as pc
 from transformer_core.config import ConfigError
 
 __all__ = [
-    "REASONS", "CleanConfig", "char_counts", "clean_lines", "count_reasons", "decode_lines", "filter_reasons",
-    "mark_duplicates", "normalize_array", "pair_hashes", "token_counts",
+    "REASONS",
+    "CleanConfig",
+    "char_counts",
+    "clean_lines",
+    "count_reasons",
+    "decode_lines",
+    "filter_reasons",
+    "mark_duplicates",
+    "normalize_array",
+    "pair_hashes",
+    "token_counts",
 ]
 
 
@@ -56,9 +65,14 @@ class CleanConfig:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.rows_per_file < 1:
-            raise ConfigError("batch_size", f"batch_size {self.batch_size} and rows_per_file {self.rows_per_file} must be >= 1")
+            raise ConfigError(
+                "batch_size",
+                f"batch_size {self.batch_size} and rows_per_file {self.rows_per_file} must be >= 1",
+            )
         if self.min_len < 0 or self.max_len < max(1, self.min_len):
-            raise ConfigError("max_len", f"{self.max_len} must be >= min_len {self.min_len} and >= 1")
+            raise ConfigError(
+                "max_len", f"{self.max_len} must be >= min_len {self.min_len} and >= 1"
+            )
         if self.max_chars < 1:
             raise ConfigError("max_chars", f"{self.max_chars} must be >= 1")
         if self.max_ratio < 1.0:
@@ -66,8 +80,18 @@ class CleanConfig:
 
 
 # Verdict codes; the order is the order the filters are applied in.
-REASONS = ("kept", "invalid_utf8", "empty", "too_short", "too_long", "too_many_chars", "ratio",
-           "identical", "contaminated", "duplicate")
+REASONS = (
+    "kept",
+    "invalid_utf8",
+    "empty",
+    "too_short",
+    "too_long",
+    "too_many_chars",
+    "ratio",
+    "identical",
+    "contaminated",
+    "duplicate",
+)
 CODE = {name: i for i, name in enumerate(REASONS)}
 TRAIN_SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 
@@ -89,8 +113,12 @@ def normalize_array(texts: pa.Array) -> pa.Array:
     # pyarrow's utf8_normalize leaves combining sequences uncomposed here (pyarrow 25), so NFC
     # is Python's; most lines are already NFC and take the fast check only.
     texts = pa.array(
-        [t if t is None or unicodedata.is_normalized("NFC", t) else unicodedata.normalize("NFC", t)
-         for t in texts.to_pylist()],
+        [
+            t
+            if t is None or unicodedata.is_normalized("NFC", t)
+            else unicodedata.normalize("NFC", t)
+            for t in texts.to_pylist()
+        ],
         pa.string(),
     )
     texts = pc.replace_substring_regex(texts, _CONTROL, "")
@@ -155,7 +183,10 @@ def filter_reasons(
     mark("empty", (ls == 0) | (lt == 0))
     mark("too_short", (ls < config.min_len) | (lt < config.min_len))
     mark("too_long", (ls > config.max_len) | (lt > config.max_len))
-    mark("too_many_chars", (char_counts(src) > config.max_chars) | (char_counts(tgt) > config.max_chars))
+    mark(
+        "too_many_chars",
+        (char_counts(src) > config.max_chars) | (char_counts(tgt) > config.max_chars),
+    )
     longer, shorter = np.maximum(ls, lt), np.maximum(np.minimum(ls, lt), 1)
     mark("ratio", longer > config.max_ratio * shorter)
     if config.drop_identical:
@@ -213,5 +244,3 @@ def count_reasons(reasons: np.ndarray) -> dict[str, int]:
     """Rows per verdict, every verdict present."""
     counts = np.bincount(reasons.astype(np.int64), minlength=len(REASONS))
     return {name: int(counts[i]) for i, name in enumerate(REASONS)}
-
-

@@ -39,7 +39,9 @@ class LockFile:
         if entry is None:
             return None
         return Expected(
-            bytes=entry.get("bytes"), sha256=entry.get("sha256"), origin=f"the lock file {self.path}",
+            bytes=entry.get("bytes"),
+            sha256=entry.get("sha256"),
+            origin=f"the lock file {self.path}",
             remedy=f"Nothing was kept. {self.unpin_hint(url)}",
         )
 

@@ -98,7 +98,9 @@ class Pretokenizer:
             if self.bpe_codes:
                 (Path(folder) / CODES_FILE).write_text(self.bpe_codes, encoding="utf-8")
                 record["bpe"] = CODES_FILE
-            (Path(folder) / FILE).write_text(json.dumps(record, sort_keys=True) + "\n", encoding="utf-8")
+            (Path(folder) / FILE).write_text(
+                json.dumps(record, sort_keys=True) + "\n", encoding="utf-8"
+            )
 
     @classmethod
     def load(cls, folder: Path) -> Pretokenizer | None:
@@ -108,7 +110,11 @@ class Pretokenizer:
             return None
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
-            languages, moses, lowercase = tuple(record["languages"]), bool(record["moses"]), bool(record["lowercase"])
+            languages, moses, lowercase = (
+                tuple(record["languages"]),
+                bool(record["moses"]),
+                bool(record["lowercase"]),
+            )
             codes_name = record.get("bpe")
         except (ValueError, KeyError, TypeError) as exc:
             raise CorpusError(f"{path}: not a pretokenization record ({exc})") from exc
@@ -116,14 +122,20 @@ class Pretokenizer:
         if codes_name:
             codes_path = Path(folder) / str(codes_name)
             if not codes_path.is_file():
-                raise CorpusError(f"{codes_path} does not exist: {path} names it as the folder's BPE codes")
+                raise CorpusError(
+                    f"{codes_path} does not exist: {path} names it as the folder's BPE codes"
+                )
             codes = codes_path.read_text(encoding="utf-8")
         return cls(languages, moses, lowercase, codes)
 
     @property
     def description(self) -> str:
         """For logs and stage results: the steps joined by ``+`` (``moses+lowercase``), or ``none``."""
-        steps = (("moses", self.moses), ("lowercase", self.lowercase), ("subword-nmt", bool(self.bpe_codes)))
+        steps = (
+            ("moses", self.moses),
+            ("lowercase", self.lowercase),
+            ("subword-nmt", bool(self.bpe_codes)),
+        )
         return "+".join(n for n, on in steps if on) or "none"
 
 

@@ -39,6 +39,7 @@ def redact_uri(value: str) -> str:
 def redact_text(text: str) -> str:
     """Free text (an error message, a log line) with every URI's credentials in it masked as
     ``redact_uri`` masks them."""
+
     def mask(match: re.Match[str]) -> str:
         user, colon, _ = match.group(2).partition(":")
         return f"{match.group(1)}{f'{user}:{MASK}' if colon else MASK}@"

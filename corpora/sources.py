@@ -92,37 +92,59 @@ ARCHIVES: dict[str, Archive] = {
 TRAIN: dict[str, dict[str, Corpus]] = {
     "de-en": {
         "europarl-v7": Corpus(
-            "europarl-v7", "europarl-v7", "text",
+            "europarl-v7",
+            "europarl-v7",
+            "text",
             {"de": "training/europarl-v7.de-en.de", "en": "training/europarl-v7.de-en.en"},
         ),
         "commoncrawl": Corpus(
-            "commoncrawl", "commoncrawl", "text",
+            "commoncrawl",
+            "commoncrawl",
+            "text",
             {"de": "commoncrawl.de-en.de", "en": "commoncrawl.de-en.en"},
         ),
         "news-commentary-v9": Corpus(
-            "news-commentary-v9", "news-commentary-v9", "text",
-            {"de": "training/news-commentary-v9.de-en.de", "en": "training/news-commentary-v9.de-en.en"},
+            "news-commentary-v9",
+            "news-commentary-v9",
+            "text",
+            {
+                "de": "training/news-commentary-v9.de-en.de",
+                "en": "training/news-commentary-v9.de-en.en",
+            },
         ),
     },
     "fr-en": {
         "europarl-v7": Corpus(
-            "europarl-v7", "europarl-v7", "text",
+            "europarl-v7",
+            "europarl-v7",
+            "text",
             {"fr": "training/europarl-v7.fr-en.fr", "en": "training/europarl-v7.fr-en.en"},
         ),
         "commoncrawl": Corpus(
-            "commoncrawl", "commoncrawl", "text",
+            "commoncrawl",
+            "commoncrawl",
+            "text",
             {"fr": "commoncrawl.fr-en.fr", "en": "commoncrawl.fr-en.en"},
         ),
         "news-commentary-v9": Corpus(
-            "news-commentary-v9", "news-commentary-v9", "text",
-            {"fr": "training/news-commentary-v9.fr-en.fr", "en": "training/news-commentary-v9.fr-en.en"},
+            "news-commentary-v9",
+            "news-commentary-v9",
+            "text",
+            {
+                "fr": "training/news-commentary-v9.fr-en.fr",
+                "en": "training/news-commentary-v9.fr-en.en",
+            },
         ),
         "un": Corpus(
-            "un", "un", "text",
+            "un",
+            "un",
+            "text",
             {"fr": "un/undoc.2000.fr-en.fr", "en": "un/undoc.2000.fr-en.en"},
         ),
         "giga-fren": Corpus(
-            "giga-fren", "giga-fren", "gzip",
+            "giga-fren",
+            "giga-fren",
+            "gzip",
             {"fr": "giga-fren.release2.fixed.fr.gz", "en": "giga-fren.release2.fixed.en.gz"},
         ),
     },
@@ -165,7 +187,9 @@ MULTI30K_DEV, MULTI30K_TEST = "val", "test_2016_flickr"
 """The standard dev and test sets (test_2016_flickr: the test set most Multi30k results report)."""
 
 
-def _multi30k(split: str, languages: Sequence[str], lines: int, *, name: str | None = None) -> Corpus:
+def _multi30k(
+    split: str, languages: Sequence[str], lines: int, *, name: str | None = None
+) -> Corpus:
     members = {lang: f"data/task1/raw/{split}.{lang}.gz" for lang in languages}
     return Corpus(name or split, "multi30k", "gzip", members, lines=lines)
 
@@ -217,7 +241,9 @@ def split_pair(pair: str) -> tuple[str, str]:
     """``"en-de"`` -> ``("en", "de")``; a ValueError unless it names two different languages."""
     src, sep, tgt = pair.partition("-")
     if not sep or not src or not tgt or src == tgt or "-" in tgt:
-        raise ValueError(f"language pair {pair!r} must be two different languages as src-tgt, e.g. en-de")
+        raise ValueError(
+            f"language pair {pair!r} must be two different languages as src-tgt, e.g. en-de"
+        )
     return src, tgt
 
 
@@ -245,7 +271,9 @@ def archive(key: str) -> Archive:
         url = dataset.data[0]
         path = url.split("statmt.org/", 1)[1]
         return Archive(path, md5=dataset.md5[0] if dataset.md5 else None)
-    raise CorpusError(f"no archive {key!r} in the registry (known: {', '.join([*ARCHIVES, *EVAL_SETS.values()])})")
+    raise CorpusError(
+        f"no archive {key!r} in the registry (known: {', '.join([*ARCHIVES, *EVAL_SETS.values()])})"
+    )
 
 
 def train_corpora(pair: str, names: Sequence[str] = ()) -> list[Corpus]:
@@ -253,7 +281,9 @@ def train_corpora(pair: str, names: Sequence[str] = ()) -> list[Corpus]:
     key = statmt_pair(pair)
     table = TRAIN.get(key)
     if table is None:
-        raise CorpusError(f"no WMT14 training data registered for {pair} (known: {', '.join(TRAIN)})")
+        raise CorpusError(
+            f"no WMT14 training data registered for {pair} (known: {', '.join(TRAIN)})"
+        )
     names = tuple(names) or DEFAULT_TRAIN[key]
     unknown = [n for n in names if n not in table]
     if unknown:
@@ -276,7 +306,9 @@ def multi30k_eval_set(name: str, pair: str) -> Corpus:
     """A Multi30k dev or test set (``val``, ``test_2016_flickr``, ...) for the direction ``pair``."""
     corpus = MULTI30K_EVAL.get(name)
     if corpus is None:
-        raise CorpusError(f"unknown Multi30k dev/test set {name!r} (known: {', '.join(MULTI30K_EVAL)})")
+        raise CorpusError(
+            f"unknown Multi30k dev/test set {name!r} (known: {', '.join(MULTI30K_EVAL)})"
+        )
     return _multi30k_sides(corpus, name, pair)
 
 
@@ -295,7 +327,9 @@ def _multi30k_sides(corpus: Corpus, split: str, pair: str) -> Corpus:
     src, tgt = split_pair(pair)
     missing = [lang for lang in (src, tgt) if lang not in corpus.members]
     if missing:
-        raise CorpusError(f"Multi30k {split} has no {missing[0]!r} text (it has {', '.join(corpus.members)})")
+        raise CorpusError(
+            f"Multi30k {split} has no {missing[0]!r} text (it has {', '.join(corpus.members)})"
+        )
     return dataclasses.replace(corpus, members={lang: corpus.members[lang] for lang in (src, tgt)})
 
 

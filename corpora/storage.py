@@ -167,7 +167,10 @@ class Store:
     def write_manifest(self, rel: str, manifest: Mapping[str, Any]) -> None:
         """Replace folder ``rel``'s manifest (one object written whole: readers see the old or
         the new one, never half of either)."""
-        with self.errors("write"), self.filesystem.open_output_stream(self.path(f"{rel}/{MANIFEST}")) as f:
+        with (
+            self.errors("write"),
+            self.filesystem.open_output_stream(self.path(f"{rel}/{MANIFEST}")) as f,
+        ):
             f.write(json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
 
     def exists(self, rel: str) -> bool:
@@ -199,7 +202,9 @@ def explain(exc: OSError, store: Store) -> str:
     """What to check, for an object store's error (AWS SDK error names, as pyarrow reports them)."""
     text = str(exc)
     keys = f"${store.settings.access_key_env} and ${store.settings.secret_key_env}"
-    if re.search(r"ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH|INVALID_ACCESS_KEY|HTTP status 403", text):
+    if re.search(
+        r"ACCESS_DENIED|SIGNATURE_DOES_NOT_MATCH|INVALID_ACCESS_KEY|HTTP status 403", text
+    ):
         return f"the store refused the credentials in {keys}: check them"
     if re.search(r"NETWORK_CONNECTION|curlCode|Could not connect|timed out|Timeout", text):
         where = store.endpoint or "the store's endpoint"
@@ -219,7 +224,9 @@ def open_store(uri: str | Path, settings: StoreSettings = StoreSettings()) -> St
     parts = urlsplit(text)
     if parts.scheme not in REMOTE_SCHEMES:
         if "://" in text:
-            raise StorageError(f"{text}: unsupported scheme {parts.scheme!r} (use a path, s3:// or gs://)")
+            raise StorageError(
+                f"{text}: unsupported scheme {parts.scheme!r} (use a path, s3:// or gs://)"
+            )
         base = str(Path(text).resolve())
         return Store(base, pafs.LocalFileSystem(), base, None, settings)
     if not parts.netloc:
@@ -240,10 +247,15 @@ def _s3_store(uri: str, base: str, settings: StoreSettings) -> Store:
     key, secret = env.get(settings.access_key_env), env.get(settings.secret_key_env)
     for name, value in ((settings.access_key_env, key), (settings.secret_key_env, secret)):
         if value is None and name not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            raise StorageError(f"{uri}: the environment variable ${name} (storage settings) is not set")
+            raise StorageError(
+                f"{uri}: the environment variable ${name} (storage settings) is not set"
+            )
     endpoint = settings.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     options: dict[str, Any] = {
-        "region": settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "region": settings.region
+        or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
+        or "us-east-1",
         "connect_timeout": settings.timeout_seconds,
         "request_timeout": settings.timeout_seconds,
     }
@@ -290,9 +302,13 @@ def _matches(folder: Path, manifest: Mapping[str, Any]) -> bool:
         cached = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    same = cached.get("files") == manifest.get("files") and cached.get("fingerprint") == manifest.get("fingerprint")
+    same = cached.get("files") == manifest.get("files") and cached.get(
+        "fingerprint"
+    ) == manifest.get("fingerprint")
     if same and cached != manifest:
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+        (folder / MANIFEST).write_text(
+            json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8"
+        )
     return same and all(
         (folder / name).is_file() and (folder / name).stat().st_size == info["bytes"]
         for name, info in manifest.get("files", {}).items()
@@ -342,7 +358,11 @@ class StoredFolder:
         if self.fingerprint is not None and self.store.remote:
             have = Path(self.cache_root) / self.fingerprint / self.rel.replace("/", "_")
             mine = _read_json(have / MANIFEST)
-            if mine is not None and mine.get("fingerprint") == self.fingerprint and _matches(have, mine):
+            if (
+                mine is not None
+                and mine.get("fingerprint") == self.fingerprint
+                and _matches(have, mine)
+            ):
                 return have
         return node_copy(self.store, self.rel, Path(self.cache_root))
 

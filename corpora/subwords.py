@@ -152,7 +152,9 @@ class SubwordModel:
     def vocab_listing(self) -> str:
         """sentencepiece's two-column ``piece<TAB>score`` listing, for people to read."""
         sp = self._processor()
-        return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+        return "".join(
+            f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
+        )
 
     def _processor(self) -> Any:
         import sentencepiece as spm
@@ -236,7 +238,10 @@ def train(
                 character_coverage=config.character_coverage,
                 num_threads=config.threads,
                 normalization_rule_name=NORMALIZATION,
-                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
                 input_sentence_size=0,
                 shuffle_input_sentence=False,
                 hard_vocab_limit=not numbers_pieces,

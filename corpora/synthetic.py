@@ -28,7 +28,6 @@ CORPUS = "synthetic"
 MIN_WORDS, MAX_WORDS = 4, 30
 
 
-
 def _en_third(person: str) -> bool:
     return person == "3sg"
 
@@ -62,13 +61,21 @@ class Grammar:
         """Nouns whose class or English name is in ``classes`` (a class name or a noun)."""
         key = ",".join(classes)
         if key not in self._by_class:
-            self._by_class[key] = tuple(n for n in self.nouns if n.cls in classes or n.en in classes)
+            self._by_class[key] = tuple(
+                n for n in self.nouns if n.cls in classes or n.en in classes
+            )
         return self._by_class[key]
 
     # --- noun phrases
 
-    def noun_phrase(self, case: str, classes: tuple[str, ...], *, allow_pronoun: bool = False,
-                    subject: bool = False) -> lex.Phrase:
+    def noun_phrase(
+        self,
+        case: str,
+        classes: tuple[str, ...],
+        *,
+        allow_pronoun: bool = False,
+        subject: bool = False,
+    ) -> lex.Phrase:
         """A determiner, maybe an adjective, and a noun, declined for ``case``."""
         rng = self.rng
         if allow_pronoun and rng.random() < 0.3:
@@ -78,15 +85,21 @@ class Grammar:
             en, acc, dat = rng.choice(lex.OBJECT_PRONOUNS)
             return lex.Phrase(en, acc if case == "acc" else dat, "3sg", pronoun=True)
         noun = rng.choice(self.nouns_for(classes))
-        det = rng.choices(("the", "a", "poss", "this", "no", "number", "digits", "bare"),
-                          weights=(30, 18, 14, 8, 4, 10, 6, 6))[0]
+        det = rng.choices(
+            ("the", "a", "poss", "this", "no", "number", "digits", "bare"),
+            weights=(30, 18, 14, 8, 4, 10, 6, 6),
+        )[0]
         if det == "no" and subject:
             det = "the"
-        plural = det in ("number", "digits", "bare") or (det in ("the", "poss", "this", "no") and rng.random() < 0.35)
+        plural = det in ("number", "digits", "bare") or (
+            det in ("the", "poss", "this", "no") and rng.random() < 0.35
+        )
         adjective = rng.choice(self.adjectives) if rng.random() < 0.45 else None
         return self._decline(noun, det, plural, adjective, case)
 
-    def _decline(self, noun: lex.Noun, det: str, plural: bool, adjective: tuple[str, ...] | None, case: str) -> lex.Phrase:
+    def _decline(
+        self, noun: lex.Noun, det: str, plural: bool, adjective: tuple[str, ...] | None, case: str
+    ) -> lex.Phrase:
         rng = self.rng
         c = lex.CASES[case]
         g = "pl" if plural else noun.gender
@@ -118,7 +131,7 @@ class Grammar:
         de_words = [de_det] if de_det else []
         if adjective is not None:
             en_adj, _, de_stem = adjective
-            ending = (lex.STRONG_PL[c] if endings is None else endings[g][c])
+            ending = lex.STRONG_PL[c] if endings is None else endings[g][c]
             en_words.append(en_adj)
             de_words.append(de_stem + ending)
         en_words.append(en_noun)
@@ -137,7 +150,10 @@ class Grammar:
     def clause(self, *, tense: str | None = None, adverb: bool = True) -> dict[str, Any]:
         """The parts of one clause, language by language, before word order is applied."""
         rng = self.rng
-        tense = tense or rng.choices(("present", "past", "perfect", "future"), weights=(45, 20, 20, 15))[0]
+        tense = (
+            tense
+            or rng.choices(("present", "past", "perfect", "future"), weights=(45, 20, 20, 15))[0]
+        )
         subject = self.noun_phrase("nom", ("person", "animal"), allow_pronoun=True, subject=True)
         person = subject.person
         parts: dict[str, Any] = {"subject": subject, "tense": tense, "adverb": None, "pp": None}
@@ -145,9 +161,18 @@ class Grammar:
             tense = "future" if tense == "future" else "present"
             parts["tense"] = tense
             en_adj, de_adj, _ = rng.choice(self.adjectives)
-            parts.update(kind="copula", en_verb="be", de_fin=lex.SEIN[person], de_end=[], en_obj=[en_adj], de_mid=[de_adj])
+            parts.update(
+                kind="copula",
+                en_verb="be",
+                de_fin=lex.SEIN[person],
+                de_end=[],
+                en_obj=[en_adj],
+                de_mid=[de_adj],
+            )
             if tense == "future":
-                parts.update(en_aux="will", en_main="be", de_fin=lex.WERDEN[person], de_end=["sein"])
+                parts.update(
+                    en_aux="will", en_main="be", de_fin=lex.WERDEN[person], de_end=["sein"]
+                )
             else:
                 parts.update(en_aux=None, en_main=lex.EN_BE[person])
         else:
@@ -159,7 +184,10 @@ class Grammar:
                 recipient = self.noun_phrase("dat", ("person", "animal"), allow_pronoun=True)
                 theme = self.noun_phrase("acc", lex.OBJECT_CLASSES[verb.obj])
                 en_mid = [recipient.en, theme.en]
-                de_mid = [recipient.de, theme.de]  # dative before accusative (the theme is never a pronoun)
+                de_mid = [
+                    recipient.de,
+                    theme.de,
+                ]  # dative before accusative (the theme is never a pronoun)
                 parts["pronoun_object"] = recipient.pronoun
             elif verb.frame == "tr":
                 obj = self.noun_phrase("acc", lex.OBJECT_CLASSES[verb.obj], allow_pronoun=True)
@@ -182,13 +210,25 @@ class Grammar:
                 en_aux, en_main = "will", en_base
                 de_fin, de_end = lex.WERDEN[person], [verb.inf]
                 de_sub_fin = lex.WERDEN[person]
-            parts.update(kind="verb", en_aux=en_aux, en_main=en_main, de_fin=de_fin, de_end=de_end,
-                         de_sub_fin=de_sub_fin, en_obj=en_mid, de_mid=de_mid, en_base=en_base,
-                         en_do=("does" if _en_third(person) else "do"), verb=verb)
+            parts.update(
+                kind="verb",
+                en_aux=en_aux,
+                en_main=en_main,
+                de_fin=de_fin,
+                de_end=de_end,
+                de_sub_fin=de_sub_fin,
+                en_obj=en_mid,
+                de_mid=de_mid,
+                en_base=en_base,
+                en_do=("does" if _en_third(person) else "do"),
+                verb=verb,
+            )
         if rng.random() < 0.35:
             parts["pp"] = self.prep_phrase()
         if adverb and rng.random() < 0.4:
-            parts["adverb"] = rng.choice(lex.ADVERBS["past" if tense in ("past", "perfect") else tense])
+            parts["adverb"] = rng.choice(
+                lex.ADVERBS["past" if tense in ("past", "perfect") else tense]
+            )
             if tense == "perfect":  # "yesterday" goes with the simple past in English
                 parts["tense"] = "past"
                 if parts["kind"] == "verb":
@@ -228,7 +268,9 @@ class Grammar:
             words.append(p["pp"][1])
         return words
 
-    def main_clause(self, p: dict[str, Any], *, front_adverb: bool = False) -> tuple[list[str], list[str]]:
+    def main_clause(
+        self, p: dict[str, Any], *, front_adverb: bool = False
+    ) -> tuple[list[str], list[str]]:
         """Verb-second order; a fronted adverb moves the German subject behind the verb."""
         p["adverb_fronted"] = front_adverb and p["adverb"] is not None
         en = self._en_words(p, front_adverb=p["adverb_fronted"])
@@ -262,14 +304,21 @@ class Grammar:
         p["adverb_fronted"] = False
         subj = p["subject"]
         if p["kind"] == "copula":
-            en_head = [p["en_aux"], subj.en, p["en_main"]] if p["en_aux"] else [p["en_main"], subj.en]
+            en_head = (
+                [p["en_aux"], subj.en, p["en_main"]] if p["en_aux"] else [p["en_main"], subj.en]
+            )
         elif p["en_aux"]:
             en_head = [p["en_aux"], subj.en, p["en_main"]]
         elif p["tense"] == "past":
             en_head = ["did", subj.en, p["en_base"]]
         else:
             en_head = [p["en_do"], subj.en, p["en_base"]]
-        en = en_head + p["en_obj"] + ([p["pp"][0]] if p["pp"] else []) + ([p["adverb"][0]] if p["adverb"] else [])
+        en = (
+            en_head
+            + p["en_obj"]
+            + ([p["pp"][0]] if p["pp"] else [])
+            + ([p["adverb"][0]] if p["adverb"] else [])
+        )
         de = [p["de_fin"], subj.de] + self._de_middle(p) + p["de_end"]
         return en, de
 
@@ -278,8 +327,10 @@ class Grammar:
     def sentence(self) -> tuple[str, str]:
         """One English-German pair, detokenized, first letter capitalised."""
         rng = self.rng
-        kind = rng.choices(("main", "fronted", "that", "because", "if_front", "question"),
-                           weights=(34, 16, 16, 14, 8, 12))[0]
+        kind = rng.choices(
+            ("main", "fronted", "that", "because", "if_front", "question"),
+            weights=(34, 16, 16, 14, 8, 12),
+        )[0]
         end = "."
         if kind in ("main", "fronted"):
             p = self.clause()
@@ -330,7 +381,9 @@ def _finish(words: list[str], end: str) -> str:
 # ----------------------------------------------------------------------------- corpus
 
 
-def generate_pairs(n: int, seed: int | str, *, exclude: set[str] | None = None) -> list[tuple[str, str]]:
+def generate_pairs(
+    n: int, seed: int | str, *, exclude: set[str] | None = None
+) -> list[tuple[str, str]]:
     """``n`` pairs of 4..30 words per side from the seed's own stream.
 
     With ``exclude``, no sentence (either side) is in it, and each accepted sentence is added to
@@ -343,9 +396,13 @@ def generate_pairs(n: int, seed: int | str, *, exclude: set[str] | None = None) 
     while len(pairs) < n:
         attempts += 1
         if attempts > 50 * n + 1000:
-            raise CorpusError(f"synthetic grammar could not make {n} distinct pairs (got {len(pairs)})")
+            raise CorpusError(
+                f"synthetic grammar could not make {n} distinct pairs (got {len(pairs)})"
+            )
         en, de = grammar.sentence()
-        if not (MIN_WORDS <= len(en.split()) <= MAX_WORDS and MIN_WORDS <= len(de.split()) <= MAX_WORDS):
+        if not (
+            MIN_WORDS <= len(en.split()) <= MAX_WORDS and MIN_WORDS <= len(de.split()) <= MAX_WORDS
+        ):
             continue
         if exclude is not None:
             if en in exclude or de in exclude:
@@ -376,4 +433,9 @@ def write_corpus(
         for i, lang in enumerate(("en", "de")):
             text = "".join(p[i] + "\n" for p in pairs)
             (out_dir / f"{name}.{lang}").write_text(text, encoding="utf-8")
-    return {"corpus": CORPUS, "train": len(train_pairs), "dev": len(dev_pairs), "test": len(test_pairs)}
+    return {
+        "corpus": CORPUS,
+        "train": len(train_pairs),
+        "dev": len(dev_pairs),
+        "test": len(test_pairs),
+    }

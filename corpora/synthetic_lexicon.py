@@ -263,12 +263,34 @@ OBJECT_PRONOUNS = (
     ("us", "uns", "uns"),
     ("them", "sie", "ihnen"),
 )
-POSSESSIVES = (("my", "mein"), ("your", "dein"), ("his", "sein"), ("her", "ihr"), ("our", "unser"), ("their", "ihr"))
+POSSESSIVES = (
+    ("my", "mein"),
+    ("your", "dein"),
+    ("his", "sein"),
+    ("her", "ihr"),
+    ("our", "unser"),
+    ("their", "ihr"),
+)
 NUMBERS = (
-    "two zwei", "three drei", "four vier", "five fünf", "six sechs", "seven sieben", "eight acht",
-    "nine neun", "ten zehn", "eleven elf", "twelve zwölf", "thirteen dreizehn", "fourteen vierzehn",
-    "fifteen fünfzehn", "sixteen sechzehn", "seventeen siebzehn", "eighteen achtzehn",
-    "nineteen neunzehn", "twenty zwanzig",
+    "two zwei",
+    "three drei",
+    "four vier",
+    "five fünf",
+    "six sechs",
+    "seven sieben",
+    "eight acht",
+    "nine neun",
+    "ten zehn",
+    "eleven elf",
+    "twelve zwölf",
+    "thirteen dreizehn",
+    "fourteen vierzehn",
+    "fifteen fünfzehn",
+    "sixteen sechzehn",
+    "seventeen siebzehn",
+    "eighteen achtzehn",
+    "nineteen neunzehn",
+    "twenty zwanzig",
 )
 # (english, german, case, noun classes)
 PREPOSITIONS = (
@@ -285,23 +307,67 @@ PREPOSITIONS = (
 )
 # time adverbs by tense: (english, german)
 ADVERBS = {
-    "present": (("today", "heute"), ("now", "jetzt"), ("often", "oft"), ("sometimes", "manchmal"),
-                ("every day", "jeden Tag"), ("in the morning", "am Morgen"), ("in the evening", "am Abend")),
-    "past": (("yesterday", "gestern"), ("last week", "letzte Woche"), ("last year", "letztes Jahr"),
-             ("on Sunday", "am Sonntag")),
-    "future": (("tomorrow", "morgen"), ("next week", "nächste Woche"), ("next year", "nächstes Jahr"),
-               ("soon", "bald")),
+    "present": (
+        ("today", "heute"),
+        ("now", "jetzt"),
+        ("often", "oft"),
+        ("sometimes", "manchmal"),
+        ("every day", "jeden Tag"),
+        ("in the morning", "am Morgen"),
+        ("in the evening", "am Abend"),
+    ),
+    "past": (
+        ("yesterday", "gestern"),
+        ("last week", "letzte Woche"),
+        ("last year", "letztes Jahr"),
+        ("on Sunday", "am Sonntag"),
+    ),
+    "future": (
+        ("tomorrow", "morgen"),
+        ("next week", "nächste Woche"),
+        ("next year", "nächstes Jahr"),
+        ("soon", "bald"),
+    ),
 }
-CONTRACTIONS = {("in", "dem"): "im", ("von", "dem"): "vom", ("in", "das"): "ins", ("zu", "dem"): "zum"}
+CONTRACTIONS = {
+    ("in", "dem"): "im",
+    ("von", "dem"): "vom",
+    ("in", "das"): "ins",
+    ("zu", "dem"): "zum",
+}
 
 # German declension: case index nom=0, acc=1, dat=2; gender m/f/n or pl
 CASES = {"nom": 0, "acc": 1, "dat": 2}
-DER = {"m": ("der", "den", "dem"), "f": ("die", "die", "der"), "n": ("das", "das", "dem"), "pl": ("die", "die", "den")}
-DIES = {"m": ("dieser", "diesen", "diesem"), "f": ("diese", "diese", "dieser"), "n": ("dieses", "dieses", "diesem"),
-         "pl": ("diese", "diese", "diesen")}
-EIN_ENDINGS = {"m": ("", "en", "em"), "f": ("e", "e", "er"), "n": ("", "", "em"), "pl": ("e", "e", "en")}
-WEAK = {"m": ("e", "en", "en"), "f": ("e", "e", "en"), "n": ("e", "e", "en"), "pl": ("en", "en", "en")}
-MIXED = {"m": ("er", "en", "en"), "f": ("e", "e", "en"), "n": ("es", "es", "en"), "pl": ("en", "en", "en")}
+DER = {
+    "m": ("der", "den", "dem"),
+    "f": ("die", "die", "der"),
+    "n": ("das", "das", "dem"),
+    "pl": ("die", "die", "den"),
+}
+DIES = {
+    "m": ("dieser", "diesen", "diesem"),
+    "f": ("diese", "diese", "dieser"),
+    "n": ("dieses", "dieses", "diesem"),
+    "pl": ("diese", "diese", "diesen"),
+}
+EIN_ENDINGS = {
+    "m": ("", "en", "em"),
+    "f": ("e", "e", "er"),
+    "n": ("", "", "em"),
+    "pl": ("e", "e", "en"),
+}
+WEAK = {
+    "m": ("e", "en", "en"),
+    "f": ("e", "e", "en"),
+    "n": ("e", "e", "en"),
+    "pl": ("en", "en", "en"),
+}
+MIXED = {
+    "m": ("er", "en", "en"),
+    "f": ("e", "e", "en"),
+    "n": ("es", "es", "en"),
+    "pl": ("en", "en", "en"),
+}
 STRONG_PL = ("e", "e", "en")
 
 
@@ -354,7 +420,18 @@ def parse_verbs() -> tuple[Verb, ...]:
         prefix, _, stem_inf = inf.rpartition("+")
         forms: dict[str, str] = {"1sg": ich, "2sg": du, "3sg": er, "1pl": stem_inf, "3pl": stem_inf}
         base, third, past, en_participle = en.split("|")
-        verbs.append(Verb((base, third, past, en_participle), prefix + stem_inf, prefix, forms, participle, aux, frame, obj))
+        verbs.append(
+            Verb(
+                (base, third, past, en_participle),
+                prefix + stem_inf,
+                prefix,
+                forms,
+                participle,
+                aux,
+                frame,
+                obj,
+            )
+        )
     return tuple(verbs)
 
 

@@ -17,7 +17,13 @@ import numpy as np
 
 from serving.translator import TorchEngine, Translator, encode_texts
 
-__all__ = ["AttentionMap", "attention_map", "cross_attention_maps", "draw_attention", "short_enough"]
+__all__ = [
+    "AttentionMap",
+    "attention_map",
+    "cross_attention_maps",
+    "draw_attention",
+    "short_enough",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +69,12 @@ def attention_map(translator: Translator, src: Sequence[int], hyp: str) -> Atten
     )
     weights = maps[-1][0].mean(dim=0).float().cpu().numpy()  # (T, S), last layer, mean over heads
     pieces = tokenizer.sp.id_to_piece
-    return AttentionMap([pieces(int(i)) for i in src], [pieces(int(i)) for i in tgt], weights,
-                        int(model.config.n_layers))
+    return AttentionMap(
+        [pieces(int(i)) for i in src],
+        [pieces(int(i)) for i in tgt],
+        weights,
+        int(model.config.n_layers),
+    )
 
 
 def draw_attention(maps: Sequence[AttentionMap], path: Path) -> int:

@@ -22,8 +22,14 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "METRICS", "bleu_by_length", "moses_tokenize", "plot_bleu_by_length", "score_texts",
-    "sentence_bleu", "split_compounds", "write_sentences",
+    "METRICS",
+    "bleu_by_length",
+    "moses_tokenize",
+    "plot_bleu_by_length",
+    "score_texts",
+    "sentence_bleu",
+    "split_compounds",
+    "write_sentences",
 ]
 
 METRICS = ("bleu_sacre", "bleu_tok_compound", "bleu_tok_lc", "chrf")

@@ -50,7 +50,9 @@ def deploy(
         print_next_steps=False,
         ignore_warnings=True,  # the advice to use .serve() for a process pool: we want a worker
     )
-    print(f"deployment {name} ({deployment_id}) on work pool {work_pool!r}"
-          + (f", schedule {cron!r}" if cron else ""))
+    print(
+        f"deployment {name} ({deployment_id}) on work pool {work_pool!r}"
+        + (f", schedule {cron!r}" if cron else "")
+    )
     print(f"start a worker: prefect worker start --pool {work_pool}")
     return str(deployment_id)

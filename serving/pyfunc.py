@@ -84,7 +84,9 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         changes = {k: v for k, v in params.items() if k in REQUEST_PARAMS and v is not None}
         if changes:  # this request's decoding; the loaded model and tokenizer are shared
             decode = dataclasses.replace(translator.decode, **changes)
-            translator = Translator(translator.model, translator.tokenizer, decode, translator.device)
+            translator = Translator(
+                translator.model, translator.tokenizer, decode, translator.device
+            )
         n_best = int(params.get(N_BEST) or 1)
         if n_best > 1:
             found = translator.translate_nbest([str(t) for t in texts], n_best)

@@ -36,8 +36,10 @@ class Tokenizer:
         self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
         ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ServingError(f"{model_file}: special ids (pad, unk, bos, eos) are {ids}, "
-                             f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+            raise ServingError(
+                f"{model_file}: special ids (pad, unk, bos, eos) are {ids}, "
+                f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -52,7 +54,9 @@ class Tokenizer:
         """Piece ids of ``text`` (of ``side``: 0 source, 1 target) followed by EOS."""
         return self.sp.encode(self.prepare([text], side)[0]) + [EOS_ID]
 
-    def encode_batch(self, texts: Sequence[str], num_threads: int = 1, side: int = 0) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Sequence[str], num_threads: int = 1, side: int = 0
+    ) -> list[list[int]]:
         """``encode`` for many texts at once."""
         pieces = self.sp.encode(self.prepare(texts, side), num_threads=num_threads)
         return [ids + [EOS_ID] for ids in pieces]
@@ -74,7 +78,9 @@ def load(folder: Path) -> Tokenizer:
     """The tokenizer in ``folder`` (the tokenizer stage's output, or a registered model's copy)."""
     path = Path(folder) / MODEL_FILE
     if not path.is_file():
-        raise ServingError(f"{path} does not exist: no tokenizer in {folder} (run `tfm stage tokenizer` first)")
+        raise ServingError(
+            f"{path} does not exist: no tokenizer in {folder} (run `tfm stage tokenizer` first)"
+        )
     try:
         pretokenizer = Pretokenizer.load(folder)
     except CorpusError as exc:

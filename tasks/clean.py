@@ -32,6 +32,10 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     config = ctx.config
     src, tgt = config.languages
     ensure_ray(config.ray)
-    stats = clean_corpus(ctx.inputs["download"], ctx.tmp, config.clean, src, tgt, fetch=tuple(ctx.stored.values()))
-    log.info("clean: %d of %d pairs kept; dropped %s", stats["kept"], stats["input"], stats["dropped"])
+    stats = clean_corpus(
+        ctx.inputs["download"], ctx.tmp, config.clean, src, tgt, fetch=tuple(ctx.stored.values())
+    )
+    log.info(
+        "clean: %d of %d pairs kept; dropped %s", stats["kept"], stats["input"], stats["dropped"]
+    )
     return stats

@@ -38,12 +38,20 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 
 def cache_dir(config: RunConfig) -> Path:
     """Where downloaded files are kept between runs."""
-    return Path(config.data.cache_dir) if config.data.cache_dir else config.root / "cache" / "downloads"
+    return (
+        Path(config.data.cache_dir)
+        if config.data.cache_dir
+        else config.root / "cache" / "downloads"
+    )
 
 
 def lock_path(config: RunConfig) -> Path:
     """The lock file pinning each download's sha256 and size."""
-    return Path(config.data.lock_file) if config.data.lock_file else config.root / "downloads.lock.json"
+    return (
+        Path(config.data.lock_file)
+        if config.data.lock_file
+        else config.root / "downloads.lock.json"
+    )
 
 
 def build(ctx: BuildContext) -> dict[str, Any]:
@@ -56,24 +64,45 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     assert dev is not None and test is not None  # DataConfig fills them in from the source
     if data.source == "wmt14":
         return assemble.from_wmt14(
-            out, pair=data.pair, corpora=data.corpora, dev=dev, test=test,
-            test_variant=data.test_variant, mirror=data.mirror, cache=cache_dir(config),
-            lock_file=lock_path(config), max_retries=data.max_retries,
+            out,
+            pair=data.pair,
+            corpora=data.corpora,
+            dev=dev,
+            test=test,
+            test_variant=data.test_variant,
+            mirror=data.mirror,
+            cache=cache_dir(config),
+            lock_file=lock_path(config),
+            max_retries=data.max_retries,
         )
     if data.source == "multi30k":
         return assemble.from_multi30k(
-            out, pair=data.pair, dev=dev, test=test, mirror=data.mirror,
-            cache=cache_dir(config), lock_file=lock_path(config), max_retries=data.max_retries,
+            out,
+            pair=data.pair,
+            dev=dev,
+            test=test,
+            mirror=data.mirror,
+            cache=cache_dir(config),
+            lock_file=lock_path(config),
+            max_retries=data.max_retries,
         )
     if data.source == "local":
         return assemble.from_local(
-            out, pair=data.pair, local_dir=data.local_dir, train=data.local_train,
-            dev=data.local_dev, test=data.local_test,
+            out,
+            pair=data.pair,
+            local_dir=data.local_dir,
+            train=data.local_train,
+            dev=data.local_dev,
+            test=data.local_test,
         )
     if data.source == "synthetic":
         return synthetic.write_corpus(
-            out, pair=data.pair, seed=config.seed, train=data.synthetic_train,
-            dev=data.synthetic_dev, test=data.synthetic_test,
+            out,
+            pair=data.pair,
+            seed=config.seed,
+            train=data.synthetic_train,
+            dev=data.synthetic_dev,
+            test=data.synthetic_test,
         )
     raise StageError(
         f"data.source={data.source!r} is not read by the download stage (the parsing "

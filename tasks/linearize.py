@@ -31,7 +31,10 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     info = None
     if silver:
         path = Path(silver)
-        info = {"path": str(path), "sha256": (file_digests([path], path.parent) or {}).get(path.name)}
+        info = {
+            "path": str(path),
+            "sha256": (file_digests([path], path.parent) or {}).get(path.name),
+        }
     return {"form": config.parsing.form, "silver_corpus": info}
 
 

@@ -57,9 +57,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
             "the hypotheses must be one per test sentence, in order"
         )
     if len(sources) != len(golds):
-        raise StageError(
-            f"{words_path} has {len(sources)} lines, {gold_path} {len(golds)} trees"
-        )
+        raise StageError(f"{words_path} has {len(sources)} lines, {gold_path} {len(golds)} trees")
     # The vinyals form predicts no POS tags: the gold ones fill its XX slots.
     repaired = [
         repair(hyp, src, form, tags=gold.tags() if form == "vinyals" else None)

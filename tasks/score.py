@@ -54,7 +54,11 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     config, tmp = ctx.config, ctx.tmp
     src_lang, tgt_lang = config.languages
     translate, download = ctx.inputs["translate"], ctx.inputs["download"]
-    hyp_file, ref_file, src_file = translate / f"hyp.{tgt_lang}", download / f"test.{tgt_lang}", download / f"test.{src_lang}"
+    hyp_file, ref_file, src_file = (
+        translate / f"hyp.{tgt_lang}",
+        download / f"test.{tgt_lang}",
+        download / f"test.{src_lang}",
+    )
     hyps, refs, sources = read_lines(hyp_file), read_lines(ref_file), read_lines(src_file)
     if not refs:
         raise StageError(f"the test set {ref_file} is empty (0 segments)")
@@ -79,14 +83,21 @@ def build(ctx: BuildContext) -> dict[str, Any]:
         "bleu_by_length": by_length,
     }
     (tmp / SCORES_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    bleu.write_sentences(tmp / SENTENCES_FILE, sources, refs, hyps, bleu.sentence_bleu(hyps, refs, tgt_lang))
+    bleu.write_sentences(
+        tmp / SENTENCES_FILE, sources, refs, hyps, bleu.sentence_bleu(hyps, refs, tgt_lang)
+    )
     bleu.plot_bleu_by_length(
-        by_length, tmp / PLOT_FILE,
+        by_length,
+        tmp / PLOT_FILE,
         f"{test_name} ({test_variant}) {config.data.pair}: BLEU {scores['bleu_sacre']:.2f}",
     )
     log.info(
         "score: bleu_sacre %.2f, bleu_tok_compound %.2f, bleu_tok_lc %.2f, chrf %.2f on %d "
-        "segments", scores["bleu_sacre"], scores["bleu_tok_compound"], scores["bleu_tok_lc"],
-        scores["chrf"], len(refs),
+        "segments",
+        scores["bleu_sacre"],
+        scores["bleu_tok_compound"],
+        scores["bleu_tok_lc"],
+        scores["chrf"],
+        len(refs),
     )
     return {k: result[k] for k in (*bleu.METRICS, "test_set", "test_segments", "signature")}

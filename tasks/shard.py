@@ -50,11 +50,24 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     ensure_ray(config.ray)
     limit = max_pieces(config)
     stats = shard_corpus(
-        clean, tok.model_file, tmp, config.shard, src, tgt, max_len=limit, pretokenizer=tok.pretokenizer,
+        clean,
+        tok.model_file,
+        tmp,
+        config.shard,
+        src,
+        tgt,
+        max_len=limit,
+        pretokenizer=tok.pretokenizer,
         # The tokenizer's model is copied to each node; the clean rows are read from the bucket.
-        fetch=tuple(f for role, f in ctx.stored.items() if role != "clean"), source=ctx.stored.get("clean"),
+        fetch=tuple(f for role, f in ctx.stored.items() if role != "clean"),
+        source=ctx.stored.get("clean"),
     )
-    log.info("shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
-             stats["train"]["rows"], stats["train"]["shards"], stats["train"]["dropped_too_long"],
-             stats["dev"]["dropped_too_long"], limit)
+    log.info(
+        "shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",
+        stats["train"]["rows"],
+        stats["train"]["shards"],
+        stats["train"]["dropped_too_long"],
+        stats["dev"]["dropped_too_long"],
+        limit,
+    )
     return {"vocab_size": tok.vocab_size, "max_pieces": limit, **stats}

@@ -59,12 +59,22 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     started = time.perf_counter()
     # Engine ctranslate2 keeps its export in the run's cache, never in the average folder.
     export_dir = config.root / "cache" / "ctranslate2" / model_fingerprint[:16]
-    decoded = translate_distributed(weights, tokenizer_dir, source, decode, export_dir,
-                                    lengths=lengths, probe=attention_map, probe_rows=candidates,
-                                    fetch=tuple(ctx.stored.values()))
+    decoded = translate_distributed(
+        weights,
+        tokenizer_dir,
+        source,
+        decode,
+        export_dir,
+        lengths=lengths,
+        probe=attention_map,
+        probe_rows=candidates,
+        fetch=tuple(ctx.stored.values()),
+    )
     seconds = time.perf_counter() - started
     hyps = decoded.hyps
-    (tmp / f"hyp.{tgt_lang}").write_text("".join(h + "\n" for h in hyps), encoding="utf-8", newline="\n")
+    (tmp / f"hyp.{tgt_lang}").write_text(
+        "".join(h + "\n" for h in hyps), encoding="utf-8", newline="\n"
+    )
     out_tokens = int(sum(decoded.hyp_tokens))
     maps = [m for _, m in sorted(decoded.probes.items()) if isinstance(m, AttentionMap)]
     try:  # a picture for people; a failure here must not cost the decoded test set
@@ -83,6 +93,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
         # Wall time of the whole actor pool (start-up included) and the actors' own time.
         "decode_seconds": round(seconds, 3),
         "tokens_per_s": round(out_tokens / max(seconds, 1e-9), 2),
-        "tokens_per_actor_s": round(out_tokens / max(decoded.info["actor_decode_seconds"], 1e-9), 2),
+        "tokens_per_actor_s": round(
+            out_tokens / max(decoded.info["actor_decode_seconds"], 1e-9), 2
+        ),
         **decoded.info,
     }

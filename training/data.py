@@ -65,7 +65,9 @@ def token_files(folder: str) -> list[str] | None:
     has one (an older shard folder) or when ``folder`` is a URI (a memory map needs a local file)."""
     if "://" in folder:
         return None
-    twins = [str(ipc_folder(folder) / Path(f).with_suffix(".arrow").name) for f in shard_files(folder)]
+    twins = [
+        str(ipc_folder(folder) / Path(f).with_suffix(".arrow").name) for f in shard_files(folder)
+    ]
     return twins if twins and all(Path(t).is_file() for t in twins) else None
 
 

@@ -113,19 +113,29 @@ class _NodeBoundBackend(_TorchBackend):
 
         backend = backend_config.backend
         if backend is None:
-            backend = "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo"
+            backend = (
+                "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo"
+            )
         worker_group.execute(bind_collectives_to_node)
         address, port = worker_group.execute_single(0, open_store_socket)
         worker_group.execute(_set_torch_distributed_env_vars)  # RANK, LOCAL_RANK, ... as Ray sets
         world_size = len(worker_group)
         # The worker group's refs are typed as ray.types.ObjectRef, ray.get's overloads take the other.
-        ray.get([  # pyrefly: ignore[no-matching-overload]
-            worker_group.execute_single_async(
-                rank, init_process_group, backend=backend, world_rank=rank, world_size=world_size,
-                address=address, port=port, timeout_s=backend_config.timeout_s,
-            )
-            for rank in range(world_size)
-        ])
+        ray.get(
+            [  # pyrefly: ignore[no-matching-overload]
+                worker_group.execute_single_async(
+                    rank,
+                    init_process_group,
+                    backend=backend,
+                    world_rank=rank,
+                    world_size=world_size,
+                    address=address,
+                    port=port,
+                    timeout_s=backend_config.timeout_s,
+                )
+                for rank in range(world_size)
+            ]
+        )
 
 
 @dataclass

@@ -49,7 +49,14 @@ def bucket_shape(src: Tensor, tgt: Tensor, max_len: int) -> tuple[int, int, int]
 
 
 def pad_to_bucket(
-    src: Tensor, tgt_in: Tensor, tgt_out: Tensor, *, max_len: int, pad_id: int, bos_id: int, eos_id: int
+    src: Tensor,
+    tgt_in: Tensor,
+    tgt_out: Tensor,
+    *,
+    max_len: int,
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """A collated batch padded to its bucket shape. Columns added are padding; rows added have a
     source of one EOS (a row of padding alone would give its attention nothing to attend to, and
@@ -72,15 +79,21 @@ class _LossOf(nn.Module):
     """The model and its loss as one module: what a graph captures (make_graphed_callables needs
     a module to see the parameters, and replaces its ``forward``, so one instance per shape)."""
 
-    def __init__(self, model: Transformer, loss: Loss, epsilon: float, pad_id: int, contexts: Contexts):
+    def __init__(
+        self, model: Transformer, loss: Loss, epsilon: float, pad_id: int, contexts: Contexts
+    ):
         super().__init__()
         self.model = model
         self._loss, self._epsilon, self._pad_id, self._contexts = loss, epsilon, pad_id, contexts
 
-    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         with self._contexts():
             logits = self.model(src, tgt_in)  # (B, T, V)
-        loss, nll, n = self._loss(logits, target=tgt_out, epsilon=self._epsilon, pad_id=self._pad_id)
+        loss, nll, n = self._loss(
+            logits, target=tgt_out, epsilon=self._epsilon, pad_id=self._pad_id
+        )
         return loss, nll.detach(), n  # only the loss is differentiated
 
 
@@ -107,7 +120,9 @@ class StaticShapeLoss:
         """Shapes captured so far (0 on a CPU)."""
         return len(self._graphs)
 
-    def __call__(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def __call__(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         if not self._cuda:
             return self._eager(src, tgt_in, tgt_out)
         key = (*src.shape, *tgt_in.shape)
@@ -121,7 +136,9 @@ class StaticShapeLoss:
         return graphed(src, tgt_in, tgt_out)
 
 
-def shape_counts(batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int) -> dict[tuple[int, int, int], int]:
+def shape_counts(
+    batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int
+) -> dict[tuple[int, int, int], int]:
     """How many of ``batches`` (row indices) fall in each bucket shape (with BOS, targets are as
     long as the rows): what a run will capture, for benchmarks and the docs."""
     counts: dict[tuple[int, int, int], int] = {}

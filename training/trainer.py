@@ -324,7 +324,10 @@ class Trainer:
         """With ``static_shapes`` on CUDA: the shapes captured so far and the seconds it took."""
         if self._static is None or not self._static.shapes:
             return {}
-        return {"graph_shapes": self._static.shapes, "graph_capture_s": self._static.capture_seconds}
+        return {
+            "graph_shapes": self._static.shapes,
+            "graph_capture_s": self._static.capture_seconds,
+        }
 
     def close(self) -> None:
         """Stop the prefetch thread (a new one starts with the next step)."""

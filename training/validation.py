@@ -111,4 +111,3 @@ def encoder_spread(memory: Memory) -> torch.Tensor:
     spread = ((states - mean).norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
     scale = (states.norm(dim=-1, keepdim=True) * real).sum() / real.sum().clamp(min=1)
     return spread / scale.clamp(min=1e-12)
-

@@ -40,7 +40,9 @@ STAGES = FRAMEWORK.rpartition(".")[0]
 def is_plumbing(module: str) -> bool:
     """Whether a stage's code leaves ``module`` out (module doc): the framework's modules and the
     packages above it (the stages' ``__init__``, which holds no code)."""
-    return module == FRAMEWORK or module.startswith(FRAMEWORK + ".") or module in _parents(FRAMEWORK)
+    return (
+        module == FRAMEWORK or module.startswith(FRAMEWORK + ".") or module in _parents(FRAMEWORK)
+    )
 
 
 def module_file(name: str, root: Path | None = None) -> Path | None:
@@ -107,7 +109,9 @@ def modules_of(stage_module: str) -> list[str]:
     if module_file(stage_module) is None:
         return []
     # Keyed on every source's time as well: an edited import list makes another closure.
-    mtimes = tuple(p.stat().st_mtime_ns for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py")))
+    mtimes = tuple(
+        p.stat().st_mtime_ns for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))
+    )
     return sorted(_closure(stage_module, REPO, mtimes))
 
 
@@ -118,8 +122,12 @@ class _NoDocstrings(ast.NodeTransformer):
     def _strip(self, node: ast.AST) -> ast.AST:
         self.generic_visit(node)
         body = node.body  # type: ignore[attr-defined]
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
         return node
 
@@ -149,14 +157,23 @@ def git_state() -> dict[str, str]:
     """``{"git_commit": ..., "git_dirty": "true"/"false"}`` when the code runs from a git
     checkout (dirty: tracked files differ from the commit); empty otherwise."""
     try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if commit.returncode != 0:
             return {}
         changes = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    return {"git_commit": commit.stdout.strip(), "git_dirty": str(bool(changes.stdout.strip())).lower()}
+    return {
+        "git_commit": commit.stdout.strip(),
+        "git_dirty": str(bool(changes.stdout.strip())).lower(),
+    }

@@ -40,17 +40,29 @@ def not_json(value: Any, key: str = "") -> ConfigError | None:
     elif isinstance(value, (str, int, float, type(None))):
         return None
     else:
-        return ConfigError(key, f"{value!r} is a YAML {type(value).__name__}, which no setting takes "
-                                "(quote it to give a string)")
+        return ConfigError(
+            key,
+            f"{value!r} is a YAML {type(value).__name__}, which no setting takes "
+            "(quote it to give a string)",
+        )
     return next((e for e in (not_json(v, k) for k, v in inner) if e is not None), None)
 
 
-_EXPECTED = {"int": "must be an integer", "float": "must be a number", "bool": "must be true or false",
-             "string": "must be a string", "tuple": "must be a list"}
+_EXPECTED = {
+    "int": "must be an integer",
+    "float": "must be a number",
+    "bool": "must be true or false",
+    "string": "must be a string",
+    "tuple": "must be a list",
+}
 """What a value of each kind must be, by the first word of pydantic's error type (``int_type``)."""
 
-_BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
-           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
+_BOUNDS = {
+    "greater_than_equal": ("ge", ">="),
+    "greater_than": ("gt", ">"),
+    "less_than_equal": ("le", "<="),
+    "less_than": ("lt", "<"),
+}
 """A bound a field's constraint (``Ge(1)``) sets: pydantic's error type -> its context key and sign."""
 
 
@@ -83,7 +95,10 @@ def _explain(error: ErrorDetails, root: type) -> ConfigError:
             hint = args[0] if args[-1] is Ellipsis else args[item] if fixed else None
         elif _is_union(hint):  # item is a branch's tag: each branch's error is the union's
             in_union = True
-            hint = next((a for a in typing.get_args(hint) if item in (getattr(a, "__name__", ""), str(a))), None)
+            hint = next(
+                (a for a in typing.get_args(hint) if item in (getattr(a, "__name__", ""), str(a))),
+                None,
+            )
     if error["type"] == "value_error":
         return _raised(error, key)
     message = _message(error, _non_null(hint), outer)

@@ -56,15 +56,19 @@ def default_cache() -> Path:
     return Path(base) / "attention-pipeline" / "sha256.json"
 
 
-def file_digests(files: Iterable[Path], root: Path, cache_file: Path | None = None) -> dict[str, str] | None:
+def file_digests(
+    files: Iterable[Path], root: Path, cache_file: Path | None = None
+) -> dict[str, str] | None:
     """``{path under root: sha256}`` of ``files``; None if one is missing (the stage that reads
     them says which)."""
     files = sorted(Path(f) for f in files)
     if not all(f.is_file() for f in files):
         return None
     cache = HashCache(cache_file or default_cache())
-    digests = {(f.relative_to(root).as_posix() if f.is_relative_to(root) else str(f)): cache.sha256(f)
-               for f in files}
+    digests = {
+        (f.relative_to(root).as_posix() if f.is_relative_to(root) else str(f)): cache.sha256(f)
+        for f in files
+    }
     cache.save()
     return digests
 

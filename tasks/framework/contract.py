@@ -62,8 +62,7 @@ def input_fingerprint(folder: Path, name: str) -> str:
     manifest = read_manifest(folder)
     if manifest is None:
         raise StageError(
-            f"input {name!r} is missing: {folder} has no {MANIFEST} "
-            f"(run `tfm stage {name}` first)"
+            f"input {name!r} is missing: {folder} has no {MANIFEST} (run `tfm stage {name}` first)"
         )
     problem = damage(Path(folder), manifest)
     if problem is not None:
@@ -103,7 +102,11 @@ def damage(folder: Path, manifest: Mapping[str, Any], *, full: bool = False) -> 
                 return f"{rel} is not a readable {TABLE_FILES[path.suffix]} file (its footer does not read)"
             if rows != info.get("rows", rows):
                 return f"{rel} holds {rows} rows, manifest says {info['rows']}"
-        if "sha256" in info and (full or size <= SMALL_FILE) and sha256_file(path) != info["sha256"]:
+        if (
+            "sha256" in info
+            and (full or size <= SMALL_FILE)
+            and sha256_file(path) != info["sha256"]
+        ):
             return f"{rel} differs from the sha256 in {MANIFEST}"
     return None
 
@@ -152,8 +155,12 @@ def stage_identity(
     The config with URI passwords masked (``redacted``), as its manifest records it: a manifest
     travels (an MLflow artifact, a copied folder) and a password does not change what a stage
     makes; a config without one hashes as it always did."""
-    return {"stage": stage, "config": redacted(to_dict(config)), "inputs": dict(inputs),
-            "code": stage_code(stage) if code is None else code}
+    return {
+        "stage": stage,
+        "config": redacted(to_dict(config)),
+        "inputs": dict(inputs),
+        "code": stage_code(stage) if code is None else code,
+    }
 
 
 def stage_fingerprint(
@@ -168,15 +175,20 @@ def why_changed(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> str
     ``identity``, in a few words: ``config changed (train.steps)``, ``input changed (clean)``,
     ``code changed (corpora/filters.py)``."""
     was = (manifest.get("accepted") or [manifest])[-1]
-    recorded_inputs = {role: (info["fingerprint"] if isinstance(info, Mapping) else info)
-                       for role, info in (was.get("inputs") or {}).items()}
+    recorded_inputs = {
+        role: (info["fingerprint"] if isinstance(info, Mapping) else info)
+        for role, info in (was.get("inputs") or {}).items()
+    }
     reasons = []
     old, new = flatten(was.get("config") or {}), flatten(identity["config"])
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     if keys:
         reasons.append(f"config changed ({_some(keys)})")
-    roles = sorted(r for r in recorded_inputs.keys() | identity["inputs"].keys()
-                   if recorded_inputs.get(r) != identity["inputs"].get(r))
+    roles = sorted(
+        r
+        for r in recorded_inputs.keys() | identity["inputs"].keys()
+        if recorded_inputs.get(r) != identity["inputs"].get(r)
+    )
     if roles:
         reasons.append(f"input changed ({_some(roles)})")
     if "code" not in was:
@@ -253,8 +265,9 @@ def check(folder: Path, identity: Mapping[str, Any], *, full: bool = False) -> S
     return judge(manifest, identity, lambda: damage(folder, manifest, full=full))
 
 
-def judge(manifest: Mapping[str, Any], identity: Mapping[str, Any],
-          problem: Callable[[], str | None]) -> Status:
+def judge(
+    manifest: Mapping[str, Any], identity: Mapping[str, Any], problem: Callable[[], str | None]
+) -> Status:
     """A folder with this manifest is up to date for ``identity`` if it was written or accepted
     for it and ``problem()`` (what is wrong with its files, asked only then) finds nothing."""
     expected = fingerprint(identity)
@@ -301,19 +314,32 @@ def accept(stage: str, out_dir: Path, current: Callable[[], Mapping[str, Any]]) 
     identity = dict(current())
     status = check(out_dir, identity)
     if status.up_to_date:
-        return StageResult(stage, out_dir, False, status.reason, manifest.get("stats", {}),
-                           time.time() - started)
+        return StageResult(
+            stage, out_dir, False, status.reason, manifest.get("stats", {}), time.time() - started
+        )
     write_json_atomic(out_dir / MANIFEST, accepted(manifest, identity, status.reason, started))
     log.info("stage %s: accepted as up to date (%s) -> %s", stage, status.reason, out_dir)
-    return StageResult(stage, out_dir, False, f"accepted: {status.reason}",
-                       manifest.get("stats", {}), time.time() - started)
+    return StageResult(
+        stage,
+        out_dir,
+        False,
+        f"accepted: {status.reason}",
+        manifest.get("stats", {}),
+        time.time() - started,
+    )
 
 
-def accepted(manifest: Mapping[str, Any], identity: Mapping[str, Any], changed: str,
-             when: float) -> dict[str, Any]:
+def accepted(
+    manifest: Mapping[str, Any], identity: Mapping[str, Any], changed: str, when: float
+) -> dict[str, Any]:
     """``manifest`` with the acceptance of ``identity`` recorded (``accept``)."""
-    entry = {**identity, "fingerprint": fingerprint(identity), "time": when,
-             "changed": changed, "code_version": code_version()}
+    entry = {
+        **identity,
+        "fingerprint": fingerprint(identity),
+        "time": when,
+        "changed": changed,
+        "code_version": code_version(),
+    }
     return {**manifest, "accepted": [*(manifest.get("accepted") or []), entry]}
 
 
@@ -342,7 +368,9 @@ def lineage(inputs: Mapping[str, Path], key: str = "fingerprint") -> dict[str, s
     """
     found: dict[str, str] = {}
     seen: set[str] = set()
-    stack: list[tuple[str, Path, str | None]] = [(role, Path(p), None) for role, p in inputs.items()]
+    stack: list[tuple[str, Path, str | None]] = [
+        (role, Path(p), None) for role, p in inputs.items()
+    ]
     while stack:
         role, path, recorded = stack.pop()
         resolved = str(path.resolve())

@@ -75,8 +75,11 @@ WMT14: tuple[StageSpec, ...] = (
     StageSpec("average", {"train": "train"}),
     StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
     StageSpec("score", {"translate": "translate", "download": "download"}),
-    StageSpec("register", {"average": "average", "tokenizer": "tokenizer", "score": "score"},
-              io_bound=True),
+    StageSpec(
+        "register",
+        {"average": "average", "tokenizer": "tokenizer", "score": "score"},
+        io_bound=True,
+    ),
 )
 
 PARSING: tuple[StageSpec, ...] = (
@@ -109,7 +112,9 @@ def spec(config: RunConfig, name: str) -> StageSpec:
         if s.name == name:
             return s
     names = ", ".join(s.name for s in pipeline(config))
-    raise StageError(f"unknown stage {name!r} for the {pipeline_name(config)} pipeline; stages: {names}")
+    raise StageError(
+        f"unknown stage {name!r} for the {pipeline_name(config)} pipeline; stages: {names}"
+    )
 
 
 def output_dir(config: RunConfig, name: str) -> Path:
