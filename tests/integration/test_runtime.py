@@ -3,7 +3,6 @@ running after ``tfm`` is killed (the watchdog), even by SIGKILL."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -14,15 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from stage_folders import TINY_TRAINING
+from helpers.sockets import loopback
+from helpers.stage_folders import TINY_TRAINING
 
 pytestmark = pytest.mark.integration
-
-
-def _loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip.split("%")[0])
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
 
 
 def listening(processes: list[psutil.Process]) -> list[tuple[str, str, int]]:
@@ -54,7 +48,7 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
     sockets = listening([me, *me.children(recursive=True)])
     names = {name for name, _, _ in sockets}
     assert {"gcs_server", "raylet"} <= names, sockets  # Ray's servers were seen at all
-    exposed = [s for s in sockets if not _loopback(s[1])]
+    exposed = [s for s in sockets if not loopback(s[1])]
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
