@@ -29,10 +29,16 @@ from .users import owned_folder
 
 
 def user_env(layout: Layout) -> dict[str, str]:
-    """The pipeline user's own variables: a home in the state folder (Prefect's profile,
-    MLflow's and matplotlib's caches) and the cluster's venv first on ``PATH``."""
+    """The pipeline user's own variables: a home in the state folder (MLflow's and matplotlib's
+    caches), Prefect's home in it (else ``tfm`` takes ``.prefect`` of the folder it runs in,
+    which may be root's), and the cluster's venv first on ``PATH``."""
     path = os.environ.get("PATH", "/usr/bin:/bin")
-    return {"HOME": str(layout.root / "home"), "PATH": f"{layout.venv / 'bin'}:{path}"}
+    home = layout.root / "home"
+    return {
+        "HOME": str(home),
+        "PREFECT_HOME": str(home / ".prefect"),
+        "PATH": f"{layout.venv / 'bin'}:{path}",
+    }
 
 
 def run_as_pipeline(layout: Layout, host: str, argv: list[str]) -> list[str]:
