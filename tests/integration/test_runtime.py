@@ -176,7 +176,10 @@ def training_run(tmp_path, name: str):
         "decode": {"beam_size": 2, "max_len_offset": 5},
         "ray": {"num_cpus": 2},
     }
-    config["train"] = {**config["train"], "steps": 400, "checkpoint_every": 50}
+    # Long enough to be stopped after its first checkpoint; no validation or metrics at every
+    # step (the tiny config's), which the killed run's rerun would otherwise spend its time on.
+    config["train"] = {**config["train"], "steps": 400, "checkpoint_every": 50, "eval_every": 100,
+                       "log_every": 10}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     tfm = [sys.executable, "-m", "pipelines.cli", "run", str(path)]
