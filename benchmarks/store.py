@@ -35,8 +35,8 @@ CONFIG = ROOT / "configs" / "multi30k_en_de.yaml"
 STAGES = ("download", "clean", "tokenizer", "shard", "train")
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# SeaweedFS is started by the tests' own launcher (one launcher, not two); it imports tests/shared_data.
-sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests")]
+# SeaweedFS is started by the tests' own launcher (one launcher, not two): tests/helpers.
+sys.path.insert(0, str(ROOT / "tests"))
 
 from common import parse_overrides, report  # noqa: E402
 
@@ -207,7 +207,7 @@ def measure(base: Path, steps: int, repeats: int, extra: dict[str, object]) -> l
     skipped, the weed binary is absent)."""
     import pytest
     import ray
-    from s3_server import SeaweedS3
+    from helpers.s3_server import SeaweedS3
 
     start = time.perf_counter()
     try:

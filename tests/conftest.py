@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from shared_data import require_shared_data
+from helpers.shared_data import require_shared_data
 
 
 @pytest.fixture(autouse=True, scope="session")

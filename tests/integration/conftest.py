@@ -7,7 +7,7 @@ stages that find Ray running reuse it (``tasks.framework.runtime.ensure_ray``).
 from __future__ import annotations
 
 import pytest
-from stage_folders import finished_folder, tiny_sentences, tokenizer_folder
+from helpers.stage_folders import finished_folder, tiny_sentences, tokenizer_folder
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +25,9 @@ def ray_local():
 
 @pytest.fixture
 def server(mirror_root):
-    """A local HTTP mirror (test_download.MirrorServer) serving the requesting module's
+    """A local HTTP mirror (helpers.mirror.MirrorServer) serving the requesting module's
     ``mirror_root`` folder."""
-    from test_download import MirrorServer
+    from helpers.mirror import MirrorServer
 
     srv = MirrorServer(mirror_root)
     yield srv
@@ -101,7 +101,7 @@ def tiny_model(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server (SeaweedFS, ``s3_server.SeaweedS3``) on loopback for the session."""
-    from s3_server import SeaweedS3
+    from helpers.s3_server import SeaweedS3
 
     server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
     yield server

@@ -13,15 +13,19 @@ deployment skips every stage; every listening socket of every host is on the hos
 except Ray's own servers' wildcard binds.
 
 The services ask for credentials: an anonymous request to MLflow or Prefect (its events
-websocket included) is refused, the pipeline's own pass; no service runs as root, and no
-process of any host has a secret of the cluster on its command line.
+websocket included) is refused, the pipeline's own pass; no process of any host runs as root but
+what enters the host (namespaces, mounts): the servers run as users of their own, the Ray nodes,
+the Prefect worker, its flow runs and training as the pipeline's user; and no process of any
+host has a secret of the cluster on its command line.
+
+A flow run's process is ``helpers.scenario_flow`` (Prefect's engine with a callback on
+training's steps), which the worker runs from the tests folder.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -33,25 +37,25 @@ from pathlib import Path
 
 import pytest
 import yaml
-from netns_cluster import (
-    ROOT,
+from helpers.netns_cluster import (
     SCRIPT,
+    TESTS,
     Cluster,
-    cmdline,
     command_lines_with,
     local_cluster,
     require_hosts,
+    root_processes,
     unexpected_listeners,
     user_of,
+    users_of,
 )
-from test_multinode import WhereAndStop
-from test_train_resume import assert_same_weights, final_weights
+from helpers.tiny_training import assert_same_weights, final_weights
 
 # About 5 minutes on 2 cores (docs/running.md); the default 600 s limit leaves too little room,
 # and 2 cores shared with other work took 17 minutes to get through the first run.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-STEPS = 300
+STEPS = 100  # 50 after the resume: enough for the bit-for-bit comparison, and the flow goes on
 KILL_AFTER = 50  # the worker host dies once Ray Train has registered this step's checkpoint ...
 KILL_AT = 60  # ... with its last rank stopped after this step, waiting for it (the next is 75)
 HOSTS = ("services", "head", "w1", "w2")
@@ -166,17 +170,6 @@ def assert_strangers_are_refused(cluster: Cluster) -> None:
         assert events_socket(cluster, path, creds["PREFECT_API_AUTH_STRING"]) == "auth_success"
 
 
-class StopAndSayWhere(WhereAndStop):
-    """test_multinode's callback (the last rank stops at ``kill_at`` and waits to be killed with
-    its host), and every rank's pid (``pid-<start step>-<rank>``): the hosts share this machine's
-    pid namespace, so a pid names the host."""
-
-    def __call__(self, trainer) -> None:
-        if trainer.step == trainer.start_step + 1:
-            (self.folder / f"pid-{trainer.start_step}-{trainer.rank}").write_text(str(os.getpid()))
-        super().__call__(trainer)
-
-
 def host_of(cluster: Cluster, pid: int) -> str:
     """The host whose network namespace process ``pid`` is in."""
     done = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True,
@@ -239,20 +232,20 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     config = scenario_config(cluster)
     config_path.write_text(yaml.safe_dump(config))
     storage = Path(config["train"]["storage_path"])
-    where = cluster.state / "work" / "where"
-    where.mkdir(parents=True)
+    where = cluster.give(cluster.state / "work" / "where")
     for name, value in cluster.credentials.items():  # this process's MLflow client
         monkeypatch.setenv(name, value)
 
     # 1. Deploy with a schedule, then one run through Prefect's CLI; the head's worker runs it,
-    # through this file (see the end), which stops training's last rank at step KILL_AT.
+    # through helpers.scenario_flow, which stops training's last rank at step KILL_AT.
     started = time.time()
     deployed = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "deploy", str(config_path), "--cron", "0 3 * * 1"],
         capture_output=True, text=True, env=cluster.env, timeout=120,
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    first = run_deployment(cluster, f"command={sys.executable} {Path(__file__).resolve()} {where}")
+    first = run_deployment(cluster, f"command=python -m helpers.scenario_flow {where} stop {KILL_AT}",
+                           f"working_dir={TESTS}")
 
     # 2-3. Two workers on the two worker hosts; once the last rank waits at step KILL_AT and
     # the checkpoint before is registered, its host dies.
@@ -270,13 +263,13 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     store = [(a, p) for a, p, _, cmd in cluster.listening("w1") + cluster.listening("w2")
              if cmd.startswith("ray::RayTrainWorker") and a in (cluster.host("w1"), cluster.host("w2"))]
     # Every process of every host now (servers, Ray, the worker, the flow run, training): no
-    # secret on a command line, and on the services host nothing runs as root.
+    # secret on a command line, no root but what enters a host, the pipeline's side all its user.
     pids = {host: cluster.pids(host) for host in HOSTS}
     leaks = command_lines_with([pid for host in HOSTS for pid in pids[host]], cluster.secrets())
     services = {port: user_of(pid) for _, port, pid, _ in cluster.listening("services")
                 if port in SERVICE_PORTS}
-    root_on_services = [(pid, line) for pid in pids["services"]
-                        if user_of(pid) == "root" and (line := cmdline(pid))]  # "": ended meanwhile
+    as_root = root_processes(pids)
+    pipeline_side = {host: users_of(pids[host]) - {"root"} for host in ("head", "w1", "w2")}
     killed_at, last_registered = time.time() - started, registered_steps(storage)[-1]
     kill_time = time.time()
     cluster.script("kill", victim)
@@ -286,7 +279,9 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     assert all(len(pids[host]) > 3 for host in HOSTS), pids
     assert leaks == [], f"secrets on command lines: {leaks}"
     assert services == SERVICE_PORTS, services
-    assert root_on_services == [], root_on_services
+    assert as_root == [], as_root
+    assert pipeline_side == {host: {cluster.user} for host in ("head", "w1", "w2")}, pipeline_side
+    assert users_of(pids["services"]) - {"root"} <= {*SERVICE_PORTS.values(), "tfm-s3"}
 
     flow_run = wait_for_flow_run(cluster, first, 600)
     timings["first_run"] = time.time() - started
@@ -338,18 +333,19 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     # ... loaded and used from another host (the worker host left), and served over HTTP from it.
     uri = f"models:/{MODEL_NAME}@champion"
     survivor = "w1" if victim == "w2" else "w2"
-    translated = cluster.run(survivor, sys.executable, "-m", "pipelines.cli", "translate", "--model", uri,
+    translated = cluster.run(survivor, "tfm", "translate", "--model", uri,
                              input="the small dog sees a red house\n", timeout=180)
     assert len(translated.stdout.splitlines()) == 1, translated.stdout
     served = serve_and_ask(cluster, survivor, uri, ["the small dog sees a red house"])
     assert served == translated.stdout.splitlines(), (served, translated.stdout)
 
     # A driver on a machine that is not a node (this one, on the bridge) fails in seconds, in one
-    # line; the token file alone (no RAY_AUTH_MODE) is enough to be let in.
+    # line; the token file alone (no RAY_AUTH_MODE) is enough to be let in. With the cluster's
+    # Python: Ray refuses a driver whose Python differs from the nodes' in its patch version.
     env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_MODE"}
     asked = time.time()
     outside = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "stage", "clean", "--config", str(config_path),
+        [cluster.python, "-m", "pipelines.cli", "stage", "clean", "--config", str(config_path),
          "--force"], capture_output=True, text=True, env=env, timeout=120,
     )
     timings["outside_driver"] = time.time() - asked
@@ -375,8 +371,9 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     reference = cluster.state / "work" / "reference"
     for stage in ("tokenizer", "shard"):
         shutil.copytree(root / stage, reference / stage)
-    cluster.run("head", sys.executable, "-m", "pipelines.cli", "stage", "train", "--config",
-                str(config_path), "--set", "name=reference", timeout=400)
+    cluster.give(reference)
+    cluster.run("head", "tfm", "stage", "train", "--config", str(config_path), "--set",
+                "name=reference", timeout=400)
     timings["reference"] = time.time() - started
     reference_train = json.loads((reference / "train" / "manifest.json").read_text())["stats"]
     assert reference_train["resumed_from_step"] == 0
@@ -391,9 +388,10 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
 
 # ----------------------------------------------------------------------------- no shared disk
 # The same flow with its work dir in the services host's bucket. Each Ray host has a disk of its
-# own at the cluster's node_dir (localcluster.in_host), where its node cache lives; nothing else
-# of the run is on any disk. A worker host dies mid-training, training resumes from the
-# checkpoint in the bucket, the final weights are an uninterrupted run's, a rerun skips it all.
+# own at the cluster's node_dir (infra/local-cluster/cluster/hosts.py, in_host), where its node
+# cache lives; nothing else of the run is on any disk. A worker host dies mid-training, training
+# resumes from the checkpoint in the bucket, the final weights are an uninterrupted run's, a rerun
+# skips it all.
 
 NODISK = "nodisk"
 
@@ -456,8 +454,7 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     config = nodisk_config(cluster)
     config_path = cluster.state / f"{NODISK}.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    where = cluster.state / "work" / f"where-{NODISK}"
-    where.mkdir(parents=True)
+    where = cluster.give(cluster.state / "work" / f"where-{NODISK}")
     fs, prefix = bucket(cluster), f"tfm/scenario/{NODISK}"
     node_dir, disks = Path(cluster.info["node_dir"]), cluster.state / "hosts"
     on_disks_before = {p for p in disks.rglob("*") if p.is_file()}
@@ -466,9 +463,9 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     log_path = cluster.state / "logs" / f"{NODISK}-run.log"
     with open(log_path, "w") as log:
         run = subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--state", str(cluster.state), "exec", "head", "--", sys.executable,
-             str(Path(__file__).resolve()), str(where), "run", str(config_path)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            [sys.executable, str(SCRIPT), "--state", str(cluster.state), "exec", "head", "--", "python",
+             "-m", "helpers.scenario_flow", str(where), "stop", str(KILL_AT), "--run", str(config_path)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=TESTS,
         )
     deadline = time.time() + 600
     while not ((where / "stopped").exists() and [s for s in registered_in_bucket(fs, prefix) if s >= KILL_AFTER]):
@@ -497,7 +494,7 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
         assert list((disks / host).glob(f"runs/nodisk-*/copies/{shard_fp}/shard/arrow/train/part-*.arrow")), host
 
     # A second run skips every stage.
-    second = cluster.run("head", sys.executable, "-m", "pipelines.cli", "run", str(config_path), timeout=400)
+    second = cluster.run("head", "tfm", "run", str(config_path), timeout=400)
     skipped = [line.split()[0] for line in second.stdout.splitlines() if "up to date (skipped)" in line]
     assert skipped == STAGES, second.stdout[-3000:]
 
@@ -508,7 +505,7 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     for stage in ("tokenizer", "shard"):
         pafs.copy_files(f"{prefix}/{stage}", f"tfm/scenario/{NODISK}-reference/{stage}",
                         source_filesystem=fs, destination_filesystem=fs)
-    cluster.run("head", sys.executable, "-m", "pipelines.cli", "stage", "train", "--config", str(config_path),
+    cluster.run("head", "tfm", "stage", "train", "--config", str(config_path),
                 "--set", f"name={NODISK}-reference", timeout=600)
     reference = stored_json(fs, f"tfm/scenario/{NODISK}-reference/train/manifest.json")
     assert reference["stats"]["resumed_from_step"] == 0
@@ -523,28 +520,12 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
 # waits at step OUTAGE_FROM until the service is down and at OUTAGE_TO until it is back, so the
 # steps between run during the outage on any machine.
 
-OUTAGE_STEPS, OUTAGE_FROM, OUTAGE_TO = 120, 30, 90
+OUTAGE_STEPS, OUTAGE_FROM, OUTAGE_TO = 60, 15, 45
+"""Training waits at OUTAGE_FROM and OUTAGE_TO, so the 30 steps between run with the service down
+however long it stays down (the MLflow test keeps it down past the retry budget)."""
 OUTAGE_HTTP = {"http_retries": 1, "http_backoff": 1, "http_timeout": 3}
 """The logging thread's MLflow budget in these runs: 1 retry, 3 s an answer (MLflow's default,
 7 retries with backoff 2, waits 254 s)."""
-
-
-class Gates:
-    """A Trainer callback: rank 0 says it reached each step of ``gates`` (``at-<step>``) and waits
-    there until the test writes the file the step names (the other ranks wait for it in the next
-    all-reduce)."""
-
-    def __init__(self, folder: Path, gates: dict[int, str]):
-        self.folder, self.gates = folder, gates
-
-    def __call__(self, trainer) -> None:
-        name = self.gates.get(trainer.step)
-        if trainer.rank != 0 or name is None:
-            return
-        (self.folder / f"at-{trainer.step}").write_text(str(time.time()))
-        deadline = time.time() + 900
-        while not (self.folder / name).exists() and time.time() < deadline:
-            time.sleep(0.1)
 
 
 def outage_config(cluster: Cluster, service: str) -> dict:
@@ -597,8 +578,7 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
     config = outage_config(cluster, service)
     config_path = cluster.state / f"outage-{service}.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    where = cluster.state / "work" / f"where-{service}"
-    where.mkdir(parents=True)
+    where = cluster.give(cluster.state / "work" / f"where-{service}")
     for name, value in cluster.credentials.items():
         monkeypatch.setenv(name, value)
     deployed = subprocess.run([sys.executable, "-m", "pipelines.cli", "deploy", str(config_path)],
@@ -607,8 +587,8 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
     worker_log = cluster.state / "logs" / "head-prefect-worker.log"
     said_before = worker_log.read_text(errors="replace")
     started = time.time()
-    flow_id = run_deployment(cluster, f"command={sys.executable} {Path(__file__).resolve()} {where} outage",
-                             name=config["name"])
+    flow = f"command=python -m helpers.scenario_flow {where} gates {OUTAGE_FROM} {OUTAGE_TO}"
+    flow_id = run_deployment(cluster, flow, f"working_dir={TESTS}", name=config["name"])
 
     wait_for_file(where / f"at-{OUTAGE_FROM}", 600, cluster, flow_id)
     cluster.script("stop", service)
@@ -730,7 +710,7 @@ def test_the_services_host_serves_s3_to_its_keys_only(cluster: Cluster):
     the services address (its master, volume and filer on the host's loopback), weed runs as
     ``tfm-s3``, and no key is on any process's command line."""
     s3_port = int(cluster.info["urls"]["s3"].rsplit(":", 1)[1])
-    done = cluster.run("head", sys.executable, "-c", STORE_CHECK, str(s3_port + 3), timeout=300)
+    done = cluster.run("head", "python", "-c", STORE_CHECK, str(s3_port + 3), timeout=300)
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert result["read_here"], result
     assert {ip for ip, _ in result["workers"]} <= {cluster.host("w1"), cluster.host("w2")}, result
@@ -751,9 +731,8 @@ def serve_and_ask(cluster: Cluster, on: str, uri: str, texts: list[str]) -> list
     from here."""
     host, port = cluster.host(on), 5055
     log_path = cluster.state / "logs" / f"{on}-serve.log"
-    command = [sys.executable, str(Path(__file__).resolve().parents[2] / "infra" / "local-cluster" /
-               "localcluster.py"), "--state", str(cluster.state), "exec", on, "--",
-               sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
+    command = [sys.executable, str(SCRIPT), "--state", str(cluster.state), "exec", on, "--",
+               "python", "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
                "-h", host, "-p", str(port), "-w", "1"]
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -783,49 +762,3 @@ def serve_and_ask(cluster: Cluster, on: str, uri: str, texts: list[str]) -> list
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
-
-
-def flow_run_with(callback) -> None:
-    """A flow run's process (the worker runs this file in place of ``python -m prefect.engine``):
-    Prefect's engine, with ``callback`` on training's steps."""
-    import functools
-    import runpy
-
-    import ray.cloudpickle
-    import test_multinode
-
-    from tasks import train
-
-    ray.cloudpickle.register_pickle_by_value(test_multinode)  # the workers cannot import it
-
-    # The runner finds train's build on its module when the flow runs the stage.
-    train.build = functools.partial(train.build, callbacks=[callback])
-    sys.argv = sys.argv[:1]  # the engine reads the flow run's id from its environment
-    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
-
-
-def tfm_run_with(callback, config: str) -> None:
-    """``tfm run <config>`` with ``callback`` on training's steps (as ``flow_run_with``)."""
-    import functools
-
-    import ray.cloudpickle
-    import test_multinode
-
-    from pipelines import cli
-    from tasks import train
-
-    ray.cloudpickle.register_pickle_by_value(test_multinode)
-    train.build = functools.partial(train.build, callbacks=[callback])
-    sys.exit(cli.main(["run", config]))
-
-
-if __name__ == "__main__":
-    # The first run: the host dies while training waits for it at KILL_AT, however fast the
-    # machine is. An outage run: the service is down between two steps training waits at.
-    where = Path(sys.argv[1])
-    if sys.argv[2:] == ["outage"]:
-        flow_run_with(Gates(where, {OUTAGE_FROM: "down", OUTAGE_TO: "up"}))
-    elif sys.argv[2:3] == ["run"]:  # `tfm run <config>` itself, with the same stop at KILL_AT
-        tfm_run_with(StopAndSayWhere(where, KILL_AT), sys.argv[3])
-    else:
-        flow_run_with(StopAndSayWhere(where, KILL_AT))

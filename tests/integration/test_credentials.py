@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from shared_data import SHARED_DATA
-from test_download import MirrorServer
+from helpers.mirror import MirrorServer
+from helpers.shared_data import SHARED_DATA
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data("multi30k/data/task1/raw")]
 

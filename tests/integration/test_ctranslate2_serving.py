@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from stage_folders import encoded_split, tiny_sentences
+from helpers.stage_folders import encoded_split, tiny_sentences
 
 from serving import ct2, ct2_export
 from serving.translator import DecodeConfig, Translator

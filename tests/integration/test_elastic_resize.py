@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ray_cluster import local_cluster
-from test_train import make_inputs, tiny_config
-from test_train_resume import TRACES, traces
+from helpers.ray_cluster import local_cluster
+from helpers.tiny_training import TRACES, make_inputs, tiny_config, traces
 
 from tasks.framework.config import RayConfig
 from tasks.framework.contract import read_manifest

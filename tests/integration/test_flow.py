@@ -7,46 +7,15 @@ One module-scoped first run, then reruns that check skipping, and (slow: each re
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
-from stage_folders import TINY_TRAINING
+from helpers.flow_configs import MIRROR, SECRET, WMT14_STAGES, ran, tiny_config
 
 pytestmark = pytest.mark.integration
-
-WMT14_STAGES = ["download", "clean", "tokenizer", "shard", "train", "average", "translate", "score", "register"]
-SECRET = "Flow-Pa55-9kq"
-"""The password of a mirror URL in every tiny config: synthetic data downloads nothing, but the
-URL travels with the config into manifests, MLflow and Prefect, where it must arrive masked."""
-MIRROR = f"http://flowuser:{SECRET}@127.0.0.1:9/"
-
-
-def tiny_config(workdir: Path, **overrides) -> dict:
-    config = copy.deepcopy({
-        "name": "flowtest",
-        "seed": 7,
-        "workdir": str(workdir / "{name}"),
-        "data": {"source": "synthetic", "synthetic_train": 400, "synthetic_dev": 30, "synthetic_test": 30,
-                 "mirror": MIRROR},
-        "tokenizer": {"kind": "bpe", "vocab_size": 300, "sample_size": 1000, "threads": 1},
-        "shard": {"rows_per_shard": 200, "num_actors": 1, "cpus_per_actor": 0.5},
-        **TINY_TRAINING,
-        "decode": {"beam_size": 2, "max_len_offset": 5},
-        "register": {"model_name": "flowtest"},
-        "ray": {"num_cpus": 2},
-    })
-    for dotted, value in overrides.items():
-        node = config
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return config
-
 
 def write_config(path: Path, config: dict) -> str:
     path.write_text(yaml.safe_dump(config))
@@ -64,10 +33,6 @@ def first_run(tmp_path_factory, harness, ray_local):
     # pass the path alone, as a deployment does.
     outcomes = pipeline_flow(config_path=path, loaded=Loaded(load_config(path)))
     return workdir, path, outcomes
-
-
-def ran(results) -> list[str]:
-    return [r.stage for r in results if r.ran]
 
 
 def test_every_stage_runs_and_mlflow_holds_parent_child_runs_and_a_champion(first_run):

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_download import MirrorServer, read_lines
+from helpers.mirror import MirrorServer, read_lines
 
 from corpora import CorpusError, assemble, sources
 from corpora.archives import CorruptArchiveError

@@ -7,15 +7,20 @@ for bit (CPU, same seed, dropout on)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from ray_cluster import local_cluster
-from test_train import make_inputs, tiny_config
-from test_train_resume import assert_same_weights, final_weights, traces
+from helpers.callbacks import WhereAndStop, by_value
+from helpers.ray_cluster import local_cluster
+from helpers.tiny_training import (
+    assert_same_weights,
+    final_weights,
+    make_inputs,
+    tiny_config,
+    traces,
+)
 
 from tasks.framework.config import RayConfig
 from tasks.framework.contract import input_fingerprints, read_manifest
@@ -40,27 +45,6 @@ def cluster_config(root: Path, tracking: Path, address: str, **train: object):
     """The tiny run on the cluster: 2 workers of 0.5 CPU, checkpoints in ``root/shared``."""
     config = tiny_config(root, tracking, storage_path=str(root / "shared"), **STEPS, **train)
     return config.replace(ray=RayConfig(address=address))
-
-
-class WhereAndStop:
-    """A Trainer callback: every rank writes its node id after its first step of an attempt
-    (``node-<start step>-<rank>``), and the last rank, the first time it reaches ``kill_at``,
-    writes ``stopped`` (its node id) and waits there to be killed with its node."""
-
-    def __init__(self, folder: Path, kill_at: int = KILL_AT):
-        self.folder = folder
-        self.kill_at = kill_at
-
-    def __call__(self, trainer) -> None:
-        import ray
-
-        node = ray.get_runtime_context().get_node_id()
-        if trainer.step == trainer.start_step + 1:
-            (self.folder / f"node-{trainer.start_step}-{trainer.rank}").write_text(node)
-        last = trainer.rank == trainer.world_size - 1
-        if trainer.step == self.kill_at and last and not (self.folder / "stopped").exists():
-            (self.folder / "stopped").write_text(node)
-            time.sleep(600)  # killed with the node long before this ends
 
 
 def kill_when_stopped(workers, folder: Path, run_dir: Path, done: threading.Event) -> list[str]:
@@ -95,11 +79,8 @@ def kill_when_stopped(workers, folder: Path, run_dir: Path, done: threading.Even
 
 
 def test_a_lost_node_resumes_on_the_cluster_and_ends_bit_identical(cluster, tmp_path_factory):
-    import ray.cloudpickle
-
     from tasks import train
 
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cluster, workers = cluster
     tracking = tmp_path_factory.mktemp("mlflow")
 
@@ -117,7 +98,7 @@ def test_a_lost_node_resumes_on_the_cluster_and_ends_bit_identical(cluster, tmp_
     done = threading.Event()
     killed = kill_when_stopped(workers, where, run_dir, done)
     try:
-        out = run_stage(config, "train", inputs, callbacks=[WhereAndStop(where)]).path
+        out = run_stage(config, "train", inputs, callbacks=by_value(WhereAndStop(where, KILL_AT))).path
     finally:
         done.set()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from s3_server import BUCKET, free_ports
+from helpers.s3_server import BUCKET, free_ports
 
 from corpora.storage import StorageError, StoreSettings, node_copy, open_store
 from tasks.framework.contract import MANIFEST, describe_files

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from stage_folders import TINY_TRAINING
+from helpers.stage_folders import TINY_TRAINING
 
 from tasks.framework.runner import run_stage
 

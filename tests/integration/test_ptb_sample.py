@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from stage_folders import finished_folder
+from helpers.stage_folders import finished_folder
 
 from evaluation.evalb import score_corpus
 from parsing.linearize import FORMS, linearize, punctuation_tag, repair

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from stage_folders import finished_folder
+from helpers.stage_folders import finished_folder
 
 from serving.stream import ModelNotFoundError, from_registry, translate_stream
 from serving.translator import Translator

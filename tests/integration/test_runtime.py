@@ -3,7 +3,6 @@ running after ``tfm`` is killed (the watchdog), even by SIGKILL."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -14,15 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from stage_folders import TINY_TRAINING
+from helpers.sockets import loopback
+from helpers.stage_folders import TINY_TRAINING
 
 pytestmark = pytest.mark.integration
-
-
-def _loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip.split("%")[0])
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
 
 
 def listening(processes: list[psutil.Process]) -> list[tuple[str, str, int]]:
@@ -54,7 +48,7 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
     sockets = listening([me, *me.children(recursive=True)])
     names = {name for name, _, _ in sockets}
     assert {"gcs_server", "raylet"} <= names, sockets  # Ray's servers were seen at all
-    exposed = [s for s in sockets if not _loopback(s[1])]
+    exposed = [s for s in sockets if not loopback(s[1])]
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
@@ -182,7 +176,10 @@ def training_run(tmp_path, name: str):
         "decode": {"beam_size": 2, "max_len_offset": 5},
         "ray": {"num_cpus": 2},
     }
-    config["train"] = {**config["train"], "steps": 400, "checkpoint_every": 50}
+    # Long enough to be stopped after its first checkpoint; no validation or metrics at every
+    # step (the tiny config's), which the killed run's rerun would otherwise spend its time on.
+    config["train"] = {**config["train"], "steps": 400, "checkpoint_every": 50, "eval_every": 100,
+                       "log_every": 10}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     tfm = [sys.executable, "-m", "pipelines.cli", "run", str(path)]

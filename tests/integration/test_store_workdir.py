@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_flow import WMT14_STAGES, ran, tiny_config
+from helpers.flow_configs import WMT14_STAGES, ran, tiny_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # the whole flow, trained: ~3 min
 
@@ -188,7 +188,7 @@ def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_re
     import sys
 
     import ray.cloudpickle
-    from s3_server import SeaweedS3
+    from helpers.s3_server import SeaweedS3
 
     from pipelines.cli import error_line
     from tasks.framework.config import load_config

@@ -13,19 +13,22 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from test_train import make_inputs, metric_history, tiny_config
+from helpers.tiny_training import (
+    assert_same_weights,
+    final_weights,
+    make_inputs,
+    tiny_config,
+    traces,
+)
 
 from tasks.framework.contract import StageError, read_manifest
 from tasks.framework.runner import run_stage
-from transformer_core import checkpoint
 
 # Slow (three Ray Train runs, ~2 min): `make test-slow`, which CI runs too. The default suite
 # checks the same resume arithmetic without Ray in tests/unit/test_trainer.py.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = dict(steps=12, checkpoint_every=3, eval_every=6)
-TRACES = ("loss", "nll", "lr", "grad_norm", "epoch", "batch_index")
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +59,6 @@ def fail_once(step: int, marker: Path) -> list[FailOnce]:
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     return [FailOnce(step, marker)]
-
-
-def traces(config, out) -> dict[str, dict[int, float]]:
-    run_id = read_manifest(out)["stats"]["mlflow_run_id"]
-    return {key: metric_history(config, run_id, key) for key in TRACES}
-
-
-def final_weights(out) -> dict[str, torch.Tensor]:
-    return checkpoint.load(out / "final" / "model.pt")["model"]
-
-
-def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
 
 
 @pytest.fixture(scope="module")

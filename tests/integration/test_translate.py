@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stage_folders import encoded_split, finished_folder, tiny_sentences
+from helpers.stage_folders import encoded_split, finished_folder, tiny_sentences
 
 from corpora import CorpusError
 from corpora.text import read_lines

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import V, best_tokens, tiny_model
+from helpers.tiny_models import V, best_tokens, tiny_model
 
 from serving import ServingError, ct2, ct2_export
 from serving.translator import DecodeConfig

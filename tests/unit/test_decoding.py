@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_model, tiny_tokens
+from helpers.tiny_models import tiny_model, tiny_tokens
 
 from transformer_core import BOS_ID, PAD_ID
 from transformer_core.decoding import (

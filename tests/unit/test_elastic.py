@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_trainer import as_checkpoint, make_trainer, settings
-from test_trainer_checkpoints import consumed
+from helpers.trainer import as_checkpoint, consumed, make_trainer, settings
 
 from tasks.framework.config import config_from_dict
 from transformer_core.config import ConfigError

@@ -375,19 +375,17 @@ def test_kuberay_credentials_come_from_secrets_as_environment_variables():
         assert not SECRET_NAME.search(text) and not CREDENTIALS_IN_URI.search(text), text
 
 
-def _localcluster():
-    path = ROOT / "infra/local-cluster/localcluster.py"
-    spec = importlib.util.spec_from_file_location("localcluster", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("localcluster", module)  # dataclasses look their module up there
-    spec.loader.exec_module(sys.modules["localcluster"])
-    return sys.modules["localcluster"]
+def _local_cluster(monkeypatch, module: str):
+    """A module of the local cluster's package (infra/local-cluster/cluster), imported as its
+    command line (infra/local-cluster/localcluster.py) imports it."""
+    monkeypatch.syspath_prepend(str(ROOT / "infra" / "local-cluster"))
+    return importlib.import_module(f"cluster.{module}")
 
 
-def test_local_cluster_files_hold_no_secret_and_env_sh_reads_them(tmp_path):
+def test_local_cluster_files_hold_no_secret_and_env_sh_reads_them(tmp_path, monkeypatch):
     """cluster.json and env.sh name the secrets' files, never their values; a shell that sources
     env.sh is the pipeline's client of MLflow, Prefect and the object store."""
-    localcluster = _localcluster()
+    localcluster = _local_cluster(monkeypatch, "layout")
     layout = localcluster.Layout(state=str(tmp_path / "state"))
     credentials = layout.credentials()
     layout.save()
@@ -401,7 +399,7 @@ def test_local_cluster_files_hold_no_secret_and_env_sh_reads_them(tmp_path):
                            capture_output=True, text=True, check=True, env={"PATH": os.environ["PATH"]})
     env = dict(line.split("=", 1) for line in shown.stdout.split("\0") if "=" in line)
     assert {k: env.get(k) for k in credentials} == credentials
-    assert credentials["MLFLOW_TRACKING_USERNAME"] == localcluster.PIPELINE_USER
+    assert credentials["MLFLOW_TRACKING_USERNAME"] == localcluster.MLFLOW_USER
     assert env["AWS_ENDPOINT_URL"] == layout.urls["s3"] and env["AWS_REGION"]
 
 
@@ -423,15 +421,16 @@ def test_kuberay_pods_take_the_object_store_keys_from_a_secret():
             assert f"--from-file={name}=" in text and f"--from-literal={name}" not in text, (path, name)
 
 
-def test_local_cluster_object_store_binds_only_s3_to_the_services_address(tmp_path):
+def test_local_cluster_object_store_binds_only_s3_to_the_services_address(tmp_path, monkeypatch):
     """``weed server``'s command line: S3 (and its gRPC twin) on the services host's address,
     master, volume and filer on its loopback, each gRPC port its HTTP port + 10000, telemetry and
     the side servers off, the keys in a file and never among the arguments; and every flag is
     one that the installed ``weed server`` knows."""
-    localcluster = _localcluster()
-    layout = localcluster.Layout(state=str(tmp_path / "state"), subnet="10.99.0.0/24", s3_port=9100)
+    layout = _local_cluster(monkeypatch, "layout").Layout(
+        state=str(tmp_path / "state"), subnet="10.99.0.0/24", s3_port=9100
+    )
     home = tmp_path / "state" / "s3"
-    argv = localcluster.weed_argv(layout, "weed", home)
+    argv = _local_cluster(monkeypatch, "object_store").weed_argv(layout, "weed", home)
     flags = dict(a.lstrip("-").split("=", 1) if "=" in a else (a.lstrip("-"), "") for a in argv[2:])
     assert argv[:2] == ["weed", "server"]
     assert (flags["ip"], flags["ip.bind"], flags["s3.ip.bind"]) == ("127.0.0.1", "127.0.0.1", "10.99.0.20")
@@ -455,11 +454,13 @@ def test_local_cluster_object_store_binds_only_s3_to_the_services_address(tmp_pa
     assert set(flags) - known_flags == set()
 
 
-def test_local_cluster_refuses_the_grpc_sockets_of_another_live_store(tmp_path):
+def test_local_cluster_refuses_the_grpc_sockets_of_another_live_store(tmp_path, monkeypatch):
     """weed serves each gRPC port on a fixed /tmp path too: one that a live process listens on
     is named (a second cluster would take it over), a file left by a killed one is not."""
-    localcluster = _localcluster()
-    layout = localcluster.Layout(state=str(tmp_path / "state"), s3_port=30_000 + os.getpid() % 20_000)
+    layout = _local_cluster(monkeypatch, "layout").Layout(
+        state=str(tmp_path / "state"), s3_port=30_000 + os.getpid() % 20_000
+    )
+    store = _local_cluster(monkeypatch, "object_store")
     filer = Path(f"/tmp/seaweedfs-filer-grpc-{layout.weed_ports['filer'] + 10_000}.sock")
     master = Path(f"/tmp/seaweedfs-master-grpc-{layout.weed_ports['master'] + 10_000}.sock")
     live, dead = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
@@ -467,10 +468,10 @@ def test_local_cluster_refuses_the_grpc_sockets_of_another_live_store(tmp_path):
         live.bind(str(filer))
         live.listen()
         dead.bind(str(master))  # bound, never listening: what a SIGKILLed server leaves
-        assert localcluster.weed_sockets_taken(layout) == [str(filer)]
+        assert store.weed_sockets_taken(layout) == [str(filer)]
     finally:
         live.close()
         dead.close()
         filer.unlink(missing_ok=True)
         master.unlink(missing_ok=True)
-    assert localcluster.weed_sockets_taken(layout) == []
+    assert store.weed_sockets_taken(layout) == []

@@ -251,7 +251,7 @@ def test_marian_tokenizer_gives_our_ids(tmp_path, tokenizer_dir, tok):
 def test_marian_generate_matches_our_beam_search(tmp_path, tokenizer_dir, tok):
     """With alpha 0 both length penalties are 1, so beam search must pick the same outputs."""
     transformers = pytest.importorskip("transformers")
-    from tiny_models import best_tokens
+    from helpers.tiny_models import best_tokens
 
     model = make_model(tok.vocab_size, seed=3)
     ckpt = save_checkpoint(model, tmp_path / "ckpt")

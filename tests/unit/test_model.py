@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import V, tiny_model, tiny_tokens
+from helpers.tiny_models import V, tiny_model, tiny_tokens
 
 from evaluation.attention import cross_attention_maps
 from transformer_core import BOS_ID, PAD_ID, Transformer, count_parameters, presets

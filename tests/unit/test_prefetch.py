@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_trainer import SEED, reversal
+from helpers.trainer import SEED, reversal
 
 from training.data import BatchStream
 from training.prefetch import Prefetcher

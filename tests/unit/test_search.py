@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import best_tokens
+from helpers.tiny_models import best_tokens
 
 from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, decoding, presets
 from transformer_core.search import SearchSettings, length_penalty, search

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shared_data import require_shared_data
+from helpers.shared_data import require_shared_data
 
 
 def test_missing_shared_data_skips_outside_ci_and_fails_in_ci(tmp_path: Path, monkeypatch):

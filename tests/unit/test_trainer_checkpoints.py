@@ -11,10 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_trainer import SEED, as_checkpoint, make_trainer, settings
+from helpers.trainer import SEED, as_checkpoint, consumed, make_trainer, settings
 
 import training.trainer as trainer_module
-from training.data import BatchStream
 from training.distributed import seed_all
 
 
@@ -72,17 +71,6 @@ def test_only_rank_0s_clock_decides(clock):
         settings(steps=6, checkpoint_every=0, checkpoint_minutes=10.0), rank=1, world_size=2
     )
     assert saved_steps(trainer, clock, 60.0) == [6]
-
-
-def consumed(trainer, steps: int) -> list[np.ndarray]:
-    """The global batches (every rank's) of the next ``steps`` steps, from the Trainer's stream."""
-    batches: list[np.ndarray] = []
-    for _ in range(steps):
-        before = trainer.prefetcher.position
-        trainer.train_step()
-        replay = BatchStream(trainer.train_data, trainer.config.max_tokens_per_batch, SEED, **before)
-        batches += replay.take(trainer.per_step)
-    return batches
 
 
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])

@@ -14,7 +14,7 @@ from typing import NoReturn
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 """``../shared/data`` next to the project checkout."""
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared_data import required_in_ci
+from helpers.shared_data import required_in_ci
 
 BUCKET = "tfm"
 PROBE = f"{BUCKET}/.ready"  # read back before the server counts as up: the filer answers

@@ -1,6 +1,7 @@
-"""The local cluster of network-namespace hosts (infra/local-cluster/localcluster.py) as the
-cluster scenario drives it: started and stopped through the script's command line, commands on
-its hosts, every listening socket and every process of every host, and the secrets it made."""
+"""The local cluster of network-namespace hosts (infra/local-cluster) as the cluster scenario
+drives it: started and stopped through its command line, commands on its hosts (as the
+pipeline's user), every listening socket and every process of every host with its user, and the
+secrets it made."""
 
 from __future__ import annotations
 
@@ -16,13 +17,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from helpers.shared_data import required_in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "infra" / "local-cluster" / "localcluster.py"
 RAY_WORKER_PORTS = range(10002, 20000)
 """Ray's default worker port range (``--min-worker-port``/``--max-worker-port``): the gRPC
 servers of drivers, workers and actors."""
+TESTS = ROOT / "tests"
+"""The folder a flow run's script runs from (``python -m helpers.scenario_flow``)."""
+SETUP = ("ip netns exec ", "unshare ", "sh -c mount --bind ", "mount ", "setpriv ")
+"""The command lines of what enters a host as root (namespaces, the node disk's mount, the user
+it drops to), each replaced by the next: the only root processes a host may have."""
 RAY_DAEMONS = ("gcs_server", "raylet", "ray::DashboardAgent", "ray/dashboard/dashboard.py",
                "ray/autoscaler/_private/monitor.py")
 """Ray's own servers, matched in the command line."""
@@ -47,13 +53,8 @@ def cannot_make_hosts() -> str | None:
 def require_hosts() -> None:
     """Skip with one line why, except in CI, where the scenario must run."""
     reason = cannot_make_hosts()
-    if reason is None:
-        return
-    # Not shared_data.required_in_ci: the scenario's test file also runs as a flow's script on
-    # the head host, where tests/ is not on sys.path.
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the cluster scenario must run in CI: {reason}")
-    pytest.skip(reason)
+    if reason is not None:
+        required_in_ci("the cluster scenario", reason)
 
 
 @dataclass
@@ -65,6 +66,23 @@ class Cluster:
 
     def host(self, name: str) -> str:
         return self.info["hosts"][name]
+
+    @property
+    def user(self) -> str:
+        """The user the pipeline's side runs as (Ray, the Prefect worker, ``exec``)."""
+        return self.info["pipeline_user"]
+
+    @property
+    def python(self) -> str:
+        """The cluster's Python (its venv, which every user of the cluster can run)."""
+        return self.info["python"]
+
+    def give(self, path: Path) -> Path:
+        """``path`` (made if missing) and all in it handed to the pipeline's user, as a person
+        hands a folder to the cluster: its flow runs and Ray workers write there."""
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["chown", "-R", f"{self.user}:{self.user}", str(path)], check=True)
+        return path
 
     @property
     def credentials(self) -> dict[str, str]:
@@ -101,11 +119,11 @@ class Cluster:
         return done
 
     def run(self, host: str, *argv: str, timeout: float = 300, input: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-        """``argv`` on ``host`` with the cluster's environment."""
+            check: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+        """``argv`` on ``host`` as the pipeline's user, with the cluster's environment."""
         done = subprocess.run(
             [sys.executable, str(SCRIPT), "--state", str(self.state), "exec", host, "--", *argv],
-            capture_output=True, text=True, timeout=timeout, input=input, cwd=ROOT,
+            capture_output=True, text=True, timeout=timeout, input=input, cwd=cwd,
         )
         if check and done.returncode != 0:
             raise AssertionError(f"on {host}: {' '.join(argv)}: {done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -154,6 +172,23 @@ def command_lines_with(pids: list[int], secrets: dict[str, str]) -> list[tuple[i
             continue
         found += [(pid, name) for name, value in secrets.items() if value in cmdline]
     return found
+
+
+def root_processes(pids: dict[str, list[int]]) -> list[tuple[str, int, str]]:
+    """``(host, pid, command line)`` of each process of ``pids`` (by host) that runs as root and
+    is not one that enters a host (``SETUP``)."""
+    found = []
+    for host, listed in pids.items():
+        for pid in listed:
+            line = cmdline(pid)
+            if line and user_of(pid) == "root" and not line.startswith(SETUP):
+                found.append((host, pid, line[:120]))
+    return found
+
+
+def users_of(pids: list[int]) -> set[str]:
+    """The users ``pids`` run as, leaving out those that ended before they were looked at."""
+    return {user for pid in pids if (user := user_of(pid)) is not None}
 
 
 def _pids(users: str) -> list[int]:

@@ -1,0 +1,59 @@
+"""The whole WMT14 flow's tiny synthetic config, which the flow tests and the object-store
+flow tests run, and which stages a flow ran."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from helpers.stage_folders import TINY_TRAINING
+
+WMT14_STAGES = [
+    "download",
+    "clean",
+    "tokenizer",
+    "shard",
+    "train",
+    "average",
+    "translate",
+    "score",
+    "register",
+]
+SECRET = "Flow-Pa55-9kq"
+"""The password of a mirror URL in every tiny config: synthetic data downloads nothing, but the
+URL travels with the config into manifests, MLflow and Prefect, where it must arrive masked."""
+MIRROR = f"http://flowuser:{SECRET}@127.0.0.1:9/"
+
+
+def tiny_config(workdir: Path, **overrides) -> dict:
+    config = copy.deepcopy(
+        {
+            "name": "flowtest",
+            "seed": 7,
+            "workdir": str(workdir / "{name}"),
+            "data": {
+                "source": "synthetic",
+                "synthetic_train": 400,
+                "synthetic_dev": 30,
+                "synthetic_test": 30,
+                "mirror": MIRROR,
+            },
+            "tokenizer": {"kind": "bpe", "vocab_size": 300, "sample_size": 1000, "threads": 1},
+            "shard": {"rows_per_shard": 200, "num_actors": 1, "cpus_per_actor": 0.5},
+            **TINY_TRAINING,
+            "decode": {"beam_size": 2, "max_len_offset": 5},
+            "register": {"model_name": "flowtest"},
+            "ray": {"num_cpus": 2},
+        }
+    )
+    for dotted, value in overrides.items():
+        node = config
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return config
+
+
+def ran(results) -> list[str]:
+    return [r.stage for r in results if r.ran]
