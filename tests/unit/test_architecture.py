@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("transformer_core", "corpora", "parsing", "training", "evaluation", "serving", "tasks", "pipelines")
 MAX_FUNCTION_LINES = 80
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 450  # as `ruff format` lays a module out (issue 56: never squeezed to fit)
 DATA_TABLES = {
     # word lists and inflection tables of the synthetic English-German grammar
     "corpora/synthetic_lexicon.py",
