@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serving import ServingError
+from serving.ct2_options import QUANTIZATIONS
 from transformer_core.config import UNK_ID, ConfigError, ModelConfig
 from transformer_core.folders import (
     publish,
@@ -37,18 +38,6 @@ __all__ = [
     "require",
     "save_model",
 ]
-
-QUANTIZATIONS = (
-    "float32",
-    "int8",
-    "int8_float32",
-    "int8_float16",
-    "int8_bfloat16",
-    "int16",
-    "float16",
-    "bfloat16",
-)
-"""Weight types CTranslate2 can store (``ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES``)."""
 
 INFO_FILE = "export.json"
 """Written last into an export: what it was made from; its presence marks the export complete."""

@@ -141,18 +141,13 @@ class TorchEngine:
 
         from transformer_core.constraints import TreeConstraint
         from transformer_core.search import SearchSettings, search
+        from transformer_core.search_settings import beam_fields
 
         width = max(len(s) for s in src_ids)
         src = torch.full((len(src_ids), width), self.config.pad_id, dtype=torch.long)  # (B, S)
         for i, seq in enumerate(src_ids):
             src[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        settings = SearchSettings(
-            beam_size=decode.beam_size,
-            alpha=decode.alpha,
-            length_norm=decode.length_norm,
-            max_len_offset=decode.max_len_offset,
-            n_best=n_best,
-        )
+        settings = SearchSettings(**beam_fields(decode), n_best=n_best)
         # The constraint's state is one search's, so each call gets its own.
         step = None if self.constraint is None else TreeConstraint(self.constraint)
         with torch.inference_mode():

@@ -114,8 +114,6 @@ class TrainConfig:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
         self._at_least(1, "steps", "tokens_per_step", "max_tokens_per_batch", "pad_multiple")
         self._check_workers()
-        if self.batching not in ("fill", "fairseq"):
-            raise ConfigError("batching", f"{self.batching!r} is not 'fill' or 'fairseq'")
         self._at_least(0, "elastic_check_seconds")
         self._at_least(1, "warmup_steps")
         if self.torch_threads is not None and self.torch_threads < 1:

@@ -68,7 +68,11 @@ class TrainJob:
     def storage_fs(self, path: str) -> tuple[Any, str]:
         """A filesystem and the path in it for ``path`` under the storage (``run_dir``,
         ``best_path``)."""
-        return (self.storage_filesystem, path) if self.storage_filesystem is not None else open_fs(path)
+        return (
+            (self.storage_filesystem, path)
+            if self.storage_filesystem is not None
+            else open_fs(path)
+        )
 
     def shard(self) -> str:
         """The shard folder this process reads: this node's copy, or ``shard_dir``."""
@@ -86,7 +90,9 @@ class TrainJob:
         run folder when it is local, else the system's temporary folder (append-only files need
         a local or shared file system, not an object store)."""
         local = self.storage_filesystem is None and "://" not in self.storage_path
-        return spill_folder(self.tracking.spill_dir, self.storage_path if local else None, self.run_name)
+        return spill_folder(
+            self.tracking.spill_dir, self.storage_path if local else None, self.run_name
+        )
 
     @property
     def best_path(self) -> str:
