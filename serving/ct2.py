@@ -222,7 +222,7 @@ def load_engine(
     CTranslate2 converts the float32 weights to the compute type as it loads them."""
     require()
     out = Path(export_dir) if export_dir is not None else default_export_dir(checkpoint)
-    export_ctranslate2(checkpoint, tokenizer_dir, out)
+    export_ctranslate2(checkpoint, tokenizer_dir, out, decode=decode)
     return CTranslate2Engine(
         out,
         device=device or default_device(),

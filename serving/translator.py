@@ -222,10 +222,19 @@ class Translator:
         return [_one_line(self.tokenizer.decode(list(seq))) for seq in ids]
 
     def translate_batch(self, src_ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Beam search on one batch as given (no re-batching); output ids without BOS/EOS."""
-        if not src_ids:
-            return []
-        return self.engine.search([self._fit(seq) for seq in src_ids], self.decode)
+        """Beam search on one batch as given (no re-batching); output ids without BOS/EOS. An
+        empty source (no piece before EOS) translates to an empty output, undecoded."""
+        rows = self._nonempty(src_ids)
+        out: list[list[int]] = [[] for _ in src_ids]
+        if rows:
+            found = self.engine.search([self._fit(src_ids[i]) for i in rows], self.decode)
+            for i, ids in zip(rows, found, strict=True):
+                out[i] = ids
+        return out
+
+    def _nonempty(self, src_ids: Sequence[Sequence[int]]) -> list[int]:
+        # An empty line has nothing to translate: decoding its lone EOS would make a sentence up.
+        return [i for i, seq in enumerate(src_ids) if any(t != self.eos_id for t in seq)]
 
     def _fit(self, seq: Sequence[int]) -> list[int]:
         # The encoder's positions must stay inside the positional table.
@@ -255,13 +264,18 @@ class Translator:
         if not 1 <= n_best <= self.decode.beam_size:
             raise ValueError(f"n_best {n_best} must be in [1, beam size {self.decode.beam_size}]")
         src_ids = self.encode(texts)
-        batches = plan_decode_batches([len(s) for s in src_ids], self.decode.max_tokens_per_batch)
+        rows = self._nonempty(src_ids)
+        lengths = [len(src_ids[i]) for i in rows]
+        batches = plan_decode_batches(lengths, self.decode.max_tokens_per_batch)
         results = [
-            self.engine.nbest([self._fit(src_ids[i]) for i in rows], self.decode, n_best)
-            for rows in batches
+            self.engine.nbest([self._fit(src_ids[rows[j]]) for j in batch], self.decode, n_best)
+            for batch in batches
         ]
-        found = restore_order(batches, results, len(src_ids))
-        return [[(self.detokenize([h.tokens])[0], h.score) for h in hyps] for hyps in found]
+        found = restore_order(batches, results, len(rows))
+        out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in texts]  # an empty line's
+        for i, hyps in zip(rows, found, strict=True):
+            out[i] = [(self.detokenize([h.tokens])[0], h.score) for h in hyps]
+        return out
 
 
 def _load_torch(
