@@ -90,7 +90,6 @@ def test_the_export_stands_alone(tiny_model, tiny_tokenizer, tmp_path, norm) -> 
 
     ours = translate(tiny_model, tiny_tokenizer, decode, tmp_path / "engine", texts)
     same = sum(a == b for a, b in zip(raw, ours, strict=True))
-    print("SAME", norm, same, len(texts))
     assert same >= 0.98 * len(texts) and raw[-1] == ours[-1] == ""
 
 
