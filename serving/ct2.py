@@ -27,6 +27,7 @@ from transformer_core.config import ConfigError, ModelConfig
 from transformer_core.search_settings import (
     Hypothesis,
     LengthNorm,
+    SearchSettings,
     length_penalty,
     penalty_exponent,
 )
@@ -124,8 +125,14 @@ class CTranslate2Engine:
         median source length (``search_settings.penalty_exponent``), and the kept ones are
         re-ranked by GNMT's penalty exactly (fairseq's penalty is CTranslate2's own: p = alpha).
         """
-        if not 1 <= n_best <= beam_size:
-            raise ValueError(f"n_best {n_best} must be in [1, beam_size {beam_size}]")
+        SearchSettings(  # the settings' own checks (n_best <= beam_size among them)
+            beam_size=beam_size,
+            alpha=alpha,
+            length_norm=length_norm,
+            max_len_offset=max_len_offset,
+            max_len=max_len,
+            n_best=n_best,
+        )
         limits = [self._limit(len(seq), max_len_offset, max_len) for seq in src_ids]
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
 

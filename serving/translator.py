@@ -24,6 +24,7 @@ import numpy as np
 from serving.decode_config import DecodeConfig
 from serving.tokenizer import Tokenizer
 from transformer_core.config import ModelConfig
+from transformer_core.search_settings import SearchSettings
 
 if TYPE_CHECKING:  # imported where they are used: the ctranslate2 engine needs no torch model
     from serving.ct2 import CTranslate2Engine
@@ -140,14 +141,13 @@ class TorchEngine:
         import torch
 
         from transformer_core.constraints import TreeConstraint
-        from transformer_core.search import SearchSettings, search
-        from transformer_core.search_settings import beam_fields
+        from transformer_core.search import search
 
         width = max(len(s) for s in src_ids)
         src = torch.full((len(src_ids), width), self.config.pad_id, dtype=torch.long)  # (B, S)
         for i, seq in enumerate(src_ids):
             src[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        settings = SearchSettings(**beam_fields(decode), n_best=n_best)
+        settings = SearchSettings.of(decode, n_best=n_best)
         # The constraint's state is one search's, so each call gets its own.
         step = None if self.constraint is None else TreeConstraint(self.constraint)
         with torch.inference_mode():
@@ -261,8 +261,7 @@ class Translator:
     def translate_nbest(self, texts: Sequence[str], n_best: int) -> list[list[tuple[str, float]]]:
         """The ``n_best`` (<= beam size) best translations of each text with their scores
         (summed log-probabilities over GNMT's length penalty), best first, in input order."""
-        if not 1 <= n_best <= self.decode.beam_size:
-            raise ValueError(f"n_best {n_best} must be in [1, beam size {self.decode.beam_size}]")
+        SearchSettings.of(self.decode, n_best=n_best)  # n_best checked against the beam
         src_ids = self.encode(texts)
         rows = self._nonempty(src_ids)
         lengths = [len(src_ids[i]) for i in rows]

@@ -123,6 +123,12 @@ class SearchSettings(BeamSettings):
     """The greedy loop instead of the beam loop at beam 1 (dev BLEU): the same tokens for less
     work a step, but finished rows stay in the batch, so scores differ in the 7th digit."""
 
+    @classmethod
+    def of(cls, settings: BeamSettings, **call: Any) -> SearchSettings:
+        """The search of ``settings`` (of any kind: a ``DecodeConfig``, the parsing section)
+        with this call's own choices (``n_best``, ``max_len``, ...), checked."""
+        return cls(**beam_fields(settings), **call)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 1 <= self.n_best <= self.beam_size:

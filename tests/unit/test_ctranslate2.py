@@ -73,7 +73,7 @@ def test_n_best_is_sorted_by_the_gnmt_score(tmp_path: Path) -> None:
         assert len(hyps) == 4
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
-    with pytest.raises(ValueError, match="n_best 5"):
+    with pytest.raises(ValueError, match="n_best: 5 must be in"):
         engine.hypotheses(sources(1), beam_size=4, n_best=5)
 
 
