@@ -10,10 +10,8 @@ import torch
 from tiny_models import V, best_tokens, tiny_model
 
 from serving import ServingError, ct2, ct2_export
-from serving.ct2_options import QUANTIZATIONS
 from serving.translator import DecodeConfig
 from transformer_core import EOS_ID, PAD_ID, ConfigError
-from transformer_core.search_settings import fitted_penalty_exponent
 
 pytest.importorskip("ctranslate2")  # the "serve" extra (also in "dev")
 
@@ -132,6 +130,8 @@ def test_the_exports_options_decode_as_the_engine(tmp_path: Path, decode: Decode
 
 
 def test_the_exports_options_say_the_settings(tmp_path: Path) -> None:
+    from transformer_core.search_settings import fitted_penalty_exponent
+
     decode = DecodeConfig(beam_size=5, alpha=1.3, max_len_offset=30, max_tokens_per_batch=999)
     out = ct2_export.save_model(tiny_model(), PIECES, tmp_path / "m", decode=decode)
     info = ct2_export.read_info(out)
@@ -164,7 +164,7 @@ def test_the_export_carries_the_tokenizer_files(tmp_path: Path) -> None:
     assert not (out / "notes.txt").exists()
 
 
-@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+@pytest.mark.parametrize("quantization", ct2_export.QUANTIZATIONS)
 def test_every_quantization_loads_and_translates(tmp_path: Path, quantization: str) -> None:
     out = ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m", quantization)
     assert ct2_export.read_info(out)["quantization"] == quantization
