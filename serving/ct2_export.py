@@ -37,6 +37,7 @@ from transformer_core.folders import (
     remove_stale_temporaries,
     sha256_file,
     temporary_sibling,
+    write_json_atomic,
 )
 from transformer_core.search_settings import beam_fields
 
@@ -271,8 +272,8 @@ def export_ctranslate2(
 ) -> Path:
     """Export ``checkpoint`` (a model.pt or a folder holding one) with ``tokenizer_dir``'s
     tokenizer as a CTranslate2 model folder ``out`` that decodes with ``decode``'s settings (by
-    default, ``DecodeConfig``'s); a complete export of the same checkpoint, tokenizer,
-    quantization and settings already there is reused. Returns ``out``."""
+    default, ``DecodeConfig``'s); a complete export of the same checkpoint, tokenizer and
+    quantization already there is reused (``_reused``). Returns ``out``."""
     from serving import tokenizer as tokenizer_lib
     from transformer_core import checkpoint as checkpoint_lib
     from transformer_core.checkpoint import model_file
@@ -288,7 +289,7 @@ def export_ctranslate2(
         "tokenizer_sha256": _digest(_tokenizer_files(Path(tokenizer_dir))),
     }
     pieces = [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]
-    if _is_export_of(out, identity, quantization, decode, pieces):
+    if _reused(out, identity, quantization, decode, pieces):
         return out
     model = checkpoint_lib.load_model(checkpoint, map_location="cpu")
     return save_model(
@@ -304,13 +305,16 @@ def _digest(files: Sequence[Path]) -> str:
     return digest.hexdigest()
 
 
-def _is_export_of(
+def _reused(
     out: Path,
     identity: dict[str, Any],
     quantization: str,
     decode: DecodeConfig,
     pieces: Sequence[str],
 ) -> bool:
+    """Whether ``out`` is a complete export of the same weights (checkpoint, tokenizer,
+    quantization, CTranslate2 version); if only the decoding settings differ, its
+    ``export.json`` is rewritten to say ``decode``'s, as converting the weights again would."""
     import ctranslate2
 
     info = read_info(out)
@@ -324,9 +328,10 @@ def _is_export_of(
     }
     if any(info.get(k) != v for k, v in want.items()):
         return False
-    # The same settings too: the config is what the stored one says (same checkpoint).
-    config = ModelConfig.from_dict(info["model_config"])
-    return all(info.get(k) == v for k, v in _decoding(config, pieces, decode).items())
+    decoding = _decoding(ModelConfig.from_dict(info["model_config"]), pieces, decode)
+    if any(info.get(k) != v for k, v in decoding.items()):
+        write_json_atomic(out / INFO_FILE, {**info, **decoding})
+    return True
 
 
 def default_export_dir(checkpoint: Path, quantization: str = "float32") -> Path:

@@ -134,6 +134,10 @@ def test_the_export_is_reused_and_redone_for_another_checkpoint(
     assert ct2_export.export_ctranslate2(checkpoint_copy.parent, tiny_tokenizer, out) == out
     assert time.perf_counter() - started < 1.0
     assert (out / "model.bin").stat().st_mtime_ns == stamp  # reused, not written again
+    # Other decoding settings: the same weights, export.json says the new settings.
+    ct2_export.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out, decode=DecodeConfig(beam_size=5))
+    assert ct2_export.read_info(out)["translate_batch"]["beam_size"] == 5
+    assert (out / "model.bin").stat().st_mtime_ns == stamp
 
     # Another checkpoint at the same path: the export is rebuilt, in place of the old one.
     data = torch.load(checkpoint_copy, weights_only=True)
