@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from transformer_core.config import ConfigError
+from transformer_core.config import ConfigError, check_choices
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 """Ray placement-group strategies (``train.placement_strategy``)."""
@@ -110,6 +110,7 @@ class TrainConfig:
     """Stop after this step (checkpointed), publish a partial result; not in the resume key."""
 
     def __post_init__(self) -> None:
+        check_choices(self)  # batching, as a config file's loader checks it
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
         self._at_least(1, "steps", "tokens_per_step", "max_tokens_per_batch", "pad_multiple")

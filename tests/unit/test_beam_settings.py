@@ -12,7 +12,9 @@ import yaml
 
 from serving.decode_config import DecodeConfig
 from tasks.framework.config import ParsingConfig, load_config
+from training.config import TrainConfig
 from transformer_core import ConfigError
+from transformer_core.config import ModelConfig
 from transformer_core.search_settings import (
     BeamSettings,
     SearchSettings,
@@ -100,3 +102,16 @@ def test_penalty_exponents_rank_as_our_penalty() -> None:
     fitted = fitted_penalty_exponent(0.6)
     assert penalty_exponent(0.6, "gnmt", 1) < fitted < penalty_exponent(0.6, "gnmt", 100)
     assert fitted_penalty_exponent(1.2) == pytest.approx(2 * fitted, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: TrainConfig(batching="xx"), "batching: 'xx' is not one of 'fill', 'fairseq'"),
+        (lambda: ModelConfig(init="xavier"), "init: 'xavier' is not one of 'torch', 'fairseq'"),
+    ],
+)
+def test_a_literal_field_made_in_code_is_checked_as_a_files(make, message) -> None:
+    """One check of a ``Literal`` (``check_choices``) for every config, in the loader's words."""
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        make()
