@@ -12,6 +12,7 @@ float32 and CTranslate2 quantizes it as it loads).
 
     python benchmarks/engines.py --quick                  # base, batch 16, 12-token outputs
     python benchmarks/engines.py --threads 2 [--json out.json]   # base, batch 32, 50 tokens
+    python benchmarks/engines.py --config configs/multi30k_en_de_tiny.yaml   # a config's model
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from serving import ct2, ct2_export
+from tasks.framework.config import load_config
 from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,6 +99,8 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="batch 16, 12 tokens, 3 passes")
     parser.add_argument("--size", default="base", help="model preset")
+    parser.add_argument("--config", default=None,
+                        help="a run config: its model and tokenizer.vocab_size (instead of --size)")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads")
     parser.add_argument("--batch", type=int, default=None, help="sentences (default 32; 16)")
@@ -117,8 +121,12 @@ def main() -> None:
     mask_eos()
 
     torch.manual_seed(0)
-    vocab = vocab_for(size)
-    model = Transformer(presets.get(size), vocab).eval()
+    if args.config:
+        run = load_config(args.config)
+        size, config, vocab = Path(args.config).stem, run.model, run.tokenizer.vocab_size
+    else:
+        config, vocab = presets.get(size), vocab_for(size)
+    model = Transformer(config, vocab).eval()
     src = sources(batch, 25, vocab)
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"p{i}" for i in range(4, vocab)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,7 +4,7 @@ Layout (what the download stage publishes, docs/contracts.md): ``train/<corpus>.
 ``train/<corpus>.<tgt>``, ``dev.<src>``, ``dev.<tgt>``, ``test.<src>``, ``test.<tgt>``.
 ``from_wmt14`` fills it from the registry's archives and ``from_multi30k`` from the registry's
 Multi30k files (``corpora.sources``; both cached outside the folder, pinned in a lock file once
-they read cleanly, dropped from the cache when they do not), ``from_local`` from
+they read cleanly, dropped from the cache when they do not: ``corpora.pinned``), ``from_local`` from
 ``<prefix>.<lang>`` files on disk; the synthetic grammar writes the same layout itself
 (``corpora.synthetic``). Each returns the stats the download stage's manifest records.
 """
@@ -14,18 +14,16 @@ from __future__ import annotations
 import gzip
 import logging
 import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from corpora import CorpusError, sources
 from corpora.archives import corrupt_archive, iter_members
-from corpora.fetch import Expected, Seen, download, hash_file, mirror_url
+from corpora.fetch import Seen, hash_file
 from corpora.lockfile import LockFile
-from corpora.redact import redact_uri
-from corpora.sources import Archive, Corpus, split_pair
+from corpora.pinned import fetch, pinned_once_read
+from corpora.sources import Corpus, split_pair
 from corpora.text import LineWriter, read_sgm, read_text_lines, read_tsv
 
 __all__ = ["from_local", "from_multi30k", "from_wmt14"]
@@ -71,10 +69,10 @@ def from_wmt14(
     corpora_stats: dict[str, Any] = {}
     for key, items in by_archive.items():
         archive = sources.archive(key)
-        fetched = _fetch(
+        fetched = fetch(
             archive, Path(cache) / archive.path, mirror=mirror, lock=lock, max_retries=max_retries
         )
-        with _pinned_once_read([fetched], lock):
+        with pinned_once_read([fetched], lock):
             corpora_stats.update(
                 _read_archive(out, fetched.path, items, (src, tgt), url=archive.url, seen=fetched.seen)
             )
@@ -109,13 +107,13 @@ def from_multi30k(
     for split, corpus in plan:
         outputs = _outputs(out, split, corpus.name, src, tgt)
         fetched = {
-            lang: _fetch(
+            lang: fetch(
                 sources.multi30k_file(member), Path(cache) / "multi30k" / member,
                 mirror=mirror, lock=lock, max_retries=max_retries,
             )
             for lang, member in corpus.members.items()
         }
-        with _pinned_once_read(list(fetched.values()), lock):
+        with pinned_once_read(list(fetched.values()), lock):
             writers = _copy_text({lang: f.path for lang, f in fetched.items()}, outputs, gzipped=True)
             lines = _check_corpus(corpus, writers)
         corpora_stats[_stat_key(split, corpus.name)] = {
@@ -174,59 +172,6 @@ def from_local(
             **_fixes(writers),
         }
     return _summary("local", pair, corpora_stats, local_dir=str(folder.resolve()))
-
-
-# ----------------------------------------------------------------------------- downloads
-
-
-@dataclass(frozen=True)
-class _Fetched:
-    """A registry file in the download cache."""
-
-    archive: Archive
-    path: Path
-    seen: Seen
-    pinned: Expected | None
-    """What the lock file had pinned for it before this run (None: nothing)."""
-
-
-def _fetch(archive: Archive, path: Path, *, mirror: str | None, lock: LockFile, max_retries: int) -> _Fetched:
-    """``archive`` at ``path``, downloaded (from ``mirror`` if set) unless a copy that verifies
-    against the registry's checksums and the lock file's pin is already there."""
-    url = mirror_url(archive.url, mirror, bases=(archive.base,))
-    pinned = lock.expected(archive.url)
-    expected = [Expected(archive.bytes, archive.sha256, archive.md5, origin="the source registry"), pinned]
-    log.info("download: %s -> %s", redact_uri(url), path)
-    seen = download(url, path, [e for e in expected if e is not None], max_retries=max_retries)
-    return _Fetched(archive, path, seen, pinned)
-
-
-@contextmanager
-def _pinned_once_read(files: Sequence[_Fetched], lock: LockFile) -> Iterator[None]:
-    """Pin ``files`` in the lock file once the block has read them without a CorpusError.
-
-    Pinned only then, so a bad file never becomes the pin. A cached file that failed to read
-    would be reused by every rerun: on an error all of ``files`` are dropped from the cache,
-    and the error says so, keeping its class (unsafe archive, missing member, ...) for callers.
-    """
-    try:
-        yield
-    except CorpusError as exc:
-        for f in files:
-            f.path.unlink(missing_ok=True)
-        raise type(exc)(f"{exc}; {_after_bad_download(files, lock)}") from None
-    for f in files:
-        lock.pin(f.archive.url, f.seen)
-
-
-def _after_bad_download(files: Sequence[_Fetched], lock: LockFile) -> str:
-    """What a user can do about downloaded files that did not read (now removed from the cache)."""
-    removed = " and ".join(str(f.path) for f in files)
-    hints = [lock.unpin_hint(f.archive.url) for f in files if f.pinned is not None]
-    if not hints:
-        them = "it" if len(files) == 1 else "them"
-        return f"removed the cached {removed} and pinned nothing, so a rerun downloads {them} again"
-    return f"removed the cached {removed}. {' '.join(hints)}"
 
 
 # ----------------------------------------------------------------------------- archive members

@@ -22,11 +22,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from parsing.trees import CLOSE, LEAF, OPEN, Tree, walk
 
 __all__ = [
     "FORMS",
+    "Form",
     "FALLBACK_LABEL",
     "Repaired",
     "linearize",
@@ -38,7 +40,9 @@ __all__ = [
     "punctuation_tag",
 ]
 
-FORMS = ("t2t", "vinyals", "words")
+Form = Literal["t2t", "vinyals", "words"]
+"""A linearized tree's form: tensor2tensor's, Vinyals & Kaiser's, or words before their tags."""
+FORMS: tuple[str, ...] = get_args(Form)
 VINYALS_LEAF = "XX"
 FALLBACK_LABEL = "S"
 """Label of the root that repair puts over a flat or multi-rooted prediction."""

@@ -188,12 +188,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as tmp:
         if args.model is not None:
             tracking = args.tracking_uri or (_load(args.config).tracking_uri if args.config else None)
-            checkpoint, tokenizer_dir = registered_files(args.model, Path(tmp), tracking)
+            checkpoint, tokenizer_dir, decode = registered_files(args.model, Path(tmp), tracking)
         elif args.tokenizer is None:
             raise ConfigError("", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)")
         else:
             checkpoint, tokenizer_dir = Path(args.checkpoint), Path(args.tokenizer)
-        out = export(args.to, checkpoint, tokenizer_dir, Path(args.out), args.quantization)
+            decode = _load(args.config).decoding if args.config else None
+        out = export(args.to, checkpoint, tokenizer_dir, Path(args.out), args.quantization, decode)
     print(out)
     return 0
 
@@ -283,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
     p.add_argument("--quantization", default="float32",
                    help="ctranslate2: float32, int8, int8_float16, bfloat16, float16, ...")
-    p.add_argument("--config", help="run config whose MLflow tracking URI to use")
+    p.add_argument("--config", help="run config whose MLflow tracking URI to use (with "
+                   "--checkpoint, also its decoding, written into a CTranslate2 export)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
     p.set_defaults(func=cmd_export)
 

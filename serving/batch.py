@@ -190,7 +190,7 @@ def translate_distributed(
         from serving import ct2_export
 
         export_dir = export_dir or ct2_export.default_export_dir(model_path)
-        ct2_export.export_ctranslate2(model_path, tokenizer_dir, export_dir)
+        ct2_export.export_ctranslate2(model_path, tokenizer_dir, export_dir, decode=decode)
     if lengths is None:
         lengths = read_lengths(source)
     batches = plan_decode_batches(lengths, decode.max_tokens_per_batch)

@@ -16,28 +16,26 @@ from typing import TYPE_CHECKING
 from serving import ServingError
 from serving.ct2_export import (
     INFO_FILE,
-    QUANTIZATIONS,
     default_export_dir,
     export_ctranslate2,
     read_info,
     require,
 )
+from serving.ct2_options import ct2_exponent, suppressed
+from serving.decode_config import DecodeConfig
 from transformer_core.config import ConfigError, ModelConfig
-from transformer_core.search import Hypothesis, length_penalty
+from transformer_core.search_settings import (
+    Hypothesis,
+    LengthNorm,
+    SearchSettings,
+    length_penalty,
+    penalty_exponent,
+)
 
-if TYPE_CHECKING:  # serving.decode_config imports this module (its compute types)
+if TYPE_CHECKING:
     from ctranslate2 import TranslationResult
 
-    from serving.decode_config import DecodeConfig
-
-__all__ = ["COMPUTE_TYPES", "CTranslate2Engine", "load_engine"]
-
-COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
-"""What ``ctranslate2.Translator(compute_type=...)`` accepts: "default" keeps the stored type
-(or the nearest one the device supports), "auto" picks the fastest the device supports."""
-
-MIN_LENGTH_PENALTY = 1e-6
-"""The smallest length_penalty passed to CTranslate2 (see ``_penalty``)."""
+__all__ = ["CTranslate2Engine", "load_engine"]
 
 
 class CTranslate2Engine:
@@ -63,11 +61,10 @@ class CTranslate2Engine:
         self.config = ModelConfig.from_dict(info["model_config"])
         self.pieces = json.loads((self.model_dir / "shared_vocabulary.json").read_text())
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        # An export adds EOS to every source itself (its users pass only the pieces).
+        model_config = json.loads((self.model_dir / "config.json").read_text())
+        self.adds_eos = bool(model_config.get("add_source_eos"))
         kind, _, index = device.partition(":")
-        if compute_type not in COMPUTE_TYPES:
-            raise ConfigError(
-                "compute_type", f"{compute_type!r} is not one of {', '.join(COMPUTE_TYPES)}"
-            )
         try:
             self.translator = ctranslate2.Translator(
                 str(self.model_dir),
@@ -79,8 +76,7 @@ class CTranslate2Engine:
             )
         except ValueError as exc:  # e.g. float16 on a CPU: CTranslate2 says why
             raise ConfigError("compute_type", f"{compute_type!r} on {device}: {exc}") from exc
-        # Never produced by our search either (it sets their log-probabilities to -inf).
-        self.suppressed = [[self.pieces[self.config.pad_id]], [self.pieces[self.config.bos_id]]]
+        self.suppressed = suppressed(self.config, self.pieces)
 
     @property
     def compute_type(self) -> str:
@@ -115,7 +111,7 @@ class CTranslate2Engine:
         max_len: int | None = None,
         min_len: int = 0,
         n_best: int = 1,
-        length_norm: str = "gnmt",
+        length_norm: LengthNorm = "gnmt",
     ) -> list[list[Hypothesis]]:
         """The ``n_best`` (<= beam size) hypotheses per source, best first, scored as our search
         scores them: summed log-probabilities / ((5 + len) / 6)^alpha, len counting EOS (or
@@ -125,19 +121,26 @@ class CTranslate2Engine:
         a sentence stops at k finished) but has one output limit per call: all sources are
         decoded under the longest limit, and those whose search ran up to their own limit
         (rare) again under it, grouped by limit; see ``_decode``. It keeps the k finished
-        hypotheses best by its own raw / len^p; ``_penalty`` picks the p that ranks like GNMT
-        near the source length, and the kept ones are re-ranked by GNMT's penalty exactly
-        (fairseq's penalty is CTranslate2's own: p = alpha).
+        hypotheses best by its own raw / len^p, with the p that ranks like GNMT near the batch's
+        median source length (``search_settings.penalty_exponent``), and the kept ones are
+        re-ranked by GNMT's penalty exactly (fairseq's penalty is CTranslate2's own: p = alpha).
         """
-        if not 1 <= n_best <= beam_size:
-            raise ValueError(f"n_best {n_best} must be in [1, beam_size {beam_size}]")
+        SearchSettings(  # the settings' own checks (n_best <= beam_size among them)
+            beam_size=beam_size,
+            alpha=alpha,
+            length_norm=length_norm,
+            max_len_offset=max_len_offset,
+            max_len=max_len,
+            n_best=n_best,
+        )
         limits = [self._limit(len(seq), max_len_offset, max_len) for seq in src_ids]
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
 
         def decode(rows: list[int], limit: int) -> list[int]:
             """Decode ``rows`` under ``limit`` into ``out``; the rows that need their own."""
-            sources = [[self.pieces[t] for t in src_ids[i]] for i in rows]
-            penalty = _penalty(alpha, sorted(map(len, sources))[len(sources) // 2], length_norm)
+            median = sorted(len(src_ids[i]) for i in rows)[len(rows) // 2]
+            penalty = ct2_exponent(penalty_exponent(alpha, length_norm, median))
+            sources = [self._source(src_ids[i]) for i in rows]
             found = self._decode(
                 sources, beam_size, (alpha, length_norm), penalty, limit, min(min_len, limit)
             )
@@ -153,6 +156,12 @@ class CTranslate2Engine:
             decode([i for i in redo if limits[i] == limit], limit)
         return out
 
+    def _source(self, ids: Sequence[int]) -> list[str]:
+        """Our source ids (pieces, then EOS) as the pieces the export reads."""
+        if self.adds_eos and ids and ids[-1] == self.config.eos_id:
+            ids = ids[:-1]
+        return [self.pieces[t] for t in ids]
+
     def _limit(self, src_len: int, max_len_offset: int, max_len: int | None) -> int:
         # As transformer_core.search._output_limits: the decoder input must fit max_len.
         limit = src_len + max_len_offset if max_len is None else max_len
@@ -162,7 +171,7 @@ class CTranslate2Engine:
         self,
         sources: list[list[str]],
         k: int,
-        lp: tuple[float, str],
+        lp: tuple[float, LengthNorm],
         penalty: float,
         limit: int,
         min_len: int,
@@ -192,7 +201,7 @@ class CTranslate2Engine:
         return found
 
     def _rerank(
-        self, result: TranslationResult, lp: tuple[float, str], penalty: float, limit: int
+        self, result: TranslationResult, lp: tuple[float, LengthNorm], penalty: float, limit: int
     ) -> list[Hypothesis]:
         """CTranslate2's hypotheses with their raw scores recovered, divided by our penalty
         ``lp`` = (alpha, form)."""
@@ -205,17 +214,6 @@ class CTranslate2Engine:
             tokens = [self.ids[p] for p in pieces]
             hyps.append(Hypothesis(tokens, raw / length_penalty(length, *lp)))
         return sorted(hyps, key=lambda h: h.score, reverse=True)
-
-
-def _penalty(alpha: float, length: int, norm: str = "gnmt") -> float:
-    """CTranslate2's length_penalty p for our alpha. fairseq's len^alpha is CTranslate2's own
-    form: p = alpha. For GNMT's, d log lp / d log len of lp = ((5 + len) / 6)^alpha is
-    alpha * len / (5 + len), so near ``length`` len^p ranks hypotheses as GNMT does (p = alpha
-    would over-reward length: short outputs get dropped)."""
-    p = alpha if norm == "fairseq" else alpha * length / (5.0 + length)
-    # Never 0: with a zero penalty CTranslate2 stops a sentence once its top beam ends, not
-    # after k finished hypotheses as our search does.
-    return max(p, MIN_LENGTH_PENALTY)
 
 
 def load_engine(
@@ -231,7 +229,7 @@ def load_engine(
     CTranslate2 converts the float32 weights to the compute type as it loads them."""
     require()
     out = Path(export_dir) if export_dir is not None else default_export_dir(checkpoint)
-    export_ctranslate2(checkpoint, tokenizer_dir, out)
+    export_ctranslate2(checkpoint, tokenizer_dir, out, decode=decode)
     return CTranslate2Engine(
         out,
         device=device or default_device(),

@@ -1,25 +1,30 @@
 """``tfm export``: a checkpoint, or a registered version, as a CTranslate2 model folder
-(``serving.ct2``) or a Hugging Face Marian folder (``serving.marian``)."""
+(``serving.ct2_export``) or a Hugging Face Marian folder (``serving.marian``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
 from serving import ServingError
+from serving.decode_config import DecodeConfig
 
 __all__ = ["TARGETS", "export", "registered_files"]
 
 TARGETS = ("ctranslate2", "marian")
 
 
-def registered_files(model_uri: str, dst: Path, tracking_uri: str | None = None) -> tuple[Path, Path]:
-    """Download a registered version into ``dst``; its ``(weights file, tokenizer folder)``."""
+def registered_files(
+    model_uri: str, dst: Path, tracking_uri: str | None = None
+) -> tuple[Path, Path, DecodeConfig]:
+    """Download a registered version into ``dst``; its weights file, tokenizer folder and
+    decoding settings."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from serving.pyfunc import ARTIFACT_TOKENIZER, ARTIFACT_WEIGHTS
+    from serving.pyfunc import ARTIFACT_DECODE, ARTIFACT_TOKENIZER, ARTIFACT_WEIGHTS
     from serving.stream import ModelNotFoundError
 
     if tracking_uri:
@@ -33,15 +38,28 @@ def registered_files(model_uri: str, dst: Path, tracking_uri: str | None = None)
     artifacts = flavor.get("artifacts") or {}
     if ARTIFACT_WEIGHTS not in artifacts or ARTIFACT_TOKENIZER not in artifacts:
         raise ServingError(f"model {model_uri} is not a registered translator (no weights/tokenizer)")
-    return local / artifacts[ARTIFACT_WEIGHTS]["path"], local / artifacts[ARTIFACT_TOKENIZER]["path"]
+    decode = DecodeConfig()
+    if ARTIFACT_DECODE in artifacts:
+        stored = json.loads((local / artifacts[ARTIFACT_DECODE]["path"]).read_text())
+        decode = DecodeConfig.from_dict(stored)
+    weights, tokenizer = artifacts[ARTIFACT_WEIGHTS]["path"], artifacts[ARTIFACT_TOKENIZER]["path"]
+    return local / weights, local / tokenizer, decode
 
 
-def export(target: str, checkpoint: Path, tokenizer_dir: Path, out: Path, quantization: str = "float32") -> Path:
-    """Write ``out`` for ``target`` (ctranslate2 or marian); returns it."""
+def export(
+    target: str,
+    checkpoint: Path,
+    tokenizer_dir: Path,
+    out: Path,
+    quantization: str = "float32",
+    decode: DecodeConfig | None = None,
+) -> Path:
+    """Write ``out`` for ``target`` (ctranslate2 or marian); returns it. A CTranslate2 export
+    says how to decode as ``decode`` does (default: ``DecodeConfig``'s settings)."""
     if target == "ctranslate2":
         from serving.ct2_export import export_ctranslate2
 
-        return export_ctranslate2(checkpoint, tokenizer_dir, out, quantization)
+        return export_ctranslate2(checkpoint, tokenizer_dir, out, quantization, decode)
     if target == "marian":
         if quantization != "float32":
             raise ServingError(f"--quantization {quantization}: a Marian export is float32")

@@ -38,7 +38,6 @@ equivalent, so callers who want it pass ``max_new_tokens``.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from serving import ServingError
 from transformer_core.config import UNK_ID, ModelConfig
 from transformer_core.folders import publish, sha256_file, temporary_sibling
+from transformer_core.search_settings import fitted_penalty_exponent
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -73,10 +73,6 @@ INFO_FILE = "export.json"
 
 EXPORT_FORMAT = 1
 """Bumped when the mapping changes."""
-
-PENALTY_FIT_LENGTHS = range(1, 101)
-"""Output lengths over which ``marian_length_penalty`` fits Hugging Face's penalty to ours."""
-
 
 # ----------------------------------------------------------------------------- what maps
 
@@ -214,16 +210,10 @@ def _sharing(model: Transformer) -> tuple[bool, bool]:
 
 def marian_length_penalty(alpha: float) -> float:
     """Hugging Face's beam score is logp / |Y|^length_penalty, ours logp / ((5 + |Y|) / 6)^alpha
-    (|Y| counting the EOS in both). Only ratios between lengths change which hypothesis wins, so
-    this is the least-squares slope of alpha * log((5 + L) / 6) against log L over lengths
-    1..100: 0.4509 for the paper's alpha = 0.6."""
-    xs = [math.log(n) for n in PENALTY_FIT_LENGTHS]
-    ys = [alpha * math.log((5.0 + n) / 6.0) for n in PENALTY_FIT_LENGTHS]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
-    return round(slope, 4)
+    (|Y| counting the EOS in both): the exponent fitted to ours over lengths 1..100
+    (``fitted_penalty_exponent``, as the CTranslate2 export's): 0.4509 for the paper's
+    alpha = 0.6."""
+    return fitted_penalty_exponent(alpha)
 
 
 def marian_config(model: Transformer) -> dict[str, Any]:

@@ -66,10 +66,14 @@ def from_checkpoint(
 ) -> Predict:
     """A checkpoint (a ``model.pt`` or a folder holding one) and a tokenizer folder, no registry."""
     from serving.translator import Translator
+    from transformer_core.config import ConfigError
+    from transformer_core.search_settings import SearchSettings
 
     translator = Translator.load(checkpoint, tokenizer_dir, decode)
-    if not 1 <= n_best <= translator.decode.beam_size:  # before any input is read
-        raise ServingError(f"--n-best {n_best} must be in [1, beam size {decode.beam_size}]")
+    try:  # before any input is read
+        SearchSettings.of(decode, n_best=n_best)
+    except ConfigError as exc:
+        raise ServingError(f"--n-best {exc.message}") from None
     if n_best > 1:  # the registered model's form, so the stream writes one kind
         return lambda texts: [
             [{"translation": text, "score": score} for text, score in hyps]

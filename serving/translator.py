@@ -24,6 +24,7 @@ import numpy as np
 from serving.decode_config import DecodeConfig
 from serving.tokenizer import Tokenizer
 from transformer_core.config import ModelConfig
+from transformer_core.search_settings import SearchSettings
 
 if TYPE_CHECKING:  # imported where they are used: the ctranslate2 engine needs no torch model
     from serving.ct2 import CTranslate2Engine
@@ -140,19 +141,13 @@ class TorchEngine:
         import torch
 
         from transformer_core.constraints import TreeConstraint
-        from transformer_core.search import SearchSettings, search
+        from transformer_core.search import search
 
         width = max(len(s) for s in src_ids)
         src = torch.full((len(src_ids), width), self.config.pad_id, dtype=torch.long)  # (B, S)
         for i, seq in enumerate(src_ids):
             src[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        settings = SearchSettings(
-            beam_size=decode.beam_size,
-            alpha=decode.alpha,
-            length_norm=decode.length_norm,
-            max_len_offset=decode.max_len_offset,
-            n_best=n_best,
-        )
+        settings = SearchSettings.of(decode, n_best=n_best)
         # The constraint's state is one search's, so each call gets its own.
         step = None if self.constraint is None else TreeConstraint(self.constraint)
         with torch.inference_mode():
@@ -227,10 +222,19 @@ class Translator:
         return [_one_line(self.tokenizer.decode(list(seq))) for seq in ids]
 
     def translate_batch(self, src_ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Beam search on one batch as given (no re-batching); output ids without BOS/EOS."""
-        if not src_ids:
-            return []
-        return self.engine.search([self._fit(seq) for seq in src_ids], self.decode)
+        """Beam search on one batch as given (no re-batching); output ids without BOS/EOS. An
+        empty source (no piece before EOS) translates to an empty output, undecoded."""
+        rows = self._nonempty(src_ids)
+        out: list[list[int]] = [[] for _ in src_ids]
+        if rows:
+            found = self.engine.search([self._fit(src_ids[i]) for i in rows], self.decode)
+            for i, ids in zip(rows, found, strict=True):
+                out[i] = ids
+        return out
+
+    def _nonempty(self, src_ids: Sequence[Sequence[int]]) -> list[int]:
+        # An empty line has nothing to translate: decoding its lone EOS would make a sentence up.
+        return [i for i, seq in enumerate(src_ids) if any(t != self.eos_id for t in seq)]
 
     def _fit(self, seq: Sequence[int]) -> list[int]:
         # The encoder's positions must stay inside the positional table.
@@ -257,16 +261,20 @@ class Translator:
     def translate_nbest(self, texts: Sequence[str], n_best: int) -> list[list[tuple[str, float]]]:
         """The ``n_best`` (<= beam size) best translations of each text with their scores
         (summed log-probabilities over GNMT's length penalty), best first, in input order."""
-        if not 1 <= n_best <= self.decode.beam_size:
-            raise ValueError(f"n_best {n_best} must be in [1, beam size {self.decode.beam_size}]")
+        SearchSettings.of(self.decode, n_best=n_best)  # n_best checked against the beam
         src_ids = self.encode(texts)
-        batches = plan_decode_batches([len(s) for s in src_ids], self.decode.max_tokens_per_batch)
+        rows = self._nonempty(src_ids)
+        lengths = [len(src_ids[i]) for i in rows]
+        batches = plan_decode_batches(lengths, self.decode.max_tokens_per_batch)
         results = [
-            self.engine.nbest([self._fit(src_ids[i]) for i in rows], self.decode, n_best)
-            for rows in batches
+            self.engine.nbest([self._fit(src_ids[rows[j]]) for j in batch], self.decode, n_best)
+            for batch in batches
         ]
-        found = restore_order(batches, results, len(src_ids))
-        return [[(self.detokenize([h.tokens])[0], h.score) for h in hyps] for hyps in found]
+        found = restore_order(batches, results, len(rows))
+        out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in texts]  # an empty line's
+        for i, hyps in zip(rows, found, strict=True):
+            out[i] = [(self.detokenize([h.tokens])[0], h.score) for h in hyps]
+        return out
 
 
 def _load_torch(

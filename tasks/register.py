@@ -137,7 +137,8 @@ def _stage_model_files(
     if config.decoding.engine == "ctranslate2":  # served at CTranslate2's speed, exported once here
         from serving.ct2_export import export_ctranslate2
 
-        artifacts[ARTIFACT_CTRANSLATE2] = str(export_ctranslate2(weights, tok, staging / "ctranslate2"))
+        export = export_ctranslate2(weights, tok, staging / "ctranslate2", decode=config.decoding)
+        artifacts[ARTIFACT_CTRANSLATE2] = str(export)
     return artifacts
 
 

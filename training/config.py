@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from transformer_core.config import ConfigError
+from transformer_core.config import ConfigError, check_choices
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 """Ray placement-group strategies (``train.placement_strategy``)."""
@@ -119,12 +119,11 @@ class TrainConfig:
     """Stop after this step (checkpointed), publish a partial result; not in the resume key."""
 
     def __post_init__(self) -> None:
+        check_choices(self)  # batching, as a config file's loader checks it
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
         self._at_least(1, "steps", "tokens_per_step", "max_tokens_per_batch", "pad_multiple")
         self._check_workers()
-        if self.batching not in ("fill", "fairseq"):
-            raise ConfigError("batching", f"{self.batching!r} is not 'fill' or 'fairseq'")
         self._at_least(0, "elastic_check_seconds")
         self._at_least(1, "warmup_steps")
         if self.torch_threads is not None and self.torch_threads < 1:

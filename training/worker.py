@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,17 +28,15 @@ from training.data import TokenData
 from training.dev_bleu import DevBleu
 from training.progress import Progress
 from training.tracking import Tracker
+from training.train_job import TrainJob
 from training.trainer import Listener, Trainer
 from transformer_core import checkpoint as ckpt
 from transformer_core.checkpoint import MODEL_FILE
 from transformer_core.config import ModelConfig
 from transformer_core.model import Transformer, count_parameters
 
-if TYPE_CHECKING:  # training.job imports this module (it hands Ray this file's functions)
-    from training.job import TrainJob
-
 JOB_KEY = "job"
-"""``train_loop_config``'s one key, holding the run's ``training.job.TrainJob`` (Ray Train's run
+"""``train_loop_config``'s one key, holding the run's ``training.train_job.TrainJob`` (Ray Train's run
 state wants a dict there)."""
 SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from transformer_core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ConfigError, ModelConfig
 
 if TYPE_CHECKING:
-    from transformer_core.decoding import DecoderState
+    from transformer_core.decoder_state import DecoderState
     from transformer_core.model import Memory, Transformer, count_parameters
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "DecoderState": "transformer_core.decoding",
+    "DecoderState": "transformer_core.decoder_state",
     "Memory": "transformer_core.model",
     "Transformer": "transformer_core.model",
     "count_parameters": "transformer_core.model",

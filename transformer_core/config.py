@@ -1,10 +1,17 @@
-"""The model's configuration: one frozen, keyword-only dataclass, validated on construction."""
+"""The model's configuration: one frozen, keyword-only dataclass, validated on construction;
+``ConfigError``, and ``check_choices``, the one check of a config's ``Literal`` fields."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 PAD_ID = 0
 UNK_ID = 1
@@ -23,6 +30,36 @@ class ConfigError(ValueError):
     def under(self, prefix: str) -> ConfigError:
         """The same error with ``prefix.`` prepended to its key path."""
         return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.message)
+
+
+def check_choices(settings: DataclassInstance) -> None:
+    """ConfigError naming the first field of the dataclass ``settings`` whose value is not one
+    of its ``Literal`` type's (``X | None`` allows None too)."""
+    hints = _type_hints(type(settings))
+    for f in dataclasses.fields(settings):
+        choices = _literal_values(hints[f.name])
+        value = getattr(settings, f.name)
+        if choices is not None and value not in choices:
+            allowed = ", ".join(repr(c) for c in choices if c is not None)
+            if None in choices:
+                allowed += " or null"
+            raise ConfigError(f.name, f"{value!r} is not one of {allowed}")
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _literal_values(hint: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` (or ``Literal | None``) hint allows; None for other hints."""
+    if get_origin(hint) is Literal:
+        return get_args(hint)
+    if get_origin(hint) in (Union, types.UnionType):
+        parts = [_literal_values(a) if a is not type(None) else (None,) for a in get_args(hint)]
+        if all(p is not None for p in parts):
+            return tuple(v for p in parts if p is not None for v in p)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +108,7 @@ class ModelConfig:
     """End-of-sentence id: ends a hypothesis."""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         for name in ("n_layers", "d_model", "d_ff", "n_heads", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -85,10 +123,6 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(name, f"{value!r} must be in [0, 1)")
-        if self.init not in ("torch", "fairseq"):
-            raise ConfigError("init", f"{self.init!r} is not 'torch' or 'fairseq'")
-        if self.positional not in ("sinusoidal", "learned"):
-            raise ConfigError("positional", f"{self.positional!r} is not 'sinusoidal' or 'learned'")
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         if len(set(ids.values())) != len(ids):
             raise ConfigError("pad_id", f"special ids must differ, got {ids}")

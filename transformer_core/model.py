@@ -3,7 +3,7 @@
 Read top to bottom: positional encoding (3.5), multi-head attention (3.2), the position-wise
 feed-forward network (3.3), the residual connection around every sub-layer (5.4), encoder and
 decoder layers (3.1), and the full model with shared embeddings (3.4). Given an incremental
-state (``decoding.py``: cached keys/values) the decoder runs only new positions; search is in
+state (``decoder_state.py``: cached keys/values) the decoder runs only new positions; search is in
 ``search.py``, the loss in ``loss.py``; the trainer applies parallelism and mixed precision.
 
 Shapes: B batch, S source length, T target length, D d_model, V vocabulary,
@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +22,8 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend
 
 from transformer_core.config import ModelConfig
+from transformer_core.decoder_state import DecoderState, LayerState
 from transformer_core.init import Parts, initialise
-
-if TYPE_CHECKING:  # decoding.py builds on this module; the model only reads its states
-    from transformer_core.decoding import DecoderState, LayerState
 
 # ---------------------------------------------------------------------------------------------
 # Positional encoding (section 3.5)
@@ -359,7 +356,8 @@ class Transformer(nn.Module):
             src_mask = ~memory.src_pad[:, None, None, :]  # (B, 1, 1, S)
             memory_states, layer_states = memory.states, [None] * len(self.decoder_layers)
         else:
-            src_mask = state.start_step(self, tgt_in)  # (B/g, 1, 1, S); checks tgt_in
+            self.check_shape(tgt_in, "tgt_in", start=state.length)
+            src_mask = state.start_step(tgt_in, self.training)  # (B/g, 1, 1, S)
             memory_states, layer_states = None, state.layers
         x = self.embed(tgt_in, self.tgt_embed, start=0 if state is None else state.length)
         for layer, layer_state in zip(self.decoder_layers, layer_states, strict=True):

@@ -41,6 +41,7 @@ from tasks.framework.config_sections import (
 from training.config import TrainConfig
 from transformer_core import presets
 from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.search_settings import beam_fields
 
 __all__ = [
     "ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict", "flatten", "fingerprint",
@@ -167,18 +168,14 @@ class RunConfig:
 
     @property
     def decoding(self) -> DecodeConfig:
-        """How this run decodes: the decode section, with the parsing section's beam, alpha,
-        output offset (the paper: 21, 0.3, input + 300) and tree constraint for the parsing
+        """How this run decodes: the decode section, with the parsing section's search settings
+        (the paper: beam 21, alpha 0.3, input + 300) and tree constraint for the parsing
         pipeline."""
         if self.data.source != "treebank":
             return self.decode
         p = self.parsing
         return dataclasses.replace(
-            self.decode,
-            beam_size=p.beam_size,
-            alpha=p.alpha,
-            max_len_offset=p.max_len_offset,
-            tree_constraint=p.form if p.constrained else None,
+            self.decode, **beam_fields(p), tree_constraint=p.form if p.constrained else None
         )
 
     def replace(self, **changes: Any) -> RunConfig:

@@ -21,7 +21,9 @@ from corpora.sources import (
 )
 from corpora.synthetic import PAIRS as SYNTHETIC_PAIRS
 from evaluation.bleu import METRICS
+from parsing.linearize import Form
 from transformer_core.config import ConfigError
+from transformer_core.search_settings import BeamSettings
 
 __all__ = ["DataConfig", "AverageConfig", "RegisterConfig", "MlflowConfig", "RayConfig", "ParsingConfig"]
 
@@ -193,9 +195,16 @@ RelativeGlob = Annotated[str, AfterValidator(_relative_glob)]
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParsingConfig:
-    """English constituency parsing (paper section 6.3): treebank, splits, target form, decoding."""
+class ParsingConfig(BeamSettings):
+    """English constituency parsing (paper section 6.3): treebank, splits, target form, and the
+    decoding settings every search shares (``BeamSettings``), with the paper's parsing values."""
 
+    beam_size: int = 21
+    """Beam width for parsing (the paper: 21)."""
+    alpha: float = 0.3
+    """Length penalty exponent for parsing (the paper: 0.3)."""
+    max_len_offset: int = 300
+    """Maximum output length = input length + this (the paper: 300)."""
     treebank_dir: str | None = None
     """Treebank root, e.g. a licensed LDC99T42 copy's parsed/mrg/wsj (holding 00/ ... 24/)."""
     train_files: tuple[RelativeGlob, ...] = ("0[2-9]/*.mrg", "1[0-9]/*.mrg", "2[01]/*.mrg")
@@ -204,14 +213,8 @@ class ParsingConfig:
     """Glob patterns for development trees (default: WSJ section 22); empty for none."""
     test_files: tuple[RelativeGlob, ...] = ("23/*.mrg",)
     """Glob patterns for test trees (default: WSJ section 23)."""
-    form: Literal["t2t", "vinyals", "words"] = "t2t"
+    form: Form = "t2t"
     """Target form: t2t (tags kept, closing brackets labelled, as the paper), vinyals (tags as XX) or words (each word written before its tag)."""
-    beam_size: Annotated[int, Ge(1)] = 21
-    """Beam width for parsing (the paper: 21)."""
-    alpha: Annotated[float, Ge(0)] = 0.3
-    """Length penalty exponent for parsing (the paper: 0.3)."""
-    max_len_offset: Annotated[int, Ge(0)] = 300
-    """Maximum output length = input length + this (the paper: 300)."""
     constrained: bool = False
     """Beam search keeps every hypothesis a well-formed tree with one POS slot per word (needs tokenizer.target_symbols)."""
     evalb_max_error: Annotated[int, Ge(0)] | None = 10

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from corpora.redact import redact_text, redacted
 from tasks.framework.config import RunConfig, flatten
@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # imported where they are used: a process without tracking ne
     from mlflow import ActiveRun, MlflowClient
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 LOGGED_SUFFIXES = (".png", ".json", ".tsv")
 """Files of a stage folder logged as MLflow artifacts (top level only, small ones)."""
@@ -299,7 +301,9 @@ def short_budget(opts: TrackingOptions) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def attempt(opts: TrackingOptions, what: str, call: Callable, *args: Any) -> tuple[bool, Any]:
+def attempt(
+    opts: TrackingOptions, what: str, call: Callable[..., T], *args: Any
+) -> tuple[bool, T | None]:
     """``call(*args)`` on the short budget: ``(True, its value)``, or ``(False, None)`` after one
     warning naming ``what`` (not the stage's failure), at once while the server is known down."""
     if _recently_down():

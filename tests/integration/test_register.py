@@ -157,6 +157,10 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
         assert model.predict(TEXTS, params=params) == here, params
         changed |= here != expected
     assert changed
+    # An empty line is an empty translation (nothing is decoded, so nothing is made up), also
+    # among other lines and with n-best.
+    assert model.predict(["", TEXTS[0], "  "]) == ["", expected[0], ""]
+    assert model.predict([""], params={"n_best": 3}) == [[{"translation": "", "score": 0.0}]]
     # ... or ask for the n best translations, best first, the first being the translation.
     nbest = model.predict(TEXTS, params={"n_best": 3})
     assert [hyps[0]["translation"] for hyps in nbest] == expected
@@ -199,6 +203,9 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     predict = from_registry(f"models:/{name}@champion", config.tracking_uri)
     count = translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
     assert count == len(TEXTS) and stdout.getvalue().splitlines() == expected
+    stdout = io.StringIO()
+    translate_stream(predict, io.BytesIO(f"{TEXTS[0]}\n\n{TEXTS[1]}\n".encode()), stdout)
+    assert stdout.getvalue().split("\n") == [expected[0], "", expected[1], ""]
     # With --n-best: Moses' "LINE ||| TRANSLATION ||| SCORE" lines, best first per line.
     stdout = io.StringIO()
     predict = from_registry(f"models:/{name}@champion", config.tracking_uri, {"n_best": 2})
@@ -290,7 +297,9 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
         workdir=str(tmp_path / "run"), register=RegisterConfig(model_name="served-translator")
     )
     record = _register(config, inputs, tmp_path, bleu=1.0)
-    expected = translate_here(inputs, TEXTS, config.decode)
+    texts = [*TEXTS, ""]  # an empty line is served an empty translation
+    expected = translate_here(inputs, texts, config.decode)
+    assert expected[-1] == ""
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -338,7 +347,7 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
                 time.sleep(1)
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/invocations",
-            data=json.dumps({"inputs": TEXTS}).encode(),
+            data=json.dumps({"inputs": texts}).encode(),
             headers={"Content-Type": "application/json"},
         )
         answer = json.loads(urllib.request.urlopen(request, timeout=120).read())

@@ -93,6 +93,41 @@ def test_single_process_batching_does_not_change_the_order(inputs) -> None:
     assert small == one_by_one
 
 
+@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+def test_an_empty_line_is_an_empty_translation(inputs, tmp_path, monkeypatch, engine) -> None:
+    """Nothing is decoded for a line without a piece (decoding its lone EOS made a sentence up):
+    through the text API (tfm translate, the registered model) and a stage actor's batches."""
+    import numpy as np
+
+    from serving.batch import BatchTranslator
+
+    texts = ["the cat", "", "a big red house sees the dog", "   "]
+    decode = DecodeConfig(max_len_offset=6, engine=engine)
+    translator = Translator.load(
+        inputs["average"], inputs["tokenizer"], decode, export_dir=tmp_path / "ct2"
+    )
+    searched = []  # the sources the engine is asked to decode: never a lone EOS
+    search = translator.engine.search
+
+    def recorded(src_ids, settings):
+        searched.extend(src_ids)
+        return search(src_ids, settings)
+
+    monkeypatch.setattr(translator.engine, "search", recorded)
+    alone = [translator.translate([t])[0] for t in texts]
+    assert len(searched) == 2 and all(len(ids) > 1 for ids in searched)
+    assert translator.translate(texts) == alone and alone[1] == alone[3] == ""
+    assert alone[0] and alone[2]  # the others are translated
+    assert translator.translate_nbest(["", "the cat"], 2)[0] == [("", 0.0)]
+    source = [str(f) for f in encoded_split(tmp_path / "test", texts, inputs["tokenizer"])]
+    actor = BatchTranslator(
+        str(inputs["average"]), str(inputs["tokenizer"]), decode.__dict__, source,
+        export_dir=str(tmp_path / "ct2"),
+    )
+    out = actor({"idx": np.array([np.arange(len(texts))], dtype=object)})
+    assert out["hyp"].tolist() == alone and out["hyp_tokens"].tolist()[1] == 0
+
+
 def test_empty_test_set_is_a_clear_error(ray_local, inputs, tmp_path) -> None:
     empty = make_shard(tmp_path, [], inputs["tokenizer"], name="shard_empty")
     with pytest.raises(StageError, match=r"test holds 0 rows \(an empty test set\)"):

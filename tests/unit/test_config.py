@@ -239,7 +239,7 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         ({"train": {"adam_betas": [0.9, 0.98, 0.9]}}, "train.adam_betas: [0.9, 0.98, 0.9] must have 2 items"),
         ({"train": {"num_workers": "x"}}, "train.num_workers: 'x' must be an integer; 'x' must be a list"),
         ({"tokenizer": {"kind": "chars"}}, "tokenizer.kind: 'chars' is not one of 'bpe', 'wordpiece'"),
-        ({"decode": {"length_norm": "t2t"}}, "decode.length_norm: 't2t' is not one of gnmt, fairseq"),
+        ({"decode": {"length_norm": "t2t"}}, "decode.length_norm: 't2t' is not one of 'gnmt', 'fairseq'"),
         ({"train": 5}, "train: must be a mapping, got int"),
         ({"train": {"stepz": 3}}, "train.stepz: unknown key (known: steps, tokens_per_step, "),
         ({"model": {"nheads": 8}}, "model.nheads: unknown key (known: preset, n_layers, "),

@@ -71,7 +71,7 @@ def test_n_best_is_sorted_by_the_gnmt_score(tmp_path: Path) -> None:
         assert len(hyps) == 4
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
-    with pytest.raises(ValueError, match="n_best 5"):
+    with pytest.raises(ValueError, match="n_best: 5 must be in"):
         engine.hypotheses(sources(1), beam_size=4, n_best=5)
 
 
@@ -95,6 +95,73 @@ def test_fixed_length_outputs(tmp_path: Path) -> None:
     engine = ct2.CTranslate2Engine(ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))
     found = engine.hypotheses(sources(8), beam_size=4, max_len=7, min_len=7)
     assert {len(hyps[0].tokens) for hyps in found} == {7}
+
+
+def raw_translate(out: Path, src_ids: list[list[int]]) -> list[list[int]]:
+    """What a CTranslate2 user does with the export: the pieces of each source (no EOS: the
+    model appends it) through ``translate_batch`` with ``export.json``'s options."""
+    import ctranslate2
+
+    options = ct2_export.read_info(out)["translate_batch"]
+    pieces = [[PIECES[t] for t in ids if t != EOS_ID] for ids in src_ids]
+    results = ctranslate2.Translator(str(out)).translate_batch(pieces, **options)
+    return [[PIECES.index(p) for p in r.hypotheses[0]] for r in results]
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [
+        DecodeConfig(beam_size=1, max_len_offset=64),
+        DecodeConfig(beam_size=4, alpha=1.0, length_norm="fairseq", max_len_offset=64),
+    ],
+    ids=["greedy", "beam-fairseq"],
+)
+def test_the_exports_options_decode_as_the_engine(tmp_path: Path, decode: DecodeConfig) -> None:
+    """Raw CTranslate2 with ``export.json``'s ``translate_batch`` gives the engine's outputs
+    where the settings map exactly (greedy; fairseq's penalty; every limit at max_len)."""
+    model = tiny_model(seed=3)
+    out = ct2_export.save_model(model, PIECES, tmp_path / "m", decode=decode)
+    src_ids = sources(48)
+    engine = ct2.CTranslate2Engine(out)
+    assert raw_translate(out, src_ids) == engine.search(src_ids, decode)
+    if decode.beam_size == 1:  # and greedy is ours too
+        ours = best_tokens(model, padded(src_ids), beam_size=1, max_len_offset=64)
+        assert raw_translate(out, src_ids) == ours
+
+
+def test_the_exports_options_say_the_settings(tmp_path: Path) -> None:
+    from transformer_core.search_settings import fitted_penalty_exponent
+
+    decode = DecodeConfig(beam_size=5, alpha=1.3, max_len_offset=30, max_tokens_per_batch=999)
+    out = ct2_export.save_model(tiny_model(), PIECES, tmp_path / "m", decode=decode)
+    info = ct2_export.read_info(out)
+    assert info["decoding"] == {
+        "beam_size": 5, "alpha": 1.3, "length_norm": "gnmt", "max_len_offset": 30
+    }
+    options = info["translate_batch"]
+    assert options["beam_size"] == 5 and options["max_decoding_length"] == 64  # the model's max_len
+    assert options["length_penalty"] == fitted_penalty_exponent(1.3)  # GNMT's, fitted
+    assert options["suppress_sequences"] == [["<pad>"], ["<s>"]]
+    assert options["min_decoding_length"] == 0
+    assert (options["max_batch_size"], options["batch_type"]) == (999, "tokens")
+
+
+def test_an_empty_source_translates_to_nothing(tmp_path: Path) -> None:
+    out = ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m")
+    assert raw_translate(out, [[EOS_ID], [5, 6, EOS_ID]])[0] == []
+
+
+def test_the_export_carries_the_tokenizer_files(tmp_path: Path) -> None:
+    from serving.tokenizer import FILES
+
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    for name in (*FILES, "notes.txt"):
+        (folder / name).write_text(name)
+    out = ct2_export.save_model(tiny_model(), PIECES, tmp_path / "m", tokenizer_dir=folder)
+    assert ct2_export.read_info(out)["tokenizer_files"] == sorted(FILES)
+    assert all((out / name).read_text() == name for name in FILES)
+    assert not (out / "notes.txt").exists()
 
 
 @pytest.mark.parametrize("quantization", ct2_export.QUANTIZATIONS)

@@ -144,7 +144,7 @@ def test_fairseq_initialisation_matches_fairseq_09s_formulas():
             assert linear.bias.abs().max() == 0
     assert model.src_embed.weight[pad].abs().max() == 0
     assert model.src_embed.weight[pad + 1 :].std().item() == pytest.approx(D**-0.5, rel=0.1)
-    with pytest.raises(ConfigError, match="init: 'xavier' is not 'torch' or 'fairseq'"):
+    with pytest.raises(ConfigError, match="init: 'xavier' is not one of 'torch', 'fairseq'"):
         model.config.replace(init="xavier")
 
 
