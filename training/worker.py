@@ -228,6 +228,7 @@ def summary(trainer: Trainer, loop_seconds: float, page_faults: int) -> dict[str
         "world_size": trainer.world_size,
         "tokens_per_s": trainer.meter.tokens_per_s,
         "timed_tokens": trainer.timed_tokens,
+        "timed_target_tokens": trainer.meter.timed_targets,
         "timed_seconds": trainer.timed_seconds,
         "loop_seconds": loop_seconds,
         "torch_threads": torch.get_num_threads(),
