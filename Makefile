@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # later pip step sees it satisfied instead of pulling CUDA packages.
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-gpu gpu-recipe gpu-bundle lint clean
+.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ bench: $(STAMP)
 bench-store: $(STAMP)
 	mkdir -p $(RESULTS)
 	$(PY) benchmarks/store.py --json $(RESULTS)/store.json
+
+# Side by side with fairseq and eole on the published Multi30k recipe, on this CPU: each peer in
+# its own environment under .peers/ (over the same CPU torch), the same data, model, tokens per
+# update and threads; training target tokens/s and decoding sentences/s (benchmarks/peers.py).
+# Writes $(RESULTS)/peers.{json,md}. PEERS_FLAGS: e.g. --updates 120, --peers fairseq, --no-install.
+bench-peers: $(STAMP)
+	mkdir -p $(RESULTS)
+	$(PY) benchmarks/peers.py --out $(RESULTS) $(PEERS_FLAGS)
 
 # The GPU suite runs in a Python whose torch is a CUDA build (ours in .venv is the CPU wheel):
 # the machine's own by default. It fails fast without CUDA, installs Ray Train if missing, and
