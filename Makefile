@@ -82,6 +82,12 @@ HAVE ?= .whl/have.txt
 gpu-bundle: $(STAMP)
 	$(PY) benchmarks/gpu_bundle.py --have $(HAVE) --out .whl/site-py312.tar.xz
 
+# Files for `make bench-gpu BENCH_FLAGS="--peers-wheels .whl/peers"` on a GPU machine with no
+# package index: the packages of the peers' environments here (.peers/, made by bench-peers) for
+# its Python, less torch and what HAVE says it holds (benchmarks/gpu_peers.py).
+peers-wheels: $(STAMP)
+	$(PY) benchmarks/gpu_peers.py wheels --out .whl/peers $(if $(wildcard $(HAVE)),--have $(HAVE))
+
 test-gpu:
 	$(GPU_PYTHON) benchmarks/gpu.py --preflight
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests/gpu

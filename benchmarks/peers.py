@@ -251,7 +251,8 @@ def tables(results: dict[str, Any]) -> str:
     train, decode = results["train"], results["decode"]
     reference = train.get("fairseq", {}).get("target_tokens_per_s")
     lines = [
-        "| training | layout | target tokens/s | vs fairseq | target tokens an update | timed updates | timed s |",
+        "| training | layout | target tokens/s | vs fairseq | target tokens an update "
+        "| timed updates | timed s |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, r in train.items():
@@ -261,11 +262,13 @@ def tables(results: dict[str, Any]) -> str:
         ratio = f"{r['target_tokens_per_s'] / reference:.2f}" if reference else "n/a"
         lines.append(
             f"| {name} | {r['layout']} | {r['target_tokens_per_s']:,.0f} | {ratio} | "
-            f"{r['target_tokens_per_update']:,.0f} | {r['timed_updates']} | {r['timed_seconds']:.0f} |"
+            f"{r['target_tokens_per_update']:,.0f} | {r['timed_updates']} | "
+            f"{r['timed_seconds']:.0f} |"
         )
     lines += [
         "",
-        "| decoding (test2016, beam 5) | sentences/s | vs fairseq-generate | decode s | command s | mean output tokens | bleu_tok_lc |",
+        "| decoding (test2016, beam 5) | sentences/s | vs fairseq-generate | decode s | command s "
+        "| mean output tokens | bleu_tok_lc |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     ref = decode.get("fairseq-generate", {})

@@ -3,7 +3,8 @@
 Our pipeline's own stages (download, clean, tokenizer, shard of configs/multi30k_en_de_tiny.yaml,
 as ``tfm stage`` runs them) prepare it once in a work dir; then the clean text goes through the
 tokenizer folder's pretokenization (lowercase, Moses, subword-nmt's 10k-merge BPE) into the
-plain ``@@``-marked text files fairseq-preprocess and eole read: ``text/{train,valid,test}.{en,de}``.
+plain ``@@``-marked text files fairseq-preprocess and eole read:
+``text/{train,valid,test}.{en,de}``.
 Ours trains on the shard folder's ids of the same sentences.
 """
 

@@ -5,8 +5,9 @@ A peer (fairseq, eole) lives in a virtual environment of its own under ``.peers/
 ignores it), never in ``.venv`` and never a dependency of the package: the CPU torch wheel the
 Makefile pins is installed first and every later pip step is constrained to it, so that pip
 pulls no CUDA build. fairseq is built without pip's build isolation: its build requirements
-name an unpinned torch, which an isolated build would fetch (a CUDA build, several GB). On a GPU machine with no package index the same environments come from an
-archive (``benchmarks/peers_bundle.py``) over that machine's own CUDA torch.
+name an unpinned torch, which an isolated build would fetch (a CUDA build, several GB). On a GPU
+machine with no package index the same packages come from a folder of files
+(``benchmarks/gpu_peers.py``), over that machine's own CUDA torch.
 """
 
 from __future__ import annotations
