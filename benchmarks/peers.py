@@ -210,9 +210,11 @@ def decode_eole(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Path,
     code, text, seconds = run(cmd, peer.env(args.threads), out / "eole" / "predict.log")
     if code != 0:
         return {"problem": f"eole predict: exit {code}: {last_line(text)}"}
+    hypotheses = peers_eole.hypotheses(output)
     return peers_eole.predict_rates(text) | {
+        "sentences": len(hypotheses),
         "wall_s": seconds,
-        "hypotheses": peers_eole.hypotheses(output),
+        "hypotheses": hypotheses,
         "tokenized": True,
     }
 

@@ -97,6 +97,9 @@ class Peer:
             MKL_NUM_THREADS=str(threads),
             PATH=f"{self.bin}{os.pathsep}{env.get('PATH', '')}",
             PYTHONUNBUFFERED="1",
+            # fairseq 0.12 loads its own checkpoints (argparse namespaces inside) with torch.load's
+            # defaults, which torch >= 2.6 restricts to plain tensors
+            TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
         )
         return env
 
