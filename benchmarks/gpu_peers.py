@@ -8,13 +8,16 @@ The GPU machine has no package index and its own CUDA torch, so the peers travel
 
     python benchmarks/gpu_peers.py wheels --out .whl/peers [--have have.txt]   # here
 
-downloads, for the GPU machine's Python (``--python-version``, 3.12), each package the peers'
-environments here (``.peers/``, made by ``make bench-peers``) hold, less torch and the CUDA
-libraries (the GPU machine's own are used) and less what ``--have`` says it holds: wheels where
-the index has them, else sources (fairseq-fixed's, which builds there against that torch, no
-build isolation). ``gpu.py --peers-wheels .whl/peers`` then makes one environment a peer under
-``.peers-gpu/`` that sees the machine's Python and its torch (``--system-site-packages``) and
-installs into it from that folder with no index. A peer that cannot be installed or run is one
+downloads, for the GPU machine's Python (``--python-version``, 3.12), each distribution the
+peers' commands import in their environments here (``.peers/``, made by ``make bench-peers``),
+less torch and its kin (the GPU machine's own are used) and less what ``--have`` says it holds:
+wheels where the index has them, else sources (fairseq-fixed's, which builds there against that
+torch, no build isolation). ``--list`` prints them (about 60 names; ctranslate2, scipy and
+scikit-learn alone pass the 64 MiB a device call carries, so on a bare machine the folder goes
+in two calls or the peers wait for a machine that has them). ``gpu.py --peers-wheels
+.whl/peers`` then makes one environment a peer under ``.peers-gpu/`` that sees the machine's
+Python and its torch (``--system-site-packages``) and installs every file of the folder into it,
+with no index and no resolving. A peer that cannot be installed or run is one
 row that says why. Data: the synthetic rows written as text, ids as words (``w123``), the
 same 37k-id vocabulary once binarized (fairseq-preprocess) or counted (eole build_vocab).
 """
@@ -91,17 +94,21 @@ def ensure_gpu(name: str, wheels: Path, root: Path = GPU_PEERS_DIR) -> Peer:
     root.mkdir(parents=True, exist_ok=True)
     pin = root / "torch-constraint.txt"  # the machine's torch stays: pip must not replace it
     pin.write_text(f"torch=={torch.__version__}\n", encoding="utf-8")
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index"]
-    pip += ["--find-links", str(wheels), "-c", str(pin), "--no-build-isolation"]
+    # Every file of the folder, without resolving: it holds what the peers' commands import,
+    # not every dependency their metadata names (eole's name spacy, pandas, pyarrow).
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+    pip += ["-c", str(pin), "--no-build-isolation"]
+    files = sorted(str(f) for f in wheels.iterdir() if f.suffix in (".whl", ".gz", ".zip"))
+    build = [f for f in files if Path(f).name.lower().startswith(("cython-", "wheel-"))]
     steps = [
         [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-        pip + ["cython", "wheel", "numpy"] if name == "fairseq" else None,
-        pip + list(REQUIREMENTS[name]),
+        pip + build if build else None,  # fairseq-fixed's source builds with them
+        pip + [f for f in files if f not in build],
     ]
     with log.open("a", encoding="utf-8") as sink:
         for cmd in filter(None, steps):
             if subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT).returncode != 0:
-                peer.problem = f"{name}: `{' '.join(cmd[3:5])} ...` failed ({log})"
+                peer.problem = f"{name}: installing from {wheels} failed ({log})"
                 return peer
     check = subprocess.run(
         [str(peer.bin / "python"), "-c", "import torch; assert torch.cuda.is_available()"],
@@ -113,21 +120,56 @@ def ensure_gpu(name: str, wheels: Path, root: Path = GPU_PEERS_DIR) -> Peer:
     return peer
 
 
+IMPORTS = {
+    "fairseq": ("fairseq_cli.train", "fairseq_cli.preprocess", "fairseq_cli.generate"),
+    "eole": ("eole.bin",),  # and every command module under it
+}
+"""What each peer's commands import: the packages carried are the distributions of these."""
+BUILD_ALSO = {"fairseq": ("Cython",)}
+"""What a peer's build needs besides its imports (fairseq-fixed is built from source there)."""
+DISTRIBUTIONS = """
+import importlib, importlib.metadata as md, pkgutil, sys
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    if name.endswith(".bin"):
+        for found in pkgutil.walk_packages(module.__path__, name + "."):
+            try:
+                importlib.import_module(found.name)
+            except Exception:
+                pass
+tops = {m.split(".")[0] for m in list(sys.modules)} - set(sys.stdlib_module_names)
+owners = md.packages_distributions()
+for dist in sorted({d for top in tops for d in owners.get(top, [])}):
+    print(dist + "==" + md.version(dist))
+"""
+"""Run in a peer's environment: ``name==version`` of each distribution its commands import."""
+
+
 def wheel_list(peers_dir: Path, have: set[str]) -> list[str]:
-    """``name==version`` of every package the peers' environments here hold, less the torch
-    family and what the GPU machine ``have``s."""
+    """``name==version`` of every distribution the peers' commands import in their environments
+    here (and what their builds need), less the torch family and what the GPU machine ``have``s:
+    not the whole environment (eole's pulls spacy, pandas and pyarrow, which its commands never
+    import)."""
     from packaging.utils import canonicalize_name
 
     wanted: dict[str, str] = {}
     for name in REQUIREMENTS:
         python = peers_dir / name / "bin" / "python"
+        found = subprocess.run(
+            [str(python), "-c", DISTRIBUTIONS, *IMPORTS[name]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
         frozen = subprocess.run(
             [str(python), "-m", "pip", "list", "--format=freeze"],
             capture_output=True,
             text=True,
             check=True,
-        ).stdout
-        for line in frozen.splitlines():
+        ).stdout.splitlines()
+        build = {canonicalize_name(b) for b in BUILD_ALSO.get(name, ())}
+        found += [line for line in frozen if canonicalize_name(line.partition("==")[0]) in build]
+        for line in found:
             package, _, version = line.partition("==")
             key = canonicalize_name(package)
             if version and key not in TORCH_FAMILY and key not in have:
@@ -239,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / ".whl" / "peers")
     parser.add_argument("--have", type=Path, help="the GPU machine's `pip list --format=freeze`")
     parser.add_argument("--python-version", default="3.12")
+    parser.add_argument("--list", action="store_true", help="print what it would download")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_bundle import PLATFORMS, read_have
@@ -251,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     wanted = wheel_list(PEERS_DIR, have)
+    if args.list:
+        print("\n".join(wanted))
+        return 0
     platform = [a for p in PLATFORMS for a in ("--platform", p)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(args.out)]
     cmd += ["--python-version", args.python_version, "--implementation", "cp", *platform]

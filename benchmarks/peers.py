@@ -303,6 +303,18 @@ LAYOUTS = {
 }
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -393,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     fairseq_rate = train.get("fairseq", {}).get("target_tokens_per_s")
     results = {
         "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'cpu'}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {cpu_model()}",
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
         "command": " ".join(

@@ -184,3 +184,12 @@ def test_gpu_peers_write_the_same_rows_as_words_and_take_our_presets(tmp_path):
     assert (tmp_path / "valid.en").read_text().splitlines() == ["w5 w6"]
     shape = gpu_peers.shape_of(presets.get("big"))
     assert (shape.layers, shape.d_model, shape.d_ff, shape.heads) == (6, 1024, 4096, 16)
+
+
+def test_a_gpu_peer_without_its_wheels_is_one_line(tmp_path):
+    peer = gpu_peers.ensure_gpu("eole", tmp_path / "missing", root=tmp_path / "envs")
+    assert (
+        peer.problem
+        == f"eole: no wheels folder {tmp_path / 'missing'} (gpu_peers.py wheels makes it)"
+    )
+    assert not (tmp_path / "envs").exists()  # nothing made before the check
