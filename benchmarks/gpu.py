@@ -16,7 +16,7 @@
 5. Time to BLEU: configs/multi30k_en_de_gpu.yaml's model trained for ``--multi30k-minutes`` on
    the shards its pipeline prepared (``--multi30k WORKDIR``), dev BLEU at every validation and
    test2016 BLEU of the last weights (the Trainer driven directly: no Prefect or MLflow needed).
-6. With ``--peers-wheels``: fairseq (``--bf16``) and eole (bf16) train the same sizes on the
+6. With ``--peers-wheels``: fairseq (``--fp16``) and eole (bf16) train the same sizes on the
    same rows beside ours: target tokens/s and MFU (``benchmarks/gpu_peers.py``).
 
     python benchmarks/gpu.py --preflight          # exit 2 with one line when CUDA is absent
@@ -495,7 +495,7 @@ def main() -> int:
         ("profile_top", "Its top kernels"),
         ("decoding", "Beam search (base, beam 4, 50-token outputs), target tokens/s"),
         ("multi30k", "Multi30k En-De on one GPU: BLEU after a fixed time"),
-        ("peers", "fairseq (--bf16) and eole (bf16) beside ours, same GPU, 25k-token updates"),
+        ("peers", "fairseq (--fp16) and eole (bf16) beside ours, same GPU, 25k-token updates"),
     ]
 
     def save() -> None:

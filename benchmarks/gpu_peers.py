@@ -1,8 +1,8 @@
 """The peers on a GPU (``benchmarks/gpu.py --peers-wheels DIR``, issue 58 item 4): fairseq
-(``--bf16``) and eole (``compute_dtype: bf16``) train Transformer base and big on the synthetic
-corpus our rows of ``gpu.py`` train on, one after the other on the same GPU, with the same
-25k-token updates: target tokens/s and MFU (``transformer_core/flops.py``'s FLOPs of the same
-rows against the device's bf16 peak) beside ours.
+(``--fp16``: its ``--bf16`` means a TPU) and eole (``compute_dtype: bf16``) train Transformer
+base and big on the synthetic corpus our rows of ``gpu.py`` train on, one after the other on the
+same GPU, with the same 25k-token updates: target tokens/s and MFU (``transformer_core/flops.py``'s
+FLOPs of the same rows against the device's bf16 peak) beside ours.
 
 The GPU machine has no package index and its own CUDA torch, so the peers travel as files:
 
@@ -266,7 +266,7 @@ def _fairseq(peer: Peer, shape: Shape, text: Path, folder: Path, steps: int, env
 
 def _eole(peer: Peer, shape: Shape, text: Path, folder: Path, steps: int, env) -> dict:
     config = peers_eole.write_config(
-        folder, text, ("en", "de"), shape, GPU_RECIPE, 2 * steps, steps, gpu=True, bf16=True
+        folder, text, ("en", "de"), shape, GPU_RECIPE, 2 * steps, steps, gpu=True, fp16=True
     )
     _run(peers_eole.vocab_command(peer, config), env, folder / "vocab.log")
     return peers_eole.train_rates(

@@ -62,7 +62,7 @@ def train_command(
     *,
     languages: tuple[str, str] = ("en", "de"),
     gpu: bool = False,
-    bf16: bool = False,
+    fp16: bool = False,
 ) -> list[str]:
     """``fairseq-train`` of ``shape`` with ``recipe`` for ``updates`` updates; no validation
     (a last checkpoint only), JSON log lines every ``log_interval`` updates. On CPU
@@ -94,7 +94,9 @@ def train_command(
     if shape.share:
         cmd.append("--share-all-embeddings")
     if gpu:
-        cmd += ["--bf16"] if bf16 else []
+        # fairseq 0.12's --bf16 implies --tpu (torch_xla); on a GPU its mixed precision is --fp16
+        # (fp16 weights and activations, a float32 master copy, dynamic loss scaling)
+        cmd += ["--fp16"] if fp16 else []
     else:
         cmd += ["--cpu", "--num-workers", "0"]
     return cmd

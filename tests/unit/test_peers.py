@@ -67,9 +67,9 @@ def test_fairseq_train_command_is_the_recipe():
                  "--share-all-embeddings", "--cpu"):  # fmt: skip
         assert flag in text, flag
     gpu = peers_fairseq.train_command(
-        PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, gpu=True, bf16=True
+        PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, gpu=True, fp16=True
     )
-    assert "--bf16" in gpu and "--cpu" not in gpu
+    assert "--fp16" in gpu and "--cpu" not in gpu
     only = peers_fairseq.preprocess_command(
         PEER, Path("t"), ("en", "de"), Path("d"), splits=("train",)
     )
