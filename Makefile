@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # later pip step sees it satisfied instead of pulling CUDA packages.
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-gpu gpu-recipe gpu-bundle lint clean
+.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,14 @@ bench-store: $(STAMP)
 	mkdir -p $(RESULTS)
 	$(PY) benchmarks/store.py --json $(RESULTS)/store.json
 
+# Side by side with fairseq and eole on the published Multi30k recipe, on this CPU: each peer in
+# its own environment under .peers/ (over the same CPU torch), the same data, model, tokens per
+# update and threads; training target tokens/s and decoding sentences/s (benchmarks/peers.py).
+# Writes $(RESULTS)/peers.{json,md}. PEERS_FLAGS: e.g. --updates 120, --peers fairseq, --no-install.
+bench-peers: $(STAMP)
+	mkdir -p $(RESULTS)
+	$(PY) benchmarks/peers.py --out $(RESULTS) $(PEERS_FLAGS)
+
 # The GPU suite runs in a Python whose torch is a CUDA build (ours in .venv is the CPU wheel):
 # the machine's own by default. It fails fast without CUDA, installs Ray Train if missing, and
 # writes $(RESULTS)/gpu/gpu.{json,md} in a few minutes (benchmarks/gpu.py says what it measures).
@@ -73,6 +81,12 @@ gpu-recipe:
 HAVE ?= .whl/have.txt
 gpu-bundle: $(STAMP)
 	$(PY) benchmarks/gpu_bundle.py --have $(HAVE) --out .whl/site-py312.tar.xz
+
+# Files for `make bench-gpu BENCH_FLAGS="--peers-wheels .whl/peers"` on a GPU machine with no
+# package index: the packages of the peers' environments here (.peers/, made by bench-peers) for
+# its Python, less torch and what HAVE says it holds (benchmarks/gpu_peers.py).
+peers-wheels: $(STAMP)
+	$(PY) benchmarks/gpu_peers.py wheels --out .whl/peers $(if $(wildcard $(HAVE)),--have $(HAVE))
 
 test-gpu:
 	$(GPU_PYTHON) benchmarks/gpu.py --preflight

@@ -16,10 +16,13 @@
 5. Time to BLEU: configs/multi30k_en_de_gpu.yaml's model trained for ``--multi30k-minutes`` on
    the shards its pipeline prepared (``--multi30k WORKDIR``), dev BLEU at every validation and
    test2016 BLEU of the last weights (the Trainer driven directly: no Prefect or MLflow needed).
+6. With ``--peers-wheels``: fairseq (``--fp16``) and eole (bf16) train the same sizes on the
+   same rows beside ours: target tokens/s and MFU (``benchmarks/gpu_peers.py``).
 
     python benchmarks/gpu.py --preflight          # exit 2 with one line when CUDA is absent
     python benchmarks/gpu.py --out benchmarks/results/gpu [--quick] [--sizes big] \
-        [--skip ray,switches,compile,decode] [--multi30k WORKDIR [--multi30k-minutes 3]]
+        [--skip ray,switches,compile,decode] [--multi30k WORKDIR [--multi30k-minutes 3]] \
+        [--peers-wheels .whl/peers]
 
 ``make bench-gpu BENCH_FLAGS="..."`` passes flags through. A Multi30k workdir comes from
 ``for s in download clean tokenizer shard; do tfm stage $s --config
@@ -457,6 +460,11 @@ def main() -> int:
     )
     parser.add_argument("--multi30k-config", default="configs/multi30k_en_de_gpu.yaml")
     parser.add_argument("--multi30k-minutes", type=float, default=3.0)
+    parser.add_argument(
+        "--peers-wheels",
+        default="",
+        help="folder of `benchmarks/gpu_peers.py wheels`: fairseq and eole train each size too",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(
@@ -487,6 +495,7 @@ def main() -> int:
         ("profile_top", "Its top kernels"),
         ("decoding", "Beam search (base, beam 4, 50-token outputs), target tokens/s"),
         ("multi30k", "Multi30k En-De on one GPU: BLEU after a fixed time"),
+        ("peers", "fairseq (--fp16) and eole (bf16) beside ours, same GPU, 25k-token updates"),
     ]
 
     def save() -> None:
@@ -537,6 +546,15 @@ def main() -> int:
             "multi30k",
             multi30k_bleu(Path(args.multi30k), args.multi30k_config, args.multi30k_minutes),
         )
+    if args.peers_wheels:
+        import gpu_peers
+
+        log("peers: fairseq, eole")
+        rows = gpu_peers.rows(
+            Path(args.peers_wheels), sizes, corpus, VOCAB, steps, out / "peers",
+            results.get("training", []),
+        )  # fmt: skip
+        section("peers", rows)
     if "decode" not in skip:
         log("decoding")
         section("decoding", decoding((64, 128), 20 if args.quick else 50))

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 class ThroughputMeter:
     """The tokens and model FLOPs of the steps since the last reading and when the first of them
-    began; ``timed_tokens`` and ``timed_seconds`` sum the intervals read with ``timed``."""
+    began; ``timed_tokens``, ``timed_targets`` and ``timed_seconds`` sum the intervals read with
+    ``timed``."""
 
     def __init__(self, world_size: int, peak_flops: float | None):
         self.world_size, self.peak_flops = world_size, peak_flops
-        self.timed_tokens, self.timed_seconds = 0, 0.0
+        self.timed_tokens, self.timed_targets, self.timed_seconds = 0, 0, 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -34,6 +35,7 @@ class ThroughputMeter:
         seconds, tokens, targets, flops = now - self.start, self.tokens, self.targets, self.flops
         if timed:
             self.timed_tokens += tokens
+            self.timed_targets += targets
             self.timed_seconds += seconds
         self.reset()
         tokens_per_s = tokens / seconds if seconds > 0 else 0.0

@@ -226,6 +226,7 @@ def summary(trainer: Trainer, loop_seconds: float, page_faults: int) -> dict[str
         "world_size": trainer.world_size,
         "tokens_per_s": trainer.meter.tokens_per_s,
         "timed_tokens": trainer.timed_tokens,
+        "timed_target_tokens": trainer.meter.timed_targets,
         "timed_seconds": trainer.timed_seconds,
         "loop_seconds": loop_seconds,
         "loop_split": {part: round(s, 1) for part, s in trainer.loop_split.items()},

@@ -17,12 +17,14 @@ def test_a_reading_covers_the_steps_since_the_last_reading_or_reset():
     assert rates["target_tokens_per_s"] == 25.0
     assert rates["tflops_per_worker"] == pytest.approx(0.5) and rates["mfu"] == pytest.approx(0.125)
     assert (meter.timed_tokens, meter.timed_seconds, meter.tokens_per_s) == (0, 0.0, None)
+    assert meter.timed_targets == 0
 
     meter.add(20.0, tokens=50, targets=10, flops=0.0)
     meter.reset()  # a validation: the interval starts again with the next step
     meter.add(30.0, tokens=80, targets=20, flops=0.0)
     assert meter.read(32.0, timed=True)["tokens_per_s"] == 40.0
     assert (meter.timed_tokens, meter.timed_seconds, meter.tokens_per_s) == (80, 2.0, 40.0)
+    assert meter.timed_targets == 20  # the reset interval's 10 targets are not counted
 
 
 def test_no_peak_no_mfu_and_no_time_no_rates():

@@ -1,0 +1,435 @@
+"""Side by side with the toolkits users would pick instead: fairseq and eole against ours on the
+published Multi30k recipe, on this machine's CPU (``make bench-peers``).
+
+1. Data: our pipeline's stages (download, clean, tokenizer, shard) of
+   configs/multi30k_en_de_tiny.yaml in ``--workdir`` (on the shared Multi30k mirror when it is
+   beside the checkout), and the same lowercased, Moses-tokenized, subword-nmt 10k-merge text as
+   plain files for the peers (``benchmarks/peers_data.py``): the same 28,989 training pairs.
+2. Each peer in its own environment under ``.peers/`` over the same CPU torch
+   (``benchmarks/peers_env.py``); a peer that cannot be installed or run is reported in one line
+   and the others go on.
+3. Training, one toolkit after the other: the same model (4+4 layers, d_model 128, d_ff 256, 4
+   heads, shared embeddings, dropout 0.3, label smoothing 0.1, Adam, inverse-sqrt) for
+   ``--updates`` updates of 8,192 tokens (2 x 4,096) on two threads: fairseq-train, eole train,
+   ours as ``tfm run`` trains it (Ray Train, two workers of one thread) and as one plain
+   process of two threads. Target tokens a second over the updates after the first
+   ``--log-every`` (warm-up), each toolkit's own count.
+4. Decoding test2016 (1,000 captions), beam 5, batches of 4,096 tokens, outputs at most the
+   source + 50: fairseq-generate, eole predict and ``tfm translate``'s translator with each
+   engine, each on the model it trained in step 3 (the same shape): sentences a second of the
+   generator alone (after loading), the output's length, and bleu_tok_lc (so that a faster
+   decoder is not one that stopped earlier).
+
+    python benchmarks/peers.py [--updates 30 --log-every 10] [--peers fairseq,eole] [--no-install]
+
+Writes ``peers.json`` and ``peers.md`` under ``--out`` (benchmarks/results/ by default) and
+prints the table. Every figure is from this one run; other load on the machine moves them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+import peers_data  # noqa: E402
+import peers_eole  # noqa: E402
+import peers_fairseq  # noqa: E402
+from peers_env import Peer, Recipe, Shape, ensure, last_line  # noqa: E402
+
+PEERS = ("fairseq", "eole")
+BEAM, DECODE_TOKENS, MAX_LEN_B = 5, 4096, 50
+
+
+def run(
+    cmd: list[str], env: dict[str, str] | None, log: Path, cwd: Path | None = None
+) -> tuple[int, str, float]:
+    """``cmd`` with its output in ``log``; exit code, output and wall seconds."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    done = subprocess.run(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seconds = time.perf_counter() - started
+    log.write_text(" ".join(cmd) + "\n\n" + done.stdout, encoding="utf-8")
+    return done.returncode, done.stdout, seconds
+
+
+def ours_env(threads: int) -> dict[str, str]:
+    """Our scripts' environment: the workers' allocator settings (``train.keep_freed_memory``)."""
+    from training.allocator import KEEP_FREED_MEMORY
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    env.update(KEEP_FREED_MEMORY)
+    return env
+
+
+def ours(what: str, args: list[str], threads: int, log: Path) -> dict[str, Any]:
+    """``benchmarks/peers_ours.py WHAT ...``'s JSON result; ``problem`` when it failed."""
+    cmd = [sys.executable, str(HERE / "peers_ours.py"), what, *args]
+    code, out, seconds = run(cmd, ours_env(threads), log)
+    line = next((x for x in reversed(out.splitlines()) if x.startswith("PEERS-RESULT ")), None)
+    if code != 0 or line is None:
+        return {"problem": f"ours {what}: exit {code}: {last_line(out)} ({log})"}
+    return json.loads(line.removeprefix("PEERS-RESULT ")) | {"wall_s": seconds}
+
+
+def guarded(what: str, function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``function(*args)``, or ``problem`` in one line when it raised (a log that did not hold
+    what its parser looks for): one toolkit's failure leaves the others' rows."""
+    try:
+        return function(*args)
+    except (ValueError, KeyError, OSError, json.JSONDecodeError) as err:
+        return {"problem": f"{what}: {type(err).__name__}: {err}"[:300]}
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def train_fairseq(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dict[str, Any]:
+    data_bin = out / "fairseq" / "data-bin"
+    if not (data_bin / "dict.en.txt").is_file():
+        shutil.rmtree(data_bin, ignore_errors=True)
+        cmd = peers_fairseq.preprocess_command(peer, corpus.text, corpus.languages, data_bin)
+        code, text, _ = run(cmd, peer.env(args.threads), out / "fairseq" / "preprocess.log")
+        if code != 0:
+            return {"problem": f"fairseq-preprocess: exit {code}: {last_line(text)}"}
+    save = out / "fairseq" / "checkpoints"
+    shutil.rmtree(save, ignore_errors=True)
+    cmd = peers_fairseq.train_command(
+        peer,
+        data_bin,
+        save,
+        Shape(),
+        Recipe(threads=args.threads),
+        args.updates,
+        args.log_every,
+        languages=corpus.languages,
+    )
+    code, text, seconds = run(cmd, peer.env(args.threads), out / "fairseq" / "train.log")
+    if code != 0:
+        return {"problem": f"fairseq-train: exit {code}: {last_line(text)}"}
+    return peers_fairseq.train_rates(text, args.log_every) | {
+        "wall_s": seconds,
+        "checkpoint": str(save / "checkpoint_last.pt"),
+        "data_bin": str(data_bin),
+    }
+
+
+def train_eole(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dict[str, Any]:
+    folder = out / "eole"
+    shutil.rmtree(folder / "model", ignore_errors=True)
+    config = peers_eole.write_config(
+        folder,
+        corpus.text,
+        corpus.languages,
+        Shape(),
+        Recipe(threads=args.threads),
+        args.updates,
+        args.log_every,
+    )
+    code, text, _ = run(
+        peers_eole.vocab_command(peer, config), peer.env(args.threads), folder / "vocab.log"
+    )
+    if code != 0:
+        return {"problem": f"eole build_vocab: exit {code}: {last_line(text)}"}
+    code, text, seconds = run(
+        peers_eole.train_command(peer, config), peer.env(args.threads), folder / "train.log"
+    )
+    if code != 0:
+        return {"problem": f"eole train: exit {code}: {last_line(text)}"}
+    return peers_eole.train_rates(text, args.log_every) | {
+        "wall_s": seconds,
+        "checkpoint": str(peers_eole.last_checkpoint(folder / "model")),
+    }
+
+
+def train_ours(kind: str, corpus: peers_data.Corpus, out: Path, args) -> dict[str, Any]:
+    folder = out / f"ours-{kind}"
+    shutil.rmtree(folder, ignore_errors=True)
+    extra = ["--threads", str(args.threads)] if kind == "plain" else []
+    argv = [
+        str(corpus.workdir),
+        str(folder),
+        "--updates",
+        str(args.updates),
+        "--log-every",
+        str(args.log_every),
+    ]
+    return ours(kind, argv + extra, args.threads, out / "logs" / f"ours-{kind}.log")
+
+
+# ------------------------------------------------------------------------------ decoding
+
+
+def decode_fairseq(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Path, args) -> dict:
+    cmd = peers_fairseq.generate_command(
+        peer,
+        Path(trained["data_bin"]),
+        Path(trained["checkpoint"]),
+        BEAM,
+        DECODE_TOKENS,
+        MAX_LEN_B,
+        languages=corpus.languages,
+    )
+    code, text, seconds = run(cmd, peer.env(args.threads), out / "fairseq" / "generate.log")
+    if code != 0:
+        return {"problem": f"fairseq-generate: exit {code}: {last_line(text)}"}
+    rates = peers_fairseq.generate_rates(text)
+    return rates | {
+        "wall_s": seconds,
+        "hypotheses": peers_fairseq.hypotheses(text),
+        "tokenized": True,
+    }
+
+
+def decode_eole(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Path, args) -> dict:
+    output = out / "eole" / "test.hyp"
+    cmd = peers_eole.predict_command(
+        peer,
+        Path(trained["checkpoint"]),
+        corpus.text / f"test.{corpus.languages[0]}",
+        output,
+        BEAM,
+        DECODE_TOKENS,
+        args.threads,
+    )
+    code, text, seconds = run(cmd, peer.env(args.threads), out / "eole" / "predict.log")
+    if code != 0:
+        return {"problem": f"eole predict: exit {code}: {last_line(text)}"}
+    hypotheses = peers_eole.hypotheses(output)
+    return peers_eole.predict_rates(text) | {
+        "sentences": len(hypotheses),
+        "wall_s": seconds,
+        "hypotheses": hypotheses,
+        "tokenized": True,
+    }
+
+
+def decode_ours(engine: str, trained: dict, corpus: peers_data.Corpus, out: Path, args) -> dict:
+    argv = [str(corpus.workdir), trained["checkpoint"], "--engine", engine,
+            "--source", str(corpus.raw_test()), "--beam", str(BEAM)]  # fmt: skip
+    return ours("decode", argv, args.threads, out / "logs" / f"ours-decode-{engine}.log")
+
+
+def score(result: dict, corpus: peers_data.Corpus) -> dict:
+    """bleu_tok_lc and the mean output length (Moses tokens) of a decode's hypotheses."""
+    from corpora.text import read_lines
+    from evaluation.bleu import moses_tokenize, score_texts
+
+    hyps, lang = result.pop("hypotheses"), corpus.languages[1]
+    if result.pop("tokenized", False):  # a peer's output: Moses tokens, as its input was
+        from sacremoses import MosesDetokenizer
+
+        detokenizer = MosesDetokenizer(lang=lang)
+        hyps = [detokenizer.detokenize(h.split()) for h in hyps]
+    refs = read_lines(corpus.reference())
+    scores = score_texts(hyps, refs, lang)
+    lengths = [len(t.split()) for t in moses_tokenize(hyps, lang)]
+    return result | {
+        "bleu_tok_lc": scores["bleu_tok_lc"],
+        "mean_output_tokens": sum(lengths) / len(lengths),
+    }
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def tables(results: dict[str, Any]) -> str:
+    """The markdown tables of a run's results."""
+    train, decode = results["train"], results["decode"]
+    reference = train.get("fairseq", {}).get("target_tokens_per_s")
+    lines = [
+        "| training | layout | target tokens/s | vs fairseq | target tokens an update "
+        "| timed updates | timed s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in train.items():
+        if "problem" in r:
+            lines.append(f"| {name} | not run: {r['problem']} | | | | | |")
+            continue
+        ratio = f"{r['target_tokens_per_s'] / reference:.2f}" if reference else "n/a"
+        lines.append(
+            f"| {name} | {r['layout']} | {r['target_tokens_per_s']:,.0f} | {ratio} | "
+            f"{r['target_tokens_per_update']:,.0f} | {r['timed_updates']} | "
+            f"{r['timed_seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        "| decoding (test2016, beam 5) | sentences/s | vs fairseq-generate | decode s | command s "
+        "| mean output tokens | bleu_tok_lc |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    ref = decode.get("fairseq-generate", {})
+    ref_rate = ref["sentences"] / ref["decode_seconds"] if "decode_seconds" in ref else None
+    for name, r in decode.items():
+        if "problem" in r:
+            lines.append(f"| {name} | not run: {r['problem']} | | | | | |")
+            continue
+        rate = r["sentences"] / r["decode_seconds"]
+        ratio = f"{rate / ref_rate:.2f}" if ref_rate else "n/a"
+        lines.append(
+            f"| {name} | {rate:.1f} | {ratio} | {r['decode_seconds']:.1f} | {r['wall_s']:.0f} | "
+            f"{r['mean_output_tokens']:.1f} | {r['bleu_tok_lc']:.2f} |"
+        )
+    ratio = results.get("ours_over_fairseq")
+    lines += [
+        "",
+        f"train tokens/s ours/fairseq: {ratio:.2f}"
+        if ratio
+        else "train tokens/s ours/fairseq: n/a",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+LAYOUTS = {
+    "fairseq": "fairseq-train, 1 process x 2 threads, 2 x 4,096 accumulated",
+    "eole": "eole train, 1 process x 2 threads, 2 x 4,096 accumulated",
+    "ours (Ray Train, as tfm run)": "Ray Train, 2 workers x 1 thread, 4,096 each",
+    "ours (one process)": "Trainer, 1 process x 2 threads, 2 x 4,096 accumulated",
+}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "bench-peers")
+    parser.add_argument(
+        "--mirror",
+        default=peers_data.default_mirror(),
+        help="data.mirror (default: the shared Multi30k mirror if present)",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: fairseq,eole")
+    parser.add_argument("--updates", type=int, default=30, help="updates each toolkit trains")
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=10,
+        help="updates a logging interval; the first is the warm-up",
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--no-install", action="store_true", help="use the peers' environments as they are"
+    )
+    parser.add_argument("--skip-decode", action="store_true")
+    args = parser.parse_args(argv)
+    if args.updates < 2 * args.log_every or args.updates % args.log_every:
+        parser.error("--updates must be a multiple of --log-every and at least two intervals")
+    work = args.workdir / "peers"
+    started = time.time()
+    print("data: our stages through shard, then the text files", flush=True)
+    corpus = peers_data.prepare(args.workdir, args.mirror)
+    peers: dict[str, Peer] = {}
+    for name in filter(None, args.peers.split(",")):
+        peer = ensure(name, install=not args.no_install)
+        if peer.problem:
+            print(f"skipped: {peer.problem}", flush=True)
+        peers[name] = peer
+
+    train: dict[str, Any] = {}
+    trainers = {"fairseq": train_fairseq, "eole": train_eole}
+    for name, peer in peers.items():
+        print(f"training: {name}", flush=True)
+        train[name] = (
+            {"problem": peer.problem}
+            if peer.problem
+            else guarded(f"{name} training", trainers[name], peer, corpus, work, args)
+        )
+    for kind, label in (("ray", "ours (Ray Train, as tfm run)"), ("plain", "ours (one process)")):
+        print(f"training: {label}", flush=True)
+        train[label] = train_ours(kind, corpus, work, args)
+    for name, r in train.items():
+        r.setdefault("layout", LAYOUTS[name])
+        if "problem" in r:
+            print(f"  {name}: not run: {r['problem']}", flush=True)
+
+    decode: dict[str, Any] = {}
+    if not args.skip_decode:
+        jobs = [
+            (
+                "fairseq-generate",
+                "fairseq",
+                lambda t: decode_fairseq(peers["fairseq"], t, corpus, work, args),
+            ),
+            ("eole predict", "eole", lambda t: decode_eole(peers["eole"], t, corpus, work, args)),
+            (
+                "tfm translate, engine torch",
+                "ours (Ray Train, as tfm run)",
+                lambda t: decode_ours("torch", t, corpus, work, args),
+            ),
+            (
+                "tfm translate, engine ctranslate2",
+                "ours (Ray Train, as tfm run)",
+                lambda t: decode_ours("ctranslate2", t, corpus, work, args),
+            ),
+        ]
+        for label, trained_by, job in jobs:
+            trained = train.get(trained_by)
+            if trained is None:
+                continue
+            print(f"decoding: {label}", flush=True)
+            if "problem" in trained:
+                decode[label] = {"problem": f"no model ({trained_by} did not train)"}
+                continue
+            result = guarded(label, job, trained)
+            decode[label] = result if "problem" in result else guarded(label, score, result, corpus)
+
+    ours_rate = train["ours (Ray Train, as tfm run)"].get("target_tokens_per_s")
+    fairseq_rate = train.get("fairseq", {}).get("target_tokens_per_s")
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {cpu_model()}",
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+        "command": " ".join(
+            [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "updates": args.updates,
+        "warmup_updates": args.log_every,
+        "train_pairs": corpus.pairs.get("train"),
+        "train": train,
+        "decode": decode,
+        "ours_over_fairseq": ours_rate / fairseq_rate if ours_rate and fairseq_rate else None,
+        "wall_s": round(time.time() - started),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "peers.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    text = tables(results)
+    (args.out / "peers.md").write_text(text, encoding="utf-8")
+    print(
+        "\n"
+        + text
+        + f"\n{args.out / 'peers.md'}, {args.out / 'peers.json'} ({results['wall_s']} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

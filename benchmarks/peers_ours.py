@@ -1,0 +1,169 @@
+"""Our side of ``benchmarks/peers.py``: the recipe's training as ``tfm run`` runs it and as one
+plain process, and decoding with ``tfm translate``. Run as a script, one JSON line comes out:
+
+    python benchmarks/peers_ours.py ray WORKDIR OUT --updates 40 --log-every 10
+    python benchmarks/peers_ours.py plain WORKDIR OUT --updates 40 --log-every 10 --threads 2
+    python benchmarks/peers_ours.py decode WORKDIR CHECKPOINT --engine torch --source FILE
+
+``ray`` is the train stage's own path (``training.job.run_job``: Ray Train's ``TorchTrainer``,
+configs/multi30k_en_de_tiny.yaml's two workers of one torch thread, its allocator settings and
+batches) on the shards the pipeline wrote, without MLflow, validation BLEU or checkpoints
+before the last update. ``plain`` steps the same ``Trainer`` in this process with every update's
+two batches accumulated on ``--threads`` threads (the peers' layout); peers.py starts it with
+the workers' allocator settings. Both count target tokens over the logging intervals after the
+first (warm-up). ``decode`` times the ``tfm translate`` path's translator (``--checkpoint``,
+``--tokenizer``, the config's decoding, beam 5) over the whole test set after a warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CONFIG = ROOT / "configs" / "multi30k_en_de_tiny.yaml"
+
+
+def recipe_config(workdir: Path, updates: int, log_every: int):
+    """The recipe's config in ``workdir``, trained for ``updates`` updates: logged every
+    ``log_every``, validated and checkpointed only at the end, no dev BLEU."""
+    from tasks.framework.config import load_config
+
+    config = load_config(CONFIG, {"workdir": str(workdir)})
+    train = dataclasses.replace(
+        config.train,
+        steps=updates,
+        log_every=log_every,
+        eval_every=updates,
+        bleu_sentences=0,
+        checkpoint_every=0,
+        checkpoint_minutes=0.0,
+        keep_checkpoints=1,
+    )
+    return config.replace(train=train)
+
+
+def vocab_size(workdir: Path) -> int:
+    manifest = json.loads((workdir / "shard" / "manifest.json").read_text(encoding="utf-8"))
+    return int(manifest["stats"]["vocab_size"])
+
+
+def train_ray(workdir: Path, out: Path, updates: int, log_every: int) -> dict:
+    """The train stage's Ray Train job for ``updates`` updates; its rank-0 summary."""
+    from tasks.framework.runtime import ensure_ray
+    from training.job import TrainJob, run_job
+
+    config = recipe_config(workdir, updates, log_every)
+    ensure_ray(config.ray)
+    with tempfile.TemporaryDirectory(prefix="peers-ray-") as storage:
+        job = TrainJob(
+            model=config.model,
+            train=config.train,
+            seed=config.seed,
+            vocab_size=vocab_size(workdir),
+            shard_dir=str((workdir / "shard").resolve()),
+            storage_path=storage,
+            run_name="bench-peers",
+        )
+        summary = run_job(job, out).summary
+    return rates(summary["timed_target_tokens"], summary["timed_seconds"], updates, log_every) | {
+        "workers": summary["world_size"],
+        "threads_per_worker": summary["torch_threads"],
+        "checkpoint": str(out / "final" / "model.pt"),
+    }
+
+
+def train_plain(workdir: Path, out: Path, updates: int, log_every: int, threads: int) -> dict:
+    """The same Trainer in this process, one worker on ``threads`` threads (two batches an
+    update accumulated); the final weights saved as a checkpoint."""
+    import torch
+
+    from training.data import TokenData
+    from training.trainer import Trainer
+    from training.worker import set_threads
+    from transformer_core import checkpoint as ckpt
+    from transformer_core.model import Transformer
+
+    set_threads(threads)
+    config = recipe_config(workdir, updates, log_every)
+    train = dataclasses.replace(config.train, num_workers=1, torch_threads=threads)
+    vocab = vocab_size(workdir)
+    shard = workdir / "shard"
+    data = TokenData.read(str(shard / "train"), vocab)
+    dev = TokenData.read(str(shard / "dev"), vocab)
+    torch.manual_seed(config.seed)
+    module = Transformer(config.model, vocab)
+    trainer = Trainer(module, train, data, dev, seed=config.seed)
+    try:
+        while trainer.step < trainer.last_step:
+            trainer.train_step()
+    finally:
+        trainer.close()
+    checkpoint = out / "final" / "model.pt"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    ckpt.save(checkpoint, module, module.config, vocab_size=vocab, step=trainer.step)
+    meter = trainer.meter
+    return rates(meter.timed_targets, meter.timed_seconds, updates, log_every) | {
+        "workers": 1,
+        "threads_per_worker": torch.get_num_threads(),
+        "checkpoint": str(checkpoint),
+    }
+
+
+def rates(targets: int, seconds: float, updates: int, log_every: int) -> dict:
+    timed = updates - log_every  # the first logging interval is the warm-up
+    return {
+        "target_tokens_per_s": targets / seconds,
+        "target_tokens_per_update": targets / timed,
+        "timed_updates": timed,
+        "timed_seconds": seconds,
+    }
+
+
+def decode(workdir: Path, checkpoint: Path, engine: str, source: Path, beam: int) -> dict:
+    """Seconds the ``tfm translate`` translator takes for every line of ``source`` (after a
+    warm-up call on its first 8 lines: the CTranslate2 export and first allocations)."""
+    from corpora.text import read_lines
+    from serving import stream
+    from tasks.framework.config import load_config
+
+    decode_config = dataclasses.replace(load_config(CONFIG).decoding, beam_size=beam, engine=engine)
+    predict = stream.from_checkpoint(checkpoint, workdir / "tokenizer", decode_config)
+    lines = read_lines(source)
+    predict(lines[:8])
+    started = time.perf_counter()
+    outputs = predict(lines)
+    seconds = time.perf_counter() - started
+    return {"sentences": len(lines), "decode_seconds": seconds, "hypotheses": outputs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["ray", "plain", "decode"])
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("path", type=Path, help="ray/plain: output folder; decode: checkpoint")
+    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--engine", default="torch")
+    parser.add_argument("--source", type=Path)
+    parser.add_argument("--beam", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.what == "ray":
+        result = train_ray(args.workdir, args.path, args.updates, args.log_every)
+    elif args.what == "plain":
+        result = train_plain(args.workdir, args.path, args.updates, args.log_every, args.threads)
+    else:
+        result = decode(args.workdir, args.path, args.engine, args.source, args.beam)
+    print("PEERS-RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

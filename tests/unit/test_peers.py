@@ -1,0 +1,195 @@
+"""benchmarks/peers*.py (``make bench-peers``) and benchmarks/gpu_peers.py: the peers' commands
+say the recipe, and their logs are read into the figures the table shows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import gpu_peers  # noqa: E402
+import peers  # noqa: E402
+import peers_eole  # noqa: E402
+import peers_fairseq  # noqa: E402
+from peers_env import Peer, Recipe, Shape  # noqa: E402
+
+from training.data import TokenData  # noqa: E402
+from transformer_core import presets  # noqa: E402
+
+PEER = Peer("fairseq", Path("venv"))
+
+
+def _fairseq_line(update: int, wpb: float, wps: float) -> str:
+    stats = {"epoch": 1, "update": 0.1, "loss": "12.5", "wps": str(wps), "wpb": str(wpb),
+             "num_updates": str(update)}  # fmt: skip
+    return f"2026-11-28 16:00:00 | INFO | train_inner | {json.dumps(stats)}"
+
+
+def test_fairseq_rate_counts_the_intervals_after_the_warm_up():
+    log = "\n".join(
+        ["2026-11-28 | INFO | fairseq_cli.train | model transformer"]
+        + [_fairseq_line(10, 7000.0, 100.0)]  # the warm-up interval: left out
+        + [_fairseq_line(20, 7000.0, 3500.0), _fairseq_line(30, 6000.0, 2000.0)]
+    )
+    rates = peers_fairseq.train_rates(log, 10)
+    # 70,000 tokens in 20 s, then 60,000 in 30 s
+    assert rates["target_tokens_per_s"] == pytest.approx(130_000 / 50)
+    assert rates["target_tokens_per_update"] == pytest.approx(6500)
+    assert (rates["timed_updates"], rates["timed_seconds"]) == (20, pytest.approx(50.0))
+    with pytest.raises(ValueError, match="1 train_inner lines"):
+        peers_fairseq.train_rates(_fairseq_line(10, 1.0, 1.0), 10)
+
+
+def test_fairseq_generate_log_gives_its_time_and_hypotheses_in_order():
+    log = "\n".join(
+        [
+            "S-1\ta dog .", "H-1\t-0.5\tein hund .", "D-1\t-0.5\tein hund .",
+            "S-0\ta cat .", "D-0\t-0.4\teine katze .",
+            "2026-11-28 | INFO | fairseq_cli.generate | Translated 2 sentences (9 tokens) in 0.5s "
+            "(4.00 sentences/s, 18.00 tokens/s)",
+        ]
+    )  # fmt: skip
+    rates = peers_fairseq.generate_rates(log)
+    assert (rates["sentences"], rates["output_tokens"], rates["decode_seconds"]) == (2, 9, 0.5)
+    assert peers_fairseq.hypotheses(log) == ["eine katze .", "ein hund ."]
+
+
+def test_fairseq_train_command_is_the_recipe():
+    cmd = peers_fairseq.train_command(PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10)
+    text = " ".join(cmd)
+    for flag in ("--max-tokens 4096", "--update-freq 2", "--encoder-layers 4",
+                 "--encoder-embed-dim 128", "--decoder-ffn-embed-dim 256", "--dropout 0.3",
+                 "--label-smoothing 0.1", "--lr-scheduler inverse_sqrt", "--max-update 30",
+                 "--share-all-embeddings", "--cpu"):  # fmt: skip
+        assert flag in text, flag
+    gpu = peers_fairseq.train_command(
+        PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, gpu=True, fp16=True
+    )
+    assert "--fp16" in gpu and "--cpu" not in gpu
+    only = peers_fairseq.preprocess_command(
+        PEER, Path("t"), ("en", "de"), Path("d"), splits=("train",)
+    )
+    assert "--trainpref" in only and "--testpref" not in only
+
+
+def _eole_step(step: int, sents: float, src: float, tgt: float, per: float, rate: float) -> str:
+    # eole 0.6's own format (eole/utils/statistics.py, Statistics.output)
+    return (  # noqa: UP031 (eole's own %-format, copied as it is)
+        "[2026-11-28 16:00:00,000 INFO] Step %s; acc: %2.1f; ppl: %5.2f; xent: %2.2f; aux: %2.3f; "
+        "mtp: %2.3f; attn_ent: %2.3f; lr: %7.2e; sents: %7.0f; bsz: %4.0f/%4.0f/%2.0f; "
+        "%3.0f/%3.0f tok/s; %6.0f sec;"
+    ) % (
+        f"{step:2d}/{30:5d}",
+        1.0,
+        9000.0,
+        9.1,
+        0,
+        0,
+        0,
+        1e-4,
+        sents,
+        src,
+        tgt,
+        per,
+        rate,
+        rate,
+        40,
+    )
+
+
+def test_eole_rate_counts_the_intervals_after_the_warm_up():
+    log = "\n".join(
+        [
+            _eole_step(10, 5000, 3000, 3500, 250, 10.0),
+            _eole_step(20, 5000, 3000, 3500, 250, 3500.0),  # 20 batches: 70,000 tokens, 20 s
+            _eole_step(30, 4000, 3000, 3000, 200, 2000.0),  # 20 batches: 60,000 tokens, 30 s
+        ]
+    )
+    rates = peers_eole.train_rates(log, 10)
+    assert rates["target_tokens_per_s"] == pytest.approx(130_000 / 50)
+    assert rates["timed_updates"] == 20 and rates["timed_seconds"] == pytest.approx(50)
+    times = "Step 0 time (s): 1.50\nSubsequent prediction time including all (s): 12.25\n"
+    assert peers_eole.predict_rates(times)["decode_seconds"] == pytest.approx(13.75)
+
+
+def test_eole_config_is_the_recipe(tmp_path):
+    body = peers_eole.config(tmp_path, tmp_path, ("en", "de"), Shape(), Recipe(), 30, 10)
+    training, model = body["training"], body["model"]
+    assert (training["batch_size"], training["accum_count"], training["train_steps"]) == (
+        4096,
+        [2],
+        30,
+    )
+    assert (training["label_smoothing"], training["dropout"], training["gpu_ranks"]) == (
+        0.1,
+        [0.3],
+        [],
+    )
+    assert (model["layers"], model["hidden_size"], model["transformer_ff"], model["heads"]) == (
+        4,
+        128,
+        256,
+        4,
+    )
+    assert model["share_embeddings"] and body["share_vocab"]
+    gpu = peers_eole.config(
+        tmp_path, tmp_path, ("en", "de"), Shape(), Recipe(), 30, 10, gpu=True, bf16=True
+    )
+    assert gpu["training"]["gpu_ranks"] == [0] and gpu["training"]["compute_dtype"] == "bf16"
+
+
+def test_the_table_gives_the_ratio_line_and_a_problem_in_one_row():
+    rate = {
+        "layout": "x",
+        "target_tokens_per_update": 7000,
+        "timed_updates": 20,
+        "timed_seconds": 50,
+    }
+    results = {
+        "train": {
+            "fairseq": rate | {"target_tokens_per_s": 2000.0},
+            "eole": {"layout": "y", "problem": "eole: installing eole failed"},
+            "ours (Ray Train, as tfm run)": rate | {"target_tokens_per_s": 2500.0},
+        },
+        "decode": {},
+        "ours_over_fairseq": 1.25,
+    }
+    text = peers.tables(results)
+    assert "train tokens/s ours/fairseq: 1.25" in text.splitlines()
+    assert "| eole | not run: eole: installing eole failed |" in text
+    assert "| ours (Ray Train, as tfm run) | x | 2,500 | 1.25 |" in text
+
+
+def test_a_parse_failure_is_a_problem_line_not_a_crash():
+    def broken() -> dict:
+        return peers_fairseq.train_rates("no lines", 10)
+
+    assert peers.guarded("fairseq training", broken)["problem"].startswith(
+        "fairseq training: ValueError: fairseq logged 0 train_inner lines"
+    )
+
+
+def test_gpu_peers_write_the_same_rows_as_words_and_take_our_presets(tmp_path):
+    lens = np.array([3, 2])
+    src = np.array([5, 6, 2, 7, 2], dtype=np.uint16)  # EOS (2) ends each row
+    tgt = np.array([8, 2, 9, 10, 2], dtype=np.uint16)
+    data = TokenData(src, np.r_[0, np.cumsum(lens)], tgt, np.r_[0, np.cumsum([2, 3])])
+    gpu_peers.write_text(data, tmp_path, rows=2, valid_rows=1)
+    assert (tmp_path / "train.en").read_text().splitlines() == ["w5 w6", "w7"]
+    assert (tmp_path / "train.de").read_text().splitlines() == ["w8", "w9 w10"]
+    assert (tmp_path / "valid.en").read_text().splitlines() == ["w5 w6"]
+    shape = gpu_peers.shape_of(presets.get("big"))
+    assert (shape.layers, shape.d_model, shape.d_ff, shape.heads) == (6, 1024, 4096, 16)
+
+
+def test_a_gpu_peer_without_its_wheels_is_one_line(tmp_path):
+    peer = gpu_peers.ensure_gpu("eole", tmp_path / "missing", root=tmp_path / "envs")
+    assert (
+        peer.problem
+        == f"eole: no wheels folder {tmp_path / 'missing'} (gpu_peers.py wheels makes it)"
+    )
+    assert not (tmp_path / "envs").exists()  # nothing made before the check
