@@ -122,8 +122,9 @@ class _NodeBoundBackend(_TorchBackend):
         world_size = len(worker_group)
         # The worker group's refs are typed as ray.types.ObjectRef, ray.get's overloads take the
         # other.
+        # pyrefly: ignore[no-matching-overload]
         ray.get(
-            [  # pyrefly: ignore[no-matching-overload]
+            [
                 worker_group.execute_single_async(
                     rank,
                     init_process_group,
