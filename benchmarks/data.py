@@ -49,7 +49,8 @@ def replicate(src: Path, dst: Path, pairs: int) -> None:
 
 
 class PeakMemory:
-    """Peak resident memory, sampled every 0.2 s, of the driver and of all Ray processes together."""
+    """Peak resident memory, sampled every 0.2 s, of the driver and of all Ray processes
+    together."""
 
     def __init__(self) -> None:
         self.ray_peak = 0
@@ -270,7 +271,10 @@ def main() -> None:
         "cpus": args.cpus,
         "encode_actors": actors,
     }
-    title = f"Data pipeline throughput, {args.pairs:,} pairs (WMT14 sample replicated), vocab {args.vocab}"
+    title = (
+        f"Data pipeline throughput, {args.pairs:,} pairs (WMT14 sample replicated), "
+        f"vocab {args.vocab}"
+    )
     try:
         from common import report
 
@@ -286,7 +290,8 @@ def main() -> None:
         print(f"\n{title}")
         for row in rows:
             print(
-                f"{row['what']:<46} {row['pairs']:>10} pairs {row['seconds']:>8.1f} s {row['pairs/s']:>10} pairs/s"
+                f"{row['what']:<46} {row['pairs']:>10} pairs {row['seconds']:>8.1f} s "
+                f"{row['pairs/s']:>10} pairs/s"
             )
         for key, value in summary.items():
             print(f"{key:<44} {value:.3g}" if isinstance(value, float) else f"{key:<44} {value}")

@@ -1,15 +1,15 @@
 """Constituency parsing on the NLTK WSJ sample within a CPU time budget (paper section 6.3).
 
-Runs the real parsing stages (``tasks.framework.runner.run_stage``: treebank -> linearize -> tokenizer ->
-shard -> train -> average -> translate -> parse_score) with ``configs/ptb_sample.yaml`` plus
-overrides: 3,501 training trees (wsj_0001-0169), 176 dev, 237 test (wsj_0181-0199). Training
-is bounded by ``--steps`` and by ``--minutes``: a short first run (``train.stop_after``) measures
-the step time, then the same run resumes up to the number of steps that fit in the budget.
-The rest of the budget is spent in ``--legs`` resumed legs, each timed again (a shared machine
-that slows down stops near the budget, at a checkpoint, rather than running on for the steps the
-first timing promised; one that runs faster than the first timing trains for more steps).
-Decoding is the config's (``parsing.beam_size``, ``alpha``, ``max_len_offset``, ``constrained``)
-unless ``--beam`` says otherwise.
+Runs the real parsing stages (``tasks.framework.runner.run_stage``: treebank -> linearize ->
+tokenizer -> shard -> train -> average -> translate -> parse_score) with ``configs/ptb_sample.yaml``
+plus overrides: 3,501 training trees (wsj_0001-0169), 176 dev, 237 test (wsj_0181-0199). Training is
+bounded by ``--steps`` and by ``--minutes``: a short first run (``train.stop_after``) measures the
+step time, then the same run resumes up to the number of steps that fit in the budget. The rest of
+the budget is spent in ``--legs`` resumed legs, each timed again (a shared machine that slows down
+stops near the budget, at a checkpoint, rather than running on for the steps the first timing
+promised; one that runs faster than the first timing trains for more steps). Decoding is the
+config's (``parsing.beam_size``, ``alpha``, ``max_len_offset``, ``constrained``) unless ``--beam``
+says otherwise.
 
 The paper's 91.3 F1 comes from 40k trees, a 4-layer d_model 1024 model and hours on GPUs;
 minutes of CPU on 9% of the data give far less, and this benchmark says how much.

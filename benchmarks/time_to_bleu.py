@@ -1,4 +1,4 @@
-"""Time to BLEU: one `tfm run` of a config from an empty workdir, and BLEU against wall-clock minutes.
+"""Time to BLEU: BLEU against wall-clock minutes in one `tfm run` of a config from an empty workdir.
 
 Runs the whole pipeline (download to register) as a user would, timing it from the start, then
 reads the curve back: dev BLEU at every validation (``val_bleu`` in MLflow: greedy, the config's
@@ -8,7 +8,8 @@ averaged checkpoints, the config's beam search: ``bleu_sacre`` and ``bleu_tok_lc
 table, JSON and a PNG.
 
     python benchmarks/time_to_bleu.py --config configs/multi30k_en_de.yaml \
-        --mirror file://$PWD/../shared/data/multi30k --workdir /tmp/ttb --json ttb.json --png ttb.png
+        --mirror file://$PWD/../shared/data/multi30k --workdir /tmp/ttb \
+        --json ttb.json --png ttb.png
 """
 
 from __future__ import annotations

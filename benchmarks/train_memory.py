@@ -1,21 +1,21 @@
 """Training memory per worker: token data memory-mapped from the shards' Arrow IPC files vs the
 Parquet shards read into every worker's memory (the reading before the IPC files existed).
 
-The real WMT14 sample (../shared/data/wmt14_ende_sample) is replicated to ``--pairs`` pairs
-(each replica numbered, as benchmarks/data.py does) and run through the download, clean,
-tokenizer and shard stages once (reused from ``--workdir`` when it holds them). The "parquet"
-reading is the same shard folder without its ``arrow/`` files (hard links to the rest), which
-``TokenData.read`` then reads from Parquet, as it did before. A third, "no corpus",
-memory-maps the dev split (3,000 rows) as the training split: what a training worker costs
-without a corpus, so ``corpus_MiB`` = USS minus its USS is what the corpus costs each worker.
-Each reading trains the debug model for ``--steps`` steps under Ray Train with 1 and with 2
-workers (this node), each worker recording, after its last step, psutil's RSS, USS (pages only it maps) and PSS, the
-private anonymous memory (``Anonymous`` in /proc/self/smaps_rollup: what no other process can
-share and the kernel cannot drop) and the peak RSS, and the same before it read any data (its
-``*_start``). tokens/s is the Trainer's own figure (real tokens over its timed intervals), the
-best of ``--repeats`` interleaved runs (other load on the machine only slows a run); the memory
-is the last run's. A summary compares the two readings per worker count: mean per-worker USS,
-its corpus share and private anonymous memory, memory-mapped over Parquet, and tokens/s.
+The real WMT14 sample (../shared/data/wmt14_ende_sample) is replicated to ``--pairs`` pairs (each
+replica numbered, as benchmarks/data.py does) and run through the download, clean, tokenizer and
+shard stages once (reused from ``--workdir`` when it holds them). The "parquet" reading is the same
+shard folder without its ``arrow/`` files (hard links to the rest), which ``TokenData.read`` then
+reads from Parquet, as it did before. A third, "no corpus", memory-maps the dev split (3,000 rows)
+as the training split: what a training worker costs without a corpus, so ``corpus_MiB`` = USS minus
+its USS is what the corpus costs each worker. Each reading trains the debug model for ``--steps``
+steps under Ray Train with 1 and with 2 workers (this node), each worker recording, after its last
+step, psutil's RSS, USS (pages only it maps) and PSS, the private anonymous memory (``Anonymous`` in
+/proc/self/smaps_rollup: what no other process can share and the kernel cannot drop) and the peak
+RSS, and the same before it read any data (its ``*_start``). tokens/s is the Trainer's own figure
+(real tokens over its timed intervals), the best of ``--repeats`` interleaved runs (other load on
+the machine only slows a run); the memory is the last run's. A summary compares the two readings per
+worker count: mean per-worker USS, its corpus share and private anonymous memory, memory-mapped over
+Parquet, and tokens/s.
 
 A touched page of a memory-mapped file counts in USS while only one process maps it: with one
 worker the token pages it touched are in its USS although they are page cache (clean,

@@ -65,7 +65,8 @@ def member_key(name: str) -> str:
 
 
 def check_member(member: tarfile.TarInfo, archive: Path) -> None:
-    """Raise ``UnsafeArchiveError`` unless ``member`` is a plain file or folder inside the archive root."""
+    """Raise ``UnsafeArchiveError`` unless ``member`` is a plain file or folder inside the
+    archive root."""
     where = f"member {member.name!r} of {archive}"
     path = PurePosixPath(member.name)
     if (
@@ -137,14 +138,16 @@ def iter_members(archive: Path, names: Iterable[str]) -> Iterator[tuple[str, IO[
         return
     missing = sorted(wanted)
     hints = sorted({h for name in missing for h in difflib.get_close_matches(name, passed, n=3)})
+    absent = ", ".join(map(repr, missing))
     raise MissingMemberError(
-        f"{archive} has no member {', '.join(map(repr, missing))} (fix the path in corpora/sources.py)"
+        f"{archive} has no member {absent} (fix the path in corpora/sources.py)"
         + (f"; similar members: {', '.join(hints)}" if hints else "")
     )
 
 
 def corrupt_archive(archive: Path, cause: object) -> CorruptArchiveError:
-    """The one error for an archive that cannot be read to its end, naming the file and the cause."""
+    """The one error for an archive that cannot be read to its end, naming the file and the
+    cause."""
     detail = str(cause) or type(cause).__name__
     return CorruptArchiveError(f"truncated or corrupt archive {archive} ({detail})")
 

@@ -128,7 +128,8 @@ def _clean_ranges(
 
 
 def _copy_through(src_file: Path, out_file: Path) -> dict[str, int]:
-    """Normalise a dev/test file line by line (lines are kept, never dropped: they are references)."""
+    """Normalise a dev/test file line by line (lines are kept, never dropped: they are
+    references)."""
     raw = src_file.read_bytes()
     lines = raw.split(b"\n")
     if raw.endswith(b"\n"):

@@ -112,7 +112,8 @@ def encode_table(sp: Any, table: pa.Table, pretokenizer: Pretokenizer | None = N
 
 
 def too_long(table: pa.Table, max_len: int) -> np.ndarray:
-    """Mask of the shard rows whose source or target has more than ``max_len`` pieces (EOS counted)."""
+    """Mask of the shard rows whose source or target has more than ``max_len`` pieces (EOS
+    counted)."""
     src = table.column("src_len").to_numpy()
     tgt = table.column("tgt_len").to_numpy()
     return (src > max_len) | (tgt > max_len)
@@ -221,7 +222,8 @@ def _encode_train(
     fetch: Sequence[StoredFolder] = (),
     source: StoredFolder | None = None,
 ) -> Iterator[pa.Table]:
-    """Encode the clean training files in an actor pool; the shard rows in input order, batch by batch.
+    """Encode the clean training files in an actor pool; the shard rows in input order, batch
+    by batch.
 
     Each input row names a range of consecutive row groups (about 16k rows); ``num_actors``
     ``RangeEncoder`` actors, ``cpus_per_actor`` CPUs each, read and encode the ranges. No read
@@ -271,7 +273,8 @@ def _processor(model_file: str | Path) -> Any:
 def _write(
     tables: Iterable[pa.Table], out: Path, config: ShardConfig, max_len: int, *, drop: bool
 ) -> tuple[_Lengths, list[Path], int]:
-    """Write one split; the lengths, the files and the rows over ``max_len`` (dropped if ``drop``)."""
+    """Write one split; the lengths, the files and the rows over ``max_len`` (dropped if
+    ``drop``)."""
     # The IPC twins go to <shard>/arrow/<split>/, where training.data.token_files looks.
     ipc_folder = out.parent / "arrow" / out.name
     writer = ParquetShardWriter(out, SHARD_SCHEMA, config.rows_per_shard, ipc_folder=ipc_folder)
@@ -329,18 +332,20 @@ def shard_corpus(
     source: StoredFolder | None = None,
 ) -> dict[str, Any]:
     """Encode the clean folder (``train/part-*.parquet``, ``dev.*``, ``test.*``) with the
-    sentencepiece ``model_file`` (after ``pretokenizer``, if given) into ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
-    ``out/arrow/{train,dev,test}/part-*.arrow``, dropping train and
-    dev rows over ``max_len`` pieces; the stats per split and ``lengths.png``. Needs a running Ray.
-    ``fetch``: the object-store folders the model (and ``clean``) are this node's copies of; a
-    task on another node copies them to the same paths first. ``source``: the clean folder on
-    the object store, which the actors read the training rows from, straight."""
+    sentencepiece ``model_file`` (after ``pretokenizer``, if given) into
+    ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
+    ``out/arrow/{train,dev,test}/part-*.arrow``, dropping train and dev rows over ``max_len``
+    pieces; the stats per split and ``lengths.png``. Needs a running Ray. ``fetch``: the
+    object-store folders the model (and ``clean``) are this node's copies of; a task on another node
+    copies them to the same paths first. ``source``: the clean folder on the object store, which the
+    actors read the training rows from, straight."""
     import ray
 
     clean, out = Path(clean), Path(out)
     train_files = part_files(clean / "train")
     stats: dict[str, Any] = {}
-    # dev and test together, in one task that runs beside the training split; split again by row count
+    # dev and test together, in one task that runs beside the training split; split again by
+    # row count
     evals = {split: _read_eval(clean, split, src, tgt) for split in ("dev", "test")}
     eval_ref = ray.remote(num_cpus=min(1.0, config.cpus_per_actor))(_encode_eval).remote(
         str(model_file), pa.concat_tables(list(evals.values())), pretokenizer, tuple(fetch)

@@ -97,7 +97,8 @@ TRAIN_SCHEMA = pa.schema([("src", pa.string()), ("tgt", pa.string())])
 
 # C0/C1 control characters other than whitespace, the BOM and the zero-width space: removed.
 _CONTROL = r"[\x{0}-\x{8}\x{E}-\x{1F}\x{7F}-\x{84}\x{86}-\x{9F}\x{FEFF}\x{200B}]"
-# ASCII whitespace, vertical tab, NEL and every Unicode space separator (NBSP, U+2028, ...): one space.
+# ASCII whitespace, vertical tab, NEL and every Unicode space separator (NBSP, U+2028, ...):
+# one space.
 _SPACE = r"[\s\x{B}\x{85}\p{Z}]+"
 # The lines _SPACE changes: a run of two or more of its characters, or one that is not " ".
 # ([\t-\r] is \s and \x{B} less " "; [^\PZ ] is \p{Z} less " ".) Matching is much cheaper than
@@ -170,7 +171,8 @@ def filter_reasons(
     valid: np.ndarray | None = None,
     contaminants: pa.Array | None = None,
 ) -> np.ndarray:
-    """One verdict code (``REASONS``) per normalised pair, duplicates aside: the first filter that drops it."""
+    """One verdict code (``REASONS``) per normalised pair, duplicates aside: the first filter
+    that drops it."""
     n = len(src)
     reasons = np.zeros(n, dtype=np.int8)
 
@@ -214,7 +216,8 @@ def clean_lines(
     config: CleanConfig,
     contaminants: pa.Array | None = None,
 ) -> pa.Table:
-    """Decode, normalise and judge raw line pairs: columns src, tgt ("" when dropped), reason, hash."""
+    """Decode, normalise and judge raw line pairs: columns src, tgt ("" when dropped), reason,
+    hash."""
     src, src_ok = decode_lines(src_lines)
     tgt, tgt_ok = decode_lines(tgt_lines)
     src, tgt = normalize_array(src), normalize_array(tgt)

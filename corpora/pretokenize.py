@@ -40,7 +40,8 @@ BPE_MARK = "@@"
 
 @dataclass(frozen=True)
 class Pretokenizer:
-    """Lowercasing and Moses tokenization of a (source, target) language pair; identity when both are off."""
+    """Lowercasing and Moses tokenization of a (source, target) language pair; identity when
+    both are off."""
 
     languages: tuple[str, str]
     """The source and target languages (Moses' rules depend on them)."""
@@ -77,7 +78,8 @@ class Pretokenizer:
         return [bpe.segment(t) for t in texts]
 
     def restore(self, texts: Sequence[str], side: int = 1) -> list[str]:
-        """What the subword model decoded, as running text (BPE marks removed, Moses-detokenized)."""
+        """What the subword model decoded, as running text (BPE marks removed,
+        Moses-detokenized)."""
         texts = [join_pieces(t) for t in texts] if self.bpe_codes else list(texts)
         if not self.moses:
             return texts
@@ -104,7 +106,8 @@ class Pretokenizer:
 
     @classmethod
     def load(cls, folder: Path) -> Pretokenizer | None:
-        """What ``folder`` records; None when it records nothing (the text goes to the model as it is)."""
+        """What ``folder`` records; None when it records nothing (the text goes to the model as
+        it is)."""
         path = Path(folder) / FILE
         if not path.is_file():
             return None
@@ -130,7 +133,8 @@ class Pretokenizer:
 
     @property
     def description(self) -> str:
-        """For logs and stage results: the steps joined by ``+`` (``moses+lowercase``), or ``none``."""
+        """For logs and stage results: the steps joined by ``+`` (``moses+lowercase``), or
+        ``none``."""
         steps = (
             ("moses", self.moses),
             ("lowercase", self.lowercase),

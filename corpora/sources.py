@@ -67,7 +67,8 @@ class Corpus:
     format: Format
     """How the members are written."""
     members: Mapping[str, str]
-    """Language -> member path inside the archive (for tsv, every language names the same member)."""
+    """Language -> member path inside the archive (for tsv, every language names the same
+    member)."""
     columns: tuple[str, ...] = ()
     """For tsv: the language of each column."""
     lines: int | None = None
@@ -194,19 +195,22 @@ def _multi30k(
     return Corpus(name or split, "multi30k", "gzip", members, lines=lines)
 
 
+# The files under data/task1/raw/, one line each as sha256sum writes it.
+_MULTI30K_SUMS = """
+d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f  train.en.gz
+726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6  train.de.gz
+622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c  train.fr.gz
+14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28  val.en.gz
+f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a  val.de.gz
+ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9  val.fr.gz
+611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9  test_2016_flickr.en.gz
+9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8  test_2016_flickr.de.gz
+6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90  test_2016_flickr.fr.gz
+"""
+
 MULTI30K_SHA256: dict[str, str] = {
     f"data/task1/raw/{name}": sha256
-    for name, sha256 in {
-        "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-        "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-        "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
-        "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-        "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-        "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
-        "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-        "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-        "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
-    }.items()
+    for sha256, name in (line.split() for line in _MULTI30K_SUMS.strip().splitlines())
 }
 """sha256 of the repository's files (commit a3d2e0d, gzipped in 2017 and unchanged since), as
 computed from a copy of them; the Czech files and the 2017/2018 test sets are not pinned (no
@@ -277,7 +281,8 @@ def archive(key: str) -> Archive:
 
 
 def train_corpora(pair: str, names: Sequence[str] = ()) -> list[Corpus]:
-    """The named training corpora for ``pair`` (the registry's default set when ``names`` is empty)."""
+    """The named training corpora for ``pair`` (the registry's default set when ``names`` is
+    empty)."""
     key = statmt_pair(pair)
     table = TRAIN.get(key)
     if table is None:
@@ -303,7 +308,8 @@ def multi30k_train(pair: str) -> Corpus:
 
 
 def multi30k_eval_set(name: str, pair: str) -> Corpus:
-    """A Multi30k dev or test set (``val``, ``test_2016_flickr``, ...) for the direction ``pair``."""
+    """A Multi30k dev or test set (``val``, ``test_2016_flickr``, ...) for the direction
+    ``pair``."""
     corpus = MULTI30K_EVAL.get(name)
     if corpus is None:
         raise CorpusError(

@@ -126,7 +126,8 @@ class Store:
             if name not in found:
                 return f"{self.uri}/{rel}/{name} is missing"
             if found[name] != info["bytes"]:
-                return f"{self.uri}/{rel}/{name} has {found[name]} bytes, manifest says {info['bytes']}"
+                listed = info["bytes"]
+                return f"{self.uri}/{rel}/{name} has {found[name]} bytes, manifest says {listed}"
         return None
 
     def verify(self, rel: str, manifest: Mapping[str, Any]) -> str | None:

@@ -87,11 +87,14 @@ class TokenizerConfig:
     character_coverage: float = 1.0
     """Share of characters covered by the model."""
     target_symbols: bool = False
-    """Every distinct token of the training targets is one piece (parsing: labels and tags; a closed set)."""
+    """Every distinct token of the training targets is one piece (parsing: labels and tags; a
+    closed set)."""
     lowercase: bool = False
-    """Lowercase all text before the subword model (``corpora.pretokenize``; the case is not restored)."""
+    """Lowercase all text before the subword model (``corpora.pretokenize``; the case is not
+    restored)."""
     moses: bool = False
-    """Moses-tokenize all text before the subword model, detokenize the model's output (``corpora.pretokenize``)."""
+    """Moses-tokenize all text before the subword model, detokenize the model's output
+    (``corpora.pretokenize``)."""
 
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
@@ -261,6 +264,7 @@ def train(
     if numbers_pieces and len(pieces) + FIRST_SYMBOL_ID > config.vocab_size:
         raise CorpusError(
             f"tokenizer.vocab_size: {config.vocab_size} cannot hold the {len(pieces)} pieces "
-            f"that tokenizer.merges {config.merges} make (and {FIRST_SYMBOL_ID} special ids); raise it"
+            f"that tokenizer.merges {config.merges} make (and {FIRST_SYMBOL_ID} special ids); "
+            "raise it"
         )
     return SubwordModel(model.getvalue(), count)

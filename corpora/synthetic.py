@@ -7,7 +7,8 @@ last in ``dass`` / ``weil`` / ``wenn`` clauses; participles, infinitives after `
 separable prefixes go to the end; English simple past becomes the German perfect with ``haben``
 or ``sein``. A small Transformer has to learn reordering and agreement, not word-for-word copying.
 
-``write_corpus(out_dir, ...)`` writes the raw corpus layout (``corpora.assemble``) for corpus ``synthetic``.
+``write_corpus(out_dir, ...)`` writes the raw corpus layout (``corpora.assemble``) for corpus
+``synthetic``.
 """
 
 from __future__ import annotations
@@ -176,53 +177,7 @@ class Grammar:
             else:
                 parts.update(en_aux=None, en_main=lex.EN_BE[person])
         else:
-            verb = rng.choice(self.verbs)
-            en_base, en_3sg, en_past, en_pp = verb.en
-            en_mid: list[str] = []
-            de_mid: list[str] = []
-            if verb.frame == "ditr":
-                recipient = self.noun_phrase("dat", ("person", "animal"), allow_pronoun=True)
-                theme = self.noun_phrase("acc", lex.OBJECT_CLASSES[verb.obj])
-                en_mid = [recipient.en, theme.en]
-                de_mid = [
-                    recipient.de,
-                    theme.de,
-                ]  # dative before accusative (the theme is never a pronoun)
-                parts["pronoun_object"] = recipient.pronoun
-            elif verb.frame == "tr":
-                obj = self.noun_phrase("acc", lex.OBJECT_CLASSES[verb.obj], allow_pronoun=True)
-                en_mid = [obj.en]
-                de_mid = [obj.de]
-                parts["pronoun_object"] = obj.pronoun
-            if tense == "present":
-                en_aux, en_main = None, (en_3sg if _en_third(person) else en_base)
-                de_fin, de_end = verb.forms[person], ([verb.prefix] if verb.prefix else [])
-                de_sub_fin = verb.prefix + verb.forms[person]
-            elif tense in ("past", "perfect"):
-                aux = lex.HABEN if verb.aux == "haben" else lex.SEIN
-                if tense == "past":
-                    en_aux, en_main = None, en_past
-                else:
-                    en_aux, en_main = ("has" if _en_third(person) else "have"), en_pp
-                de_fin, de_end = aux[person], [verb.participle]
-                de_sub_fin = aux[person]
-            else:
-                en_aux, en_main = "will", en_base
-                de_fin, de_end = lex.WERDEN[person], [verb.inf]
-                de_sub_fin = lex.WERDEN[person]
-            parts.update(
-                kind="verb",
-                en_aux=en_aux,
-                en_main=en_main,
-                de_fin=de_fin,
-                de_end=de_end,
-                de_sub_fin=de_sub_fin,
-                en_obj=en_mid,
-                de_mid=de_mid,
-                en_base=en_base,
-                en_do=("does" if _en_third(person) else "do"),
-                verb=verb,
-            )
+            parts.update(self._verb_parts(person, tense))
         if rng.random() < 0.35:
             parts["pp"] = self.prep_phrase()
         if adverb and rng.random() < 0.4:
@@ -233,6 +188,57 @@ class Grammar:
                 parts["tense"] = "past"
                 if parts["kind"] == "verb":
                     parts["en_aux"], parts["en_main"] = None, parts["verb"].en[2]
+        return parts
+
+    def _verb_parts(self, person: str, tense: str) -> dict[str, Any]:
+        """A clause's verb, its objects and its forms for ``person`` in ``tense``."""
+        rng = self.rng
+        verb = rng.choice(self.verbs)
+        en_base, en_3sg, en_past, en_pp = verb.en
+        en_mid: list[str] = []
+        de_mid: list[str] = []
+        parts: dict[str, Any] = {}
+        if verb.frame == "ditr":
+            recipient = self.noun_phrase("dat", ("person", "animal"), allow_pronoun=True)
+            theme = self.noun_phrase("acc", lex.OBJECT_CLASSES[verb.obj])
+            en_mid = [recipient.en, theme.en]
+            # dative before accusative (the theme is never a pronoun)
+            de_mid = [recipient.de, theme.de]
+            parts["pronoun_object"] = recipient.pronoun
+        elif verb.frame == "tr":
+            obj = self.noun_phrase("acc", lex.OBJECT_CLASSES[verb.obj], allow_pronoun=True)
+            en_mid = [obj.en]
+            de_mid = [obj.de]
+            parts["pronoun_object"] = obj.pronoun
+        if tense == "present":
+            en_aux, en_main = None, (en_3sg if _en_third(person) else en_base)
+            de_fin, de_end = verb.forms[person], ([verb.prefix] if verb.prefix else [])
+            de_sub_fin = verb.prefix + verb.forms[person]
+        elif tense in ("past", "perfect"):
+            aux = lex.HABEN if verb.aux == "haben" else lex.SEIN
+            if tense == "past":
+                en_aux, en_main = None, en_past
+            else:
+                en_aux, en_main = ("has" if _en_third(person) else "have"), en_pp
+            de_fin, de_end = aux[person], [verb.participle]
+            de_sub_fin = aux[person]
+        else:
+            en_aux, en_main = "will", en_base
+            de_fin, de_end = lex.WERDEN[person], [verb.inf]
+            de_sub_fin = lex.WERDEN[person]
+        parts.update(
+            kind="verb",
+            en_aux=en_aux,
+            en_main=en_main,
+            de_fin=de_fin,
+            de_end=de_end,
+            de_sub_fin=de_sub_fin,
+            en_obj=en_mid,
+            de_mid=de_mid,
+            en_base=en_base,
+            en_do=("does" if _en_third(person) else "do"),
+            verb=verb,
+        )
         return parts
 
     # --- word order

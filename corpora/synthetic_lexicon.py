@@ -163,7 +163,8 @@ sweet süß süß
 fresh frisch frisch
 """
 
-# english: base|3sg|past|participle ; german: infinitive|ich|du|er/sie|participle|aux ; frame ; object class
+# english: base|3sg|past|participle ; german: infinitive|ich|du|er/sie|participle|aux ;
+# frame ; object class. An indented line continues the verb above it.
 # A separable German verb is written prefix+infinitive with a "+": an+rufen; its present forms
 # are those of the stem verb (rufe, rufst, ruft).
 VERBS = """
@@ -190,15 +191,18 @@ look for|looks for|looked for|looked for ; suchen|suche|suchst|sucht|gesucht|hab
 forget|forgets|forgot|forgotten ; vergessen|vergesse|vergisst|vergisst|vergessen|haben ; tr ; object
 catch|catches|caught|caught ; fangen|fange|fängst|fängt|gefangen|haben ; tr ; throwable
 cook|cooks|cooked|cooked ; kochen|koche|kochst|kocht|gekocht|haben ; tr ; food
-repair|repairs|repaired|repaired ; reparieren|repariere|reparierst|repariert|repariert|haben ; tr ; object
+repair|repairs|repaired|repaired ;
+    reparieren|repariere|reparierst|repariert|repariert|haben ; tr ; object
 draw|draws|drew|drawn ; zeichnen|zeichne|zeichnest|zeichnet|gezeichnet|haben ; tr ; any
 hold|holds|held|held ; halten|halte|hältst|hält|gehalten|haben ; tr ; object
 call|calls|called|called ; an+rufen|rufe|rufst|ruft|angerufen|haben ; tr ; person
 pick up|picks up|picked up|picked up ; ab+holen|hole|holst|holt|abgeholt|haben ; tr ; animate
 invite|invites|invited|invited ; ein+laden|lade|lädst|lädt|eingeladen|haben ; tr ; person
 put on|puts on|put on|put on ; an+ziehen|ziehe|ziehst|zieht|angezogen|haben ; tr ; clothing
-switch on|switches on|switched on|switched on ; ein+schalten|schalte|schaltest|schaltet|eingeschaltet|haben ; tr ; device
-bring back|brings back|brought back|brought back ; zurück+bringen|bringe|bringst|bringt|zurückgebracht|haben ; tr ; object
+switch on|switches on|switched on|switched on ;
+    ein+schalten|schalte|schaltest|schaltet|eingeschaltet|haben ; tr ; device
+bring back|brings back|brought back|brought back ;
+    zurück+bringen|bringe|bringst|bringt|zurückgebracht|haben ; tr ; object
 give|gives|gave|given ; geben|gebe|gibst|gibt|gegeben|haben ; ditr ; object
 show|shows|showed|shown ; zeigen|zeige|zeigst|zeigt|gezeigt|haben ; ditr ; object
 send|sends|sent|sent ; schicken|schicke|schickst|schickt|geschickt|haben ; ditr ; object
@@ -219,7 +223,8 @@ cry|cries|cried|cried ; weinen|weine|weinst|weint|geweint|haben ; intr ;
 live|lives|lived|lived ; wohnen|wohne|wohnst|wohnt|gewohnt|haben ; intr ;
 get up|gets up|got up|got up ; auf+stehen|stehe|stehst|steht|aufgestanden|sein ; intr ;
 arrive|arrives|arrived|arrived ; an+kommen|komme|kommst|kommt|angekommen|sein ; intr ;
-fall asleep|falls asleep|fell asleep|fallen asleep ; ein+schlafen|schlafe|schläfst|schläft|eingeschlafen|sein ; intr ;
+fall asleep|falls asleep|fell asleep|fallen asleep ;
+    ein+schlafen|schlafe|schläfst|schläft|eingeschlafen|sein ; intr ;
 """
 
 # verbs that take a "that" clause: english base|3sg ; german infinitive|ich|du|er
@@ -412,9 +417,20 @@ def parse_nouns() -> tuple[Noun, ...]:
     return tuple(Noun(*line.split()) for line in NOUNS.strip().splitlines())
 
 
+def _records(table: str) -> list[str]:
+    """The table's lines, each indented line joined to the record above it."""
+    records: list[str] = []
+    for line in table.strip().splitlines():
+        if line[:1].isspace() and records:
+            records[-1] += " " + line.strip()
+        else:
+            records.append(line)
+    return records
+
+
 def parse_verbs() -> tuple[Verb, ...]:
     verbs = []
-    for line in VERBS.strip().splitlines():
+    for line in _records(VERBS):
         en, de, frame, obj = (part.strip() for part in line.split(";"))
         inf, ich, du, er, participle, aux = de.split("|")
         prefix, _, stem_inf = inf.rpartition("+")

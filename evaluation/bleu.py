@@ -67,7 +67,8 @@ def moses_tokenize(texts: Sequence[str], lang: str) -> list[str]:
 
 
 def score_texts(hyps: Sequence[str], refs: Sequence[str], lang: str) -> dict[str, Any]:
-    """Corpus scores of detokenized ``hyps`` against one reference each, in target language ``lang``.
+    """Corpus scores of detokenized ``hyps`` against one reference each, in target language
+    ``lang``.
 
     Returns ``bleu_sacre`` (+ ``bleu_sacre_signature``, ``bleu_sacre_details``),
     ``bleu_tok_compound`` (+ signature), ``bleu_tok_lc`` (+ signature), ``chrf`` (+ signature)

@@ -3,7 +3,8 @@
 In: ``clean``, ``tokenizer``. Out: ``{train,dev,test}/part-*.parquet`` (``src_ids``,
 ``tgt_ids``, ``src_len``, ``tgt_len``; pieces + EOS), beside each part its uncompressed Arrow
 IPC twin ``part-*.arrow`` (the same rows, memory-mapped by training), and ``lengths.png``; the
-vocabulary size and per-split lengths in the manifest. The Ray Data encoding is ``corpora.encoding``.
+vocabulary size and per-split lengths in the manifest. The Ray Data encoding is
+``corpora.encoding``.
 
 Train and dev rows with more pieces (EOS included) on either side than ``max_pieces`` =
 min(``model.max_len``, ``train.max_tokens_per_batch``) are dropped and counted per split
@@ -28,7 +29,8 @@ STAGE = "shard"
 
 
 def max_pieces(config: RunConfig) -> int:
-    """The most pieces per side a train or dev row may have: what the model and one micro-batch take."""
+    """The most pieces per side a train or dev row may have: what the model and one micro-batch
+    take."""
     return min(config.model.max_len, config.train.max_tokens_per_batch)
 
 

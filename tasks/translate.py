@@ -34,7 +34,8 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 
 
 def build(ctx: BuildContext) -> dict[str, Any]:
-    """Translate the shard stage's test split into ``ctx.tmp/hyp.<tgt>`` (one line per input line)."""
+    """Translate the shard stage's test split into ``ctx.tmp/hyp.<tgt>`` (one line per input
+    line)."""
     from corpora.parquet import part_files
     from evaluation.attention import AttentionMap, attention_map, draw_attention, short_enough
     from serving.batch import read_lengths, translate_distributed

@@ -29,8 +29,8 @@ from transformer_core.batching import collate, plan_batches, plan_batches_fairse
 log = logging.getLogger(__name__)
 
 IPC_FOLDER = "arrow"
-"""``<shard>/arrow/<split>/part-N.arrow`` is the Arrow IPC twin of ``<shard>/<split>/part-N.parquet``
-(written by the shard stage, ``corpora.encoding``)."""
+"""``<shard>/arrow/<split>/part-N.arrow`` is the Arrow IPC twin of
+``<shard>/<split>/part-N.parquet`` (written by the shard stage, ``corpora.encoding``)."""
 
 Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """One run of rows: source values, source offsets, target values, target offsets (CSR)."""
@@ -56,13 +56,15 @@ def shard_files(folder: str) -> list[str]:
 
 
 def ipc_folder(folder: str) -> Path:
-    """Where the Arrow IPC twins of a split folder's Parquet parts are: ``<shard>/arrow/<split>``."""
+    """Where the Arrow IPC twins of a split folder's Parquet parts are:
+    ``<shard>/arrow/<split>``."""
     return Path(folder).parent / IPC_FOLDER / Path(folder).name
 
 
 def token_files(folder: str) -> list[str] | None:
     """The Arrow IPC twins of a local split's Parquet parts, in order; None unless every part
-    has one (an older shard folder) or when ``folder`` is a URI (a memory map needs a local file)."""
+    has one (an older shard folder) or when ``folder`` is a URI (a memory map needs a local
+    file)."""
     if "://" in folder:
         return None
     twins = [
@@ -207,7 +209,8 @@ class TokenData:
 
 
 class BatchStream:
-    """The epochs' seeded batch plans read as one endless stream; ``(epoch, index)`` is the cursor."""
+    """The epochs' seeded batch plans read as one endless stream; ``(epoch, index)`` is the
+    cursor."""
 
     def __init__(
         self,

@@ -120,9 +120,11 @@ class _NodeBoundBackend(_TorchBackend):
         address, port = worker_group.execute_single(0, open_store_socket)
         worker_group.execute(_set_torch_distributed_env_vars)  # RANK, LOCAL_RANK, ... as Ray sets
         world_size = len(worker_group)
-        # The worker group's refs are typed as ray.types.ObjectRef, ray.get's overloads take the other.
+        # The worker group's refs are typed as ray.types.ObjectRef, ray.get's overloads take the
+        # other.
+        # pyrefly: ignore[no-matching-overload]
         ray.get(
-            [  # pyrefly: ignore[no-matching-overload]
+            [
                 worker_group.execute_single_async(
                     rank,
                     init_process_group,

@@ -126,14 +126,14 @@ class StaticShapeLoss:
         if not self._cuda:
             return self._eager(src, tgt_in, tgt_out)
         key = (*src.shape, *tgt_in.shape)
-        graphed = self._graphs.get(key)
-        if graphed is None:
+        if key not in self._graphs:
             started = time.time()
             sample = tuple(t.clone() for t in (src, tgt_in, tgt_out))  # the graph's own inputs
-            graphed = torch.cuda.make_graphed_callables(self._make(), sample, pool=self._pool)
-            self._graphs[key] = graphed
+            self._graphs[key] = torch.cuda.make_graphed_callables(
+                self._make(), sample, pool=self._pool
+            )
             self.capture_seconds += time.time() - started
-        return graphed(src, tgt_in, tgt_out)
+        return self._graphs[key](src, tgt_in, tgt_out)
 
 
 def shape_counts(

@@ -30,7 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("transformer_core", "corpora", "parsing", "training", "evaluation", "serving", "tasks")
-"""The project's packages; imports of anything else (torch, ray, the standard library) do not count."""
+"""The project's packages; imports of anything else (torch, ray, the standard library) do not
+count."""
 FRAMEWORK = __name__.rpartition(".")[0]
 """The stage framework's package (``tasks.framework``): every module in it is plumbing."""
 STAGES = FRAMEWORK.rpartition(".")[0]

@@ -63,7 +63,8 @@ _BOUNDS = {
     "less_than_equal": ("le", "<="),
     "less_than": ("lt", "<"),
 }
-"""A bound a field's constraint (``Ge(1)``) sets: pydantic's error type -> its context key and sign."""
+"""A bound a field's constraint (``Ge(1)``) sets: pydantic's error type -> its context key and
+sign."""
 
 
 def config_error(exc: ValidationError, written: dict[str, Any], root: type) -> ConfigError:
@@ -116,7 +117,8 @@ def _message(error: ErrorDetails, hint: Any, outer: Any) -> str:
     if kind == "missing" and dataclasses.is_dataclass(outer):
         return "is required"
     if kind in ("missing", "too_long", "too_short"):  # a fixed-length tuple (adam_betas)
-        return f"{value!r} must have {len(typing.get_args(outer if kind == 'missing' else hint))} items"
+        items = typing.get_args(outer if kind == "missing" else hint)
+        return f"{value!r} must have {len(items)} items"
     if kind == "literal_error":
         return f"{value!r} is not one of {', '.join(map(repr, typing.get_args(hint)))}"
     if kind == "dataclass_type":

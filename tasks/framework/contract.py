@@ -99,7 +99,8 @@ def damage(folder: Path, manifest: Mapping[str, Any], *, full: bool = False) -> 
         if path.suffix in TABLE_FILES:
             rows = table_rows(path)
             if rows is None:
-                return f"{rel} is not a readable {TABLE_FILES[path.suffix]} file (its footer does not read)"
+                kind = TABLE_FILES[path.suffix]
+                return f"{rel} is not a readable {kind} file (its footer does not read)"
             if rows != info.get("rows", rows):
                 return f"{rel} holds {rows} rows, manifest says {info['rows']}"
         if (
