@@ -67,8 +67,9 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
         trainer.start_step,
         enabled=rank == 0,
         spread_floor=job.train.warn_encoder_spread,
+        eval_every=job.train.eval_every,
     )
-    progress.resumed(world)
+    progress.begun(world)
     saver = Saver(trainer, job.model, job.vocab_size, job.tgt_vocab_size)
     try:
         listener = WorkerListener(tracker, progress, job.storage_fs(job.best_path), job.vocab_size)

@@ -70,6 +70,15 @@ def test_rays_worker_prefix_is_off_unless_verbose(monkeypatch, clean_logging):
         assert "RAY_DISABLE_WORKER_LOG_PREFIX" not in os.environ
 
 
+def test_ray_trains_own_lines_are_at_warning_unless_verbose(clean_logging):
+    from training.job import ray_train_log_level
+
+    with console.routed(verbose=False):
+        assert ray_train_log_level() == "WARNING"
+    with console.routed(verbose=True):
+        assert ray_train_log_level() == "INFO"
+
+
 @pytest.fixture
 def clean_logging(monkeypatch):
     """Leave the root and ``ray.data`` loggers and the environment as they were."""
