@@ -93,10 +93,13 @@ test-gpu:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests/gpu
 
 # pyrefly: the type checker over the production packages ([tool.pyrefly] in pyproject.toml).
+# .ci/check_docs.py: the guides' links, images, make targets, tfm subcommands and scripts exist,
+# and no path of one machine is in docs/, README.md or configs/.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pyrefly check --python-interpreter-path $(PY) --summary=none
+	$(PY) .ci/check_docs.py
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

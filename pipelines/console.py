@@ -5,8 +5,10 @@ Ray Data's INFO lines (its logging config, which Ray's local workers inherit thr
 environment), other libraries' log records that reach the root logger, and Python warnings
 (``logging.captureWarnings``). MLflow's loggers keep their own console handler (INFO).
 MLflow's artifact download bars and its "View run ... at" links are switched off with MLflow's
-own variables (a progress bar is not a log line). ``-v`` leaves every library as it is and logs
-at DEBUG. Our own records, warnings included, and anyone's errors stay on the console.
+own variables (a progress bar is not a log line), Ray's ``(RayTrainWorker pid=...)`` prefix with
+Ray's, and Prefect's bookkeeping lines ("Finished in state Completed()") go to the log. ``-v``
+leaves every library as it is and logs at DEBUG. Our own records, warnings included, and
+anyone's errors stay on the console.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ QUIET_MLFLOW = {
 }
 """Not ``MLFLOW_CONFIGURE_LOGGING=false``: Ray's workers inherit it, and there it unleashed
 alembic's INFO lines (9 per training run) that MLflow's own setup keeps at WARNING."""
+QUIET_RAY = {"RAY_DISABLE_WORKER_LOG_PREFIX": "1"}
+"""Ray prints every line a worker writes behind a coloured ``(RayTrainWorker pid=...)``; without
+it the progress lines read as the command's own. The lines themselves, worker errors included,
+still reach the console (Ray's forwarding and its deduplication stay on). Ray reads it when it
+is first imported, so it is set before."""
+RUN_LOG_ONLY = {"console": False}
+"""``extra`` of a record that goes to the run log (and Prefect's UI) but not the console: a
+line that repeats, for those readers, what the console already says."""
+PREFECT_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+PREFECT_BOOKKEEPING = ("Beginning flow run", "Created task run", "Finished in state Completed")
+"""Prefect's engine's INFO lines on its run loggers that repeat ours (a stage ran, the flow began
+and ended): the run log keeps them; its other lines (a retry, a failed state) stay on the console."""
 
 
 def is_ours(name: str) -> bool:
@@ -43,8 +57,16 @@ def is_ours(name: str) -> bool:
 
 
 def for_console(record: logging.LogRecord) -> bool:
-    """Without ``-v``: our records, and anyone's errors."""
-    return record.levelno >= logging.ERROR or is_ours(record.name)
+    """Without ``-v``: our records, and anyone's errors; not what is for the run log only."""
+    if record.levelno >= logging.ERROR:
+        return True
+    if not is_ours(record.name) or not getattr(record, "console", True):
+        return False
+    return not (
+        record.name in PREFECT_RUN_LOGGERS
+        and record.levelno < logging.WARNING
+        and record.getMessage().startswith(PREFECT_BOOKKEEPING)
+    )
 
 
 def _without_traceback(record: logging.LogRecord) -> bool:
@@ -58,7 +80,9 @@ def routed(verbose: bool) -> Iterator[None]:
     were (tests run many commands in one process)."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    switches = {name: os.environ.get(name) for name in (*QUIET_MLFLOW, RAY_DATA_CONFIG_VAR)}
+    switches = {
+        name: os.environ.get(name) for name in (*QUIET_MLFLOW, *QUIET_RAY, RAY_DATA_CONFIG_VAR)
+    }
     # Prefect's console handler, which its logging setup puts on the root logger, gives way to
     # the command's: it would print each line twice, or write to the stream it was made with
     # (an earlier test's, closed by now).
@@ -94,7 +118,7 @@ def setup(verbose: bool) -> None:
     if verbose:
         return
     handler.addFilter(for_console)
-    for name, value in QUIET_MLFLOW.items():
+    for name, value in {**QUIET_MLFLOW, **QUIET_RAY}.items():
         os.environ.setdefault(name, value)
     logging.captureWarnings(True)  # to the "py.warnings" logger: the log, not the console
     # One line per HTTP call to the Prefect API buries the stage log.

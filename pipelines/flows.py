@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from corpora.redact import redact_uri
+from pipelines import console
 from tasks.framework import graph, runner, tracking
 from tasks.framework.config import RunConfig, load_config
 from tasks.framework.contract import StageResult
@@ -47,15 +48,16 @@ def _config(config_path: str, overrides: dict[str, Any] | None, loaded: Loaded |
 def stage_task(
     config: RunConfig, name: str, force: bool | str, parent_run_id: str | None
 ) -> StageResult:
-    """Run one stage inside its own MLflow child run and log its result there."""
+    """Run one stage inside its own MLflow child run and log its result there. The console has
+    the runner's lines for the stage; these two are for Prefect's UI and the run log."""
     logger = get_run_logger()
     tags = {"prefect.flow_run_id": str(flow_run.id)}
     with tracking.stage_run(config, name, parent_run_id=parent_run_id, tags=tags) as run:
-        logger.info("stage %s: MLflow run %s", name, run.info.run_id)
+        logger.info("stage %s: MLflow run %s", name, run.info.run_id, extra=console.RUN_LOG_ONLY)
         result = runner.run_stage(config, name, force=force)  # logs its result into that run
     logger.info(
         "stage %s: %s in %.1fs (%s) -> %s", name, "ran" if result.ran else "skipped",
-        result.seconds, result.reason, result.path,
+        result.seconds, result.reason, result.path, extra=console.RUN_LOG_ONLY,
     )
     return result
 

@@ -12,6 +12,7 @@ writes holds weights-only copies of the kept checkpoints
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +107,13 @@ def torch_trainer(job: TrainJob) -> TorchTrainer:
     # Ray Train V2's classes, which ``ray.train`` and ``ray.train.torch`` export while
     # RAY_TRAIN_V2_ENABLED is on (Ray 2.60's default; elastic workers need V2), imported from
     # where they live: through ``ray.train`` a type checker sees V1's or V2's.
-    from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.api.config import (
+        CheckpointConfig,
+        FailureConfig,
+        LoggingConfig,
+        RunConfig,
+        ScalingConfig,
+    )
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from training.process_group import NodeBoundTorchConfig
@@ -132,8 +139,16 @@ def torch_trainer(job: TrainJob) -> TorchTrainer:
             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
             failure_config=FailureConfig(max_failures=tc.max_failures),
             worker_runtime_env=worker_runtime_env(tc),
+            logging_config=LoggingConfig(log_level=ray_train_log_level()),
         ),
     )
+
+
+def ray_train_log_level() -> str:
+    """Ray Train's own console lines at WARNING: its INFO lines (four that start the worker
+    group, "Moving model to device") say what the progress lines' first says in one, and stay
+    in its log files. At INFO when the command runs with ``-v`` (the root logger at DEBUG)."""
+    return "INFO" if logging.getLogger().isEnabledFor(logging.DEBUG) else "WARNING"
 
 
 def export(result: Result, out: Path, best: tuple[Any, str] | None = None) -> dict[str, Any]:

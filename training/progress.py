@@ -1,6 +1,7 @@
-"""What rank 0 prints while it trains: one line per logging step (step / total, loss, lr, target
-tokens/s, the last validation's perplexity and BLEU, elapsed and ETA), and a warning when the
-encoder collapses.
+"""What rank 0 prints while it trains: where it starts, one line per logging step (step / total,
+loss, lr, target tokens/s, the last validation's perplexity and BLEU, elapsed and ETA), and a
+warning when the encoder collapses. The line of a step that validates waits for its validation,
+so that it shows that validation's figures, not the one before (the last line, the last ones).
 
 Plain lines rather than a bar: they reach the driver's console through Ray's worker-log
 forwarding, which passes lines, and read the same in a terminal, CI and a log file. Written,
@@ -35,27 +36,49 @@ class Progress:
         *,
         enabled: bool = True,
         spread_floor: float = 0.0,
+        eval_every: int = 0,
         out: IO[str] | None = None,
     ):
         self.total, self.start_step, self.enabled = total, start_step, enabled
-        self.spread_floor = spread_floor
+        self.spread_floor, self.eval_every = spread_floor, eval_every
         self.out = out or sys.stderr
         self.started = time.time()
         self.validation: dict[str, float] = {}
+        self.held: tuple[int, dict[str, Any]] | None = None
 
-    def resumed(self, world_size: int) -> str | None:
-        """The line that says training continues from a checkpoint (nothing on a fresh start)."""
+    def begun(self, world_size: int) -> str:
+        """The one line that says where training starts: step 1, or a checkpoint."""
         if self.start_step == 0:
-            return None
+            return self._print(f"train starting: {self.total} steps, {world_size} worker(s)")
         return self._print(
             f"train resuming from step {self.start_step}/{self.total} (its checkpoint: the "
             f"weights, optimizer, data position and RNG states), {world_size} worker(s)"
         )
 
+    def validates(self, step: int) -> bool:
+        """Whether ``step`` ends with a validation (``Trainer.maybe_evaluate``'s rule)."""
+        return step == self.total or bool(self.eval_every and step % self.eval_every == 0)
+
     def step(self, step: int, metrics: dict[str, Any]) -> str | None:
-        """The line for a logging step's ``metrics`` (nothing for other steps)."""
+        """The line for a logging step's ``metrics`` (nothing for other steps); held until its
+        validation when the step validates."""
         if not metrics:
             return None
+        self.release()
+        if self.validates(step):
+            self.held = (step, dict(metrics))
+            return None
+        return self._print(self.line(step, metrics))
+
+    def release(self) -> str | None:
+        """The held line, printed with the figures of the latest validation."""
+        if self.held is None:
+            return None
+        step, metrics = self.held
+        self.held = None
+        return self._print(self.line(step, metrics))
+
+    def line(self, step: int, metrics: dict[str, Any]) -> str:
         elapsed = time.time() - self.started
         done = step - self.start_step
         eta = elapsed / done * (self.total - step) if done > 0 else 0.0
@@ -70,13 +93,15 @@ class Progress:
         if "val_bleu" in self.validation:
             parts.append(f"dev BLEU {self.validation['val_bleu']:.1f}")
         parts.append(f"{duration(elapsed)} elapsed, ETA {duration(eta)}")
-        return self._print(" | ".join(parts))
+        return " | ".join(parts)
 
     def validated(self, step: int, metrics: dict[str, float]) -> str | None:
-        """Remember a validation's metrics; a warning line if the encoder has collapsed."""
+        """Remember a validation's metrics and print the step's held line with them; returns a
+        warning line if the encoder has collapsed."""
         if not metrics:
             return None
         self.validation = dict(metrics)
+        self.release()
         spread = metrics.get("val_encoder_spread")
         if spread is not None and spread < self.spread_floor:
             return self._print(self.collapse_warning(step, spread))

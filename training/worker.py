@@ -11,6 +11,7 @@ logger callbacks).
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 import resource
@@ -64,8 +65,9 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
         trainer.start_step,
         enabled=rank == 0,
         spread_floor=job.train.warn_encoder_spread,
+        eval_every=job.train.eval_every,
     )
-    progress.resumed(world)
+    progress.begun(world)
     saver = Saver(trainer, job.model, job.vocab_size, job.tgt_vocab_size)
     try:
         listener = WorkerListener(tracker, progress, job.storage_fs(job.best_path), job.vocab_size)
@@ -125,10 +127,7 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
     dev = TokenData.read(f"{shard}/dev", vocab_size)
     torch.manual_seed(seed)  # the same initial weights on every rank
     module = Transformer(job.model, vocab_size, job.tgt_vocab_size)
-    # The only buffer is the fixed sinusoid table: broadcasting it every forward is waste.
-    model = ray.train.torch.prepare_model(
-        module, parallel_strategy_kwargs={"broadcast_buffers": False}
-    )
+    model = ray.train.torch.prepare_model(module, parallel_strategy_kwargs=ddp_options())
     dev_bleu = None
     if tc.bleu_sentences:
         dev_bleu = DevBleu(
@@ -151,6 +150,15 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
         callbacks=job.callbacks,
         dev_bleu=dev_bleu,
     )
+
+
+def ddp_options() -> dict[str, bool]:
+    """DDP's buffers not broadcast at every forward: the only buffer is the fixed sinusoid
+    table, the same on every rank. torch 2.13 calls it ``forward_sync_buffers`` (its
+    ``broadcast_buffers`` warns that it is deprecated); earlier torch, ``broadcast_buffers``."""
+    init = torch.nn.parallel.DistributedDataParallel.__init__
+    new = "forward_sync_buffers" in inspect.signature(init).parameters
+    return {"forward_sync_buffers" if new else "broadcast_buffers": False}
 
 
 class Saver:

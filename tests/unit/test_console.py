@@ -31,6 +31,54 @@ def test_the_console_shows_ours_and_errors(name, level, shown):
     assert console.for_console(_record(name, level)) is shown
 
 
+@pytest.mark.parametrize(
+    ("name", "level", "message", "shown"),
+    [
+        ("prefect.task_runs", logging.INFO, "Finished in state Completed()", False),
+        ("prefect.flow_runs", logging.INFO, "Beginning flow run 'x' for flow 'pipeline'", False),
+        ("prefect.task_runs", logging.INFO, "Task run failed with ... - Retry 1/2 will start", True),
+        ("prefect.task_runs", logging.ERROR, "Finished in state Failed('...')", True),
+        ("prefect.task_runs", logging.INFO, "stage clean: MLflow run 123", True),
+    ],
+)
+def test_prefects_bookkeeping_goes_to_the_run_log(name, level, message, shown):
+    record = logging.LogRecord(name, level, __file__, 1, message, None, None)
+    assert console.for_console(record) is shown
+
+
+def test_a_record_for_the_run_log_only_stays_off_the_console():
+    logger = logging.getLogger("pipelines.test_console")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        logger.warning("stage x: ran", extra=console.RUN_LOG_ONLY)
+        logger.warning("stage x: done")
+    finally:
+        logger.removeHandler(handler)
+    assert [console.for_console(r) for r in records] == [False, True]
+
+
+def test_rays_worker_prefix_is_off_unless_verbose(monkeypatch, clean_logging):
+    for name in console.QUIET_RAY:
+        monkeypatch.delenv(name, raising=False)
+    with console.routed(verbose=False):
+        assert os.environ["RAY_DISABLE_WORKER_LOG_PREFIX"] == "1"
+    assert "RAY_DISABLE_WORKER_LOG_PREFIX" not in os.environ
+    with console.routed(verbose=True):
+        assert "RAY_DISABLE_WORKER_LOG_PREFIX" not in os.environ
+
+
+def test_ray_trains_own_lines_are_at_warning_unless_verbose(clean_logging):
+    from training.job import ray_train_log_level
+
+    with console.routed(verbose=False):
+        assert ray_train_log_level() == "WARNING"
+    with console.routed(verbose=True):
+        assert ray_train_log_level() == "INFO"
+
+
 @pytest.fixture
 def clean_logging(monkeypatch):
     """Leave the root and ``ray.data`` loggers and the environment as they were."""

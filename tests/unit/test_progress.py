@@ -60,8 +60,40 @@ def test_translate_progress_writes_a_line_per_tenth_when_not_at_a_terminal():
     assert lines[-1].endswith("ETA 00:00")
 
 
-def test_a_resumed_run_says_where_it_continues():
+def test_one_line_says_where_training_starts():
     out = io.StringIO()
-    assert Progress(total=100, start_step=0, out=out).resumed(2) is None  # a fresh start
-    line = Progress(total=100, start_step=40, out=out).resumed(2)
-    assert line.startswith("train resuming from step 40/100") and out.getvalue() == line + "\n"
+    fresh = Progress(total=100, start_step=0, out=out).begun(2)
+    assert fresh == "train starting: 100 steps, 2 worker(s)"
+    resumed = Progress(total=100, start_step=40, out=out).begun(2)
+    assert resumed.startswith("train resuming from step 40/100")
+    assert out.getvalue() == fresh + "\n" + resumed + "\n"
+
+
+def test_the_line_of_a_validating_step_shows_that_validation():
+    out = io.StringIO()
+    progress = Progress(total=10, start_step=0, eval_every=5, spread_floor=0.1, out=out)
+    metrics = {"loss": 2.0, "lr": 1e-3}
+    assert progress.step(4, metrics) is not None  # no validation at step 4: printed at once
+    assert progress.step(5, metrics) is None  # held for the validation that follows it
+    progress.validated(5, {"val_ppl": 7.0, "val_bleu": 12.3, "val_encoder_spread": 0.4})
+    assert progress.step(10, metrics) is None  # the last step validates too
+    warning = progress.validated(10, {"val_ppl": 5.0, "val_bleu": 20.0, "val_encoder_spread": 0.01})
+    lines = out.getvalue().splitlines()
+    assert [line.split(" (")[0] for line in lines[:3]] == [
+        "train step 4/10", "train step 5/10", "train step 10/10"
+    ]
+    assert "dev ppl" not in lines[0]
+    assert "dev ppl 7.00 | dev BLEU 12.3" in lines[1]
+    assert "dev ppl 5.00 | dev BLEU 20.0" in lines[2]  # the last validation's, not the one before
+    assert lines[3] == warning and len(lines) == 4
+
+
+def test_a_held_line_is_not_lost_when_its_validation_says_nothing():
+    out = io.StringIO()
+    progress = Progress(total=10, start_step=0, eval_every=5, out=out)
+    progress.step(5, {"loss": 2.0, "lr": 1e-3})
+    progress.validated(5, {})  # nothing measured: the line waits for the next step
+    progress.step(6, {"loss": 1.5, "lr": 1e-3})
+    assert [line.split(" (")[0] for line in out.getvalue().splitlines()] == [
+        "train step 5/10", "train step 6/10"
+    ]
