@@ -44,14 +44,13 @@ def _config(config_path: str, overrides: dict[str, Any] | None, loaded: Loaded |
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)
-def stage_task(
-    config: RunConfig, name: str, force: bool | str, parent_run_id: str | None
-) -> StageResult:
-    """Run one stage inside its own MLflow child run and log its result there."""
+def stage_task(config: RunConfig, name: str, force: bool | str, parent: str | None) -> StageResult:
+    """Run one stage inside its own MLflow child run (under the run of journal ``parent``) and
+    log its result there."""
     logger = get_run_logger()
     tags = {"prefect.flow_run_id": str(flow_run.id)}
-    with tracking.stage_run(config, name, parent_run_id=parent_run_id, tags=tags) as run:
-        logger.info("stage %s: MLflow run %s", name, run.info.run_id)
+    with tracking.stage_run(config, name, parent=parent, tags=tags) as run:
+        logger.info("stage %s: MLflow run journal %s", name, run.key)
         result = runner.run_stage(config, name, force=force)  # logs its result into that run
     logger.info(
         "stage %s: %s in %.1fs (%s) -> %s", name, "ran" if result.ran else "skipped",
@@ -74,7 +73,7 @@ def run_pipeline(
     results: list[StageResult] = []
     with tracking.pipeline_run(config, name, {"prefect.flow_run_id": str(flow_run.id)}) as parent:
         logger.info(
-            "MLflow parent run %s (tracking %s)", parent.info.run_id, redact_uri(config.tracking_uri)
+            "MLflow parent run journal %s (tracking %s)", parent.key, redact_uri(config.tracking_uri)
         )
         for spec in graph.pipeline(config):
             if only is not None and spec.name not in only:
@@ -88,15 +87,15 @@ def run_pipeline(
             ran = [up for up in spec.inputs.values() if any(r.ran and r.stage == up for r in results)]
             if ran and spec.name not in rerun:
                 rerun[spec.name] = f"upstream {ran[0]} ran"
-            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.info.run_id)
+            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.key)
             results.append(result)
-        tracking.set_tag(parent, "stages.ran", ",".join(r.stage for r in results if r.ran))
+        parent.set_tags({"stages.ran": ",".join(r.stage for r in results if r.ran)})
     from prefect.artifacts import create_markdown_artifact
 
     # The run's outcome in the Prefect UI too, beside the flow run, not only in MLflow.
     create_markdown_artifact(
         key=artifact_key(config.name),
-        markdown=summary_markdown(config, results, parent.info.run_id),
+        markdown=summary_markdown(config, results, parent.label()),
         description=f"{config.name}: stages and scores",
     )
     return results
@@ -123,7 +122,7 @@ def scores(results: list[StageResult]) -> dict[str, Any]:
     return {k: v for k, v in found.items() if isinstance(v, (int, float, str)) and k != "signature"}
 
 
-def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run_id: str) -> str:
+def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run: str) -> str:
     """A markdown table of the stages (ran or skipped, why, seconds) and one of the scores."""
     lines = [
         f"## {config.name}",
@@ -142,7 +141,7 @@ def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run_i
             f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |"
             for k, v in found.items()
         ]
-    lines += ["", f"MLflow parent run `{mlflow_run_id}` ({redact_uri(config.tracking_uri)})"]
+    lines += ["", f"MLflow parent run `{mlflow_run}` ({redact_uri(config.tracking_uri)})"]
     return "\n".join(lines) + "\n"
 
 
