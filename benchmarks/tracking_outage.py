@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from training.tracking import Tracker
+from training.tracking import JournalRelay, Tracker
 from training.tracking_journal import Journal, new_key, open_record
 from training.tracking_sender import Sender, TrackingOptions
 
@@ -61,7 +61,8 @@ def tracker_for(mode: str, folder: Path, hung_port: int, server_uri: str) -> tup
     sender = Sender(TrackingOptions(drain_seconds=0.0), say=lambda line: None)
     sender.watch(journal, uri)
     sender.start()
-    return Tracker(journal), sender
+    # As a rank's records reach the journal: through the relay's unsynced appends.
+    return Tracker(JournalRelay(str(journal.folder))), sender
 
 
 def run_mode(mode: str, steps: int, size: int, folder: Path, hung_port: int,
