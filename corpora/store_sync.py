@@ -46,10 +46,15 @@ def download_missing(store: Store, rel: str, local: Path) -> list[str]:
             if (Path(local) / name).exists():
                 continue
             tmp = temporary_sibling(Path(local) / name)
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            pafs.copy_files(store.path(f"{rel}/{name}"), str(tmp),
-                            source_filesystem=store.filesystem,
-                            destination_filesystem=pafs.LocalFileSystem())
+            source = store.path(f"{rel}/{name}")
+            files = store.filesystem.get_file_info(pafs.FileSelector(source, recursive=True))
+            for info in files:  # file by file: a local folder must exist before a file in it
+                if info.type != pafs.FileType.File:
+                    continue
+                target = tmp / info.path[len(source) + 1 :]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                pafs.copy_files(info.path, str(target), source_filesystem=store.filesystem,
+                                destination_filesystem=pafs.LocalFileSystem())
             publish(tmp, Path(local) / name)
             fetched.append(name)
         return fetched
