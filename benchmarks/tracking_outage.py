@@ -3,7 +3,8 @@ connections (stopped) or hangs (accepts, never answers), against no tracking at 
 
 Each mode runs the same steps: a fixed torch workload on one thread (a stand-in for a step of
 the cluster tests' tiny model), then ``Tracker.metrics`` with one step's metrics, as the worker
-logs them. The modes are interleaved in rounds, so a busy machine skews them alike. The server:
+logs them: appended to the run's journal, which a sender thread of the same process drains to
+the server (in training, the driver's sender: another process). The modes are interleaved in rounds, so a busy machine skews them alike. The server:
 ``up`` is ``mlflow server`` on loopback (SQLite, in a temporary folder; on this machine, so it
 takes CPU a remote server would not); ``refused`` a loopback port nothing listens on; ``hung`` a loopback socket that listens and never accepts, so every call
 waits out its timeout. MLflow's HTTP budget is the pipeline's default (``TrackingOptions``).
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import socket
 import subprocess
@@ -28,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-from training.tracking import Tracker, TrackingOptions
+from training.tracking import JournalRelay, Tracker
+from training.tracking_journal import Journal, new_key, open_record
+from training.tracking_sender import Sender, TrackingOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
@@ -49,38 +51,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tracker_for(mode: str, folder: Path, hung_port: int, server_uri: str) -> Tracker | None:
-    """The Tracker of ``mode``, logging into a run that exists where a server answers."""
+def tracker_for(mode: str, folder: Path, hung_port: int, server_uri: str) -> tuple[Tracker, Sender] | None:
+    """The Tracker of ``mode`` and the sender that drains its journal to the mode's server."""
     if mode == "none":
         return None
-    options = TrackingOptions(drain_seconds=0.0)
-    if mode == "up":
-        from mlflow.tracking import MlflowClient
-
-        uri = server_uri
-        client = MlflowClient(uri)
-        experiment = client.get_experiment_by_name("bench") or client.get_experiment(
-            client.create_experiment("bench"))
-        run_id = client.create_run(experiment.experiment_id).info.run_id
-    else:
-        port = free_port() if mode == "refused" else hung_port
-        uri, run_id = f"http://127.0.0.1:{port}", "0" * 32
-    spill = folder / f"spill-{mode}-{time.monotonic_ns()}"
-    return Tracker(uri, run_id, True, spill_dir=spill, options=options, out=io.StringIO())
+    uri = server_uri if mode == "up" else f"http://127.0.0.1:{free_port() if mode == 'refused' else hung_port}"
+    journal = Journal.create(folder, new_key(), uri, "bench")
+    journal.append([open_record("bench", mode, {})])
+    sender = Sender(TrackingOptions(drain_seconds=0.0), say=lambda line: None)
+    sender.watch(journal, uri)
+    sender.start()
+    # As a rank's records reach the journal: through the relay's unsynced appends.
+    return Tracker(JournalRelay(str(journal.folder))), sender
 
 
 def run_mode(mode: str, steps: int, size: int, folder: Path, hung_port: int,
              server_uri: str) -> list[float]:
-    tracker = tracker_for(mode, folder, hung_port, server_uri)
+    tracked = tracker_for(mode, folder, hung_port, server_uri)
     took = []
     for step in range(1, steps + 1):
         started = time.perf_counter()
         step_work(size)
-        if tracker is not None:
-            tracker.metrics({k: float(step) for k in METRICS}, step)
+        if tracked is not None:
+            tracked[0].metrics({k: float(step) for k in METRICS}, step)
         took.append(time.perf_counter() - started)
-    if tracker is not None:
-        tracker.close(timeout=0.0)
+    if tracked is not None:
+        tracked[0].close()
+        tracked[1].stop()
     return took
 
 
@@ -131,6 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("MLFLOW_TRACKING_URI", "")  # no ambient server
+    os.environ.update(TrackingOptions().http_env())  # as a tfm command sets it for its sender
     modes = ("none", "up", "refused", "hung")
     took: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as hung, \

@@ -121,15 +121,16 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
-    """Write what an MLflow outage left in the work dir's spill files; exit 1 if some is left."""
-    config = _load(args.config, args.set)
-    from tasks.framework import tracking
+    """Send what the work dir's tracking journals hold to their MLflow servers; exit 1 if some
+    is left (a server does not answer)."""
+    from tasks.framework import tracking_session
 
-    files = [f for f in tracking.spill_files(config) if f.pending()]
-    if not files:
-        print(f"tracking: nothing to replay in {config.root}")
-        return 0
-    left = tracking.replay_spilled(config, say=lambda line: print(f"tracking: {line}"))
+    target = Path(args.target)
+    if target.suffix in (".yaml", ".yml") and target.is_file():
+        config = _load(args.target, args.set)
+        left = tracking_session.replay_config(config, say=lambda line: print(f"tracking: {line}"))
+    else:
+        left = tracking_session.replay_workdir(args.target, say=lambda line: print(f"tracking: {line}"))
     return 1 if left else 0
 
 
@@ -325,12 +326,14 @@ def _translate_parser(sub: Any) -> None:
 
 
 def _tracking_parser(sub: Any) -> argparse.ArgumentParser:
-    """``tfm tracking replay CONFIG``; returns the replay parser."""
-    p = sub.add_parser("tracking", help="MLflow tracking: replay what an outage left")
+    """``tfm tracking replay WORKDIR|CONFIG``; returns the replay parser."""
+    p = sub.add_parser("tracking", help="MLflow tracking: send what an outage or a dead process left")
     tsub = p.add_subparsers(dest="tracking_command", required=True, metavar="ACTION")
-    p = tsub.add_parser("replay", help="write the records a run kept while the MLflow server was "
-                                       "down (its spill files) to the server, in order, once")
-    p.add_argument("config", help="YAML run config (its work dir and tracking URI)")
+    p = tsub.add_parser("replay", help="send the records a work dir's tracking journals hold "
+                                       "(kept while the MLflow server was down, or left by a "
+                                       "process that died) to the server, in order, once")
+    p.add_argument("target", metavar="WORKDIR|CONFIG",
+                   help="a work dir (a folder, or s3://... / gs://...), or a YAML run config")
     p.set_defaults(func=cmd_tracking_replay)
     return p
 

@@ -45,15 +45,14 @@ def _config(config_path: str, overrides: dict[str, Any] | None, loaded: Loaded |
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)
-def stage_task(
-    config: RunConfig, name: str, force: bool | str, parent_run_id: str | None
-) -> StageResult:
-    """Run one stage inside its own MLflow child run and log its result there. The console has
-    the runner's lines for the stage; these two are for Prefect's UI and the run log."""
+def stage_task(config: RunConfig, name: str, force: bool | str, parent: str | None) -> StageResult:
+    """Run one stage inside its own MLflow child run (under the run of journal ``parent``) and
+    log its result there. The console has the runner's lines for the stage; these two are for
+    Prefect's UI and the run log."""
     logger = get_run_logger()
     tags = {"prefect.flow_run_id": str(flow_run.id)}
-    with tracking.stage_run(config, name, parent_run_id=parent_run_id, tags=tags) as run:
-        logger.info("stage %s: MLflow run %s", name, run.info.run_id, extra=console.RUN_LOG_ONLY)
+    with tracking.stage_run(config, name, parent=parent, tags=tags) as run:
+        logger.info("stage %s: MLflow run journal %s", name, run.key, extra=console.RUN_LOG_ONLY)
         result = runner.run_stage(config, name, force=force)  # logs its result into that run
     logger.info(
         "stage %s: %s in %.1fs (%s) -> %s", name, "ran" if result.ran else "skipped",
@@ -76,7 +75,7 @@ def run_pipeline(
     results: list[StageResult] = []
     with tracking.pipeline_run(config, name, {"prefect.flow_run_id": str(flow_run.id)}) as parent:
         logger.info(
-            "MLflow parent run %s (tracking %s)", parent.info.run_id, redact_uri(config.tracking_uri)
+            "MLflow parent run journal %s (tracking %s)", parent.key, redact_uri(config.tracking_uri)
         )
         for spec in graph.pipeline(config):
             if only is not None and spec.name not in only:
@@ -90,15 +89,15 @@ def run_pipeline(
             ran = [up for up in spec.inputs.values() if any(r.ran and r.stage == up for r in results)]
             if ran and spec.name not in rerun:
                 rerun[spec.name] = f"upstream {ran[0]} ran"
-            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.info.run_id)
+            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.key)
             results.append(result)
-        tracking.set_tag(parent, "stages.ran", ",".join(r.stage for r in results if r.ran))
+        parent.set_tags({"stages.ran": ",".join(r.stage for r in results if r.ran)})
     from prefect.artifacts import create_markdown_artifact
 
     # The run's outcome in the Prefect UI too, beside the flow run, not only in MLflow.
     create_markdown_artifact(
         key=artifact_key(config.name),
-        markdown=summary_markdown(config, results, parent.info.run_id),
+        markdown=summary_markdown(config, results, parent.label()),
         description=f"{config.name}: stages and scores",
     )
     return results
@@ -125,7 +124,7 @@ def scores(results: list[StageResult]) -> dict[str, Any]:
     return {k: v for k, v in found.items() if isinstance(v, (int, float, str)) and k != "signature"}
 
 
-def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run_id: str) -> str:
+def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run: str) -> str:
     """A markdown table of the stages (ran or skipped, why, seconds) and one of the scores."""
     lines = [
         f"## {config.name}",
@@ -144,7 +143,7 @@ def summary_markdown(config: RunConfig, results: list[StageResult], mlflow_run_i
             f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |"
             for k, v in found.items()
         ]
-    lines += ["", f"MLflow parent run `{mlflow_run_id}` ({redact_uri(config.tracking_uri)})"]
+    lines += ["", f"MLflow parent run `{mlflow_run}` ({redact_uri(config.tracking_uri)})"]
     return "\n".join(lines) + "\n"
 
 

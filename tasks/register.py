@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from corpora.pretokenize import Pretokenizer
-from corpora.redact import redacted
+from corpora.redact import redact_text, redact_uri, redacted
 from evaluation.champion import decide_champion, protocol
 from tasks.framework import tracking
 from tasks.framework.code_fingerprint import git_state, stage_code
@@ -173,8 +173,8 @@ def register_model(
 
     name = config.register.model_name
     metric = config.register.metric
-    client = tracking.client(config)
-    with tempfile.TemporaryDirectory(prefix="register-") as tmp, tracking.active_or_stage_run(config, STAGE) as run:
+    # The one stage that needs the server: it waits for it (mlflow.registry_wait_seconds).
+    with tempfile.TemporaryDirectory(prefix="register-") as tmp, tracking.registry(config, STAGE) as (client, run_id):
         staging = Path(tmp)
         artifacts = _stage_model_files(staging, weights, tokenizer_dir, config)
         info = mlflow.pyfunc.log_model(
@@ -190,7 +190,6 @@ def register_model(
             input_example=INPUT_EXAMPLE,
             registered_model_name=name,
         )
-        run_id = run.info.run_id
     version = str(info.registered_model_version)
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
@@ -283,7 +282,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
 
 def outdated(config: RunConfig, out_dir: Path) -> str | None:
     """Why an otherwise up-to-date output is stale: its registry version is gone (a new
-    database); None if the version is there."""
+    database); None if the version is there, or if the server does not answer (it may well be
+    there: a server that is down reruns nothing)."""
     try:
         record = json.loads((out_dir / REGISTERED_FILE).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
@@ -292,6 +292,10 @@ def outdated(config: RunConfig, out_dir: Path) -> str | None:
 
     try:
         tracking.client(config).get_model_version(record["name"], str(record["version"]))
-    except MlflowException:
-        return f"{record['name']} version {record['version']} is not in {config.tracking_uri}"
+    except MlflowException as exc:
+        if exc.get_http_status_code() != 404:
+            log.warning("register: could not check %s version %s (%s): kept as it is",
+                        record["name"], record["version"], redact_text(str(exc).splitlines()[0][:200]))
+            return None
+        return f"{record['name']} version {record['version']} is not in {redact_uri(config.tracking_uri)}"
     return None

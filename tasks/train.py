@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redacted
+from corpora.redact import redact_uri, redacted
 from corpora.storage import StoredFolder
 from tasks.framework import tracking
 from tasks.framework.config import RunConfig, flatten, to_dict
@@ -35,7 +35,7 @@ from tasks.framework.contract import (
 from tasks.framework.runtime import ensure_ray
 from training.data import open_fs, shard_files
 from training.job import CHECKPOINTS_JSON, JobError, TrainJob, run_job
-from training.tracking import learning_curve, log_params
+from training.tracking import learning_curve, new_params
 from training.trainer import Callback
 
 log = logging.getLogger(__name__)
@@ -236,33 +236,31 @@ def check_resources(config: RunConfig) -> None:
 
 
 def _train(ctx: BuildContext, callbacks: Sequence[Callback]) -> dict[str, Any]:
-    from mlflow.tracking import MlflowClient
-
     config, inputs, tmp = ctx.config, ctx.inputs, ctx.tmp
     counts = check_inputs(config, inputs)
     ensure_ray(config.ray)
     check_resources(config)
     job = make_job(config, inputs, ctx.input_fps, counts, callbacks, ctx.stored)
     (tmp / "config.json").write_text(json.dumps(redacted(to_dict(config)), indent=2) + "\n")
-    with tracking.training_run(config, STAGE, job.storage_fs(job.run_dir)) as (tracking_uri, run_id):
-        client = MlflowClient(tracking_uri)
+    with tracking.training_run(config, STAGE, job.storage_fs(job.run_dir)) as run:
         params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}
         # What training reads (seed, model, train), not the whole config again: a flow's parent
         # run holds that as params, and config.json (below) holds it for this run.
-        log_params(client, run_id, {**redacted(flatten(stage_config(config))), **job.scaling(), **params})
-        client.log_artifact(run_id, str(tmp / "config.json"))
+        record = new_params(run.journal, {**redacted(flatten(stage_config(config))), **job.scaling(), **params})
+        if record is not None:
+            run.append([record])
+        run.log_artifact(tmp / "config.json")
         try:
-            outcome = run_job(replace(job, tracking_uri=tracking_uri, mlflow_run_id=run_id), tmp)
+            with tracking.relay(run) as sink:  # the ranks' records, into the run's journal
+                outcome = run_job(replace(job, journal=sink), tmp)
         except JobError as exc:
             raise StageError(str(exc)) from exc
-        # The server may be down as training ends: the stage still publishes its folder.
-        opts = tracking.options(config)
-        ok, curve = tracking.attempt(
-            opts, "the learning curve", learning_curve, client, run_id, tmp / "learning_curve.png"
-        )
-        for path in ([curve] if ok and curve else []) + [tmp / CHECKPOINTS_JSON]:
-            tracking.attempt(opts, f"artifact {path.name}", client.log_artifact, run_id, str(path))
-    return {**counts, **outcome.stats, "mlflow_run_id": run_id, "tracking_uri": tracking_uri}
+        curve = learning_curve(run.journal, tmp / "learning_curve.png")
+        for path in ([curve] if curve else []) + [tmp / CHECKPOINTS_JSON]:
+            run.log_artifact(path)
+        tracking.drain(run)  # while the server answers: its curves are there when the stage ends
+    return {**counts, **outcome.stats, "mlflow_run_id": run.run_id,
+            "tracking_uri": redact_uri(config.tracking_uri)}
 
 
 def make_job(
@@ -295,6 +293,5 @@ def make_job(
         shard_source=stored.get("shard"),
         tokenizer_source=stored.get("tokenizer"),
         run_name=name,
-        tracking=tracking.options(config),
         callbacks=tuple(callbacks),
     )

@@ -12,7 +12,7 @@ from typing import Any
 from corpora.storage import StoredFolder
 from training.config import TrainConfig
 from training.data import open_fs
-from training.tracking import TrackingOptions, spill_folder
+from training.tracking_journal import RecordSink
 from training.trainer import Callback
 from transformer_core.checkpoint import MODEL_FILE
 from transformer_core.config import ModelConfig
@@ -50,12 +50,9 @@ class TrainJob:
     """The tokenizer folder on an object store, as ``shard_source``."""
     run_name: str
     """Ray Train's run folder in ``storage_path``: what a rerun resumes from."""
-    tracking_uri: str | None = None
-    """MLflow tracking URI rank 0 logs to; None: no logging."""
-    mlflow_run_id: str | None = None
-    """The MLflow run rank 0 logs to."""
-    tracking: TrackingOptions = TrackingOptions()
-    """How rank 0 logs without waiting on the server: queue, spill file, HTTP budget, drain."""
+    journal: RecordSink | None = None
+    """Where rank 0 logs: its MLflow run's journal (a relay to it on the driver's node, which
+    the driver's sender drains); None: no logging."""
     callbacks: tuple[Callback, ...] = ()
     """Called with the Trainer after every step on every rank (tests inject failures); not part
     of what is trained."""
@@ -83,16 +80,6 @@ class TrainJob:
         if self.tokenizer_source is not None:
             return str(self.tokenizer_source.local() / "spm.model")
         return self.tokenizer_file
-
-    @property
-    def spill_dir(self) -> str:
-        """Where rank 0's tracking spill file goes: ``tracking.spill_dir/<run name>``, else the
-        run folder when it is local, else the system's temporary folder (append-only files need
-        a local or shared file system, not an object store)."""
-        local = self.storage_filesystem is None and "://" not in self.storage_path
-        return spill_folder(
-            self.tracking.spill_dir, self.storage_path if local else None, self.run_name
-        )
 
     @property
     def best_path(self) -> str:

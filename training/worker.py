@@ -72,27 +72,15 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
     try:
         listener = WorkerListener(tracker, progress, job.storage_fs(job.best_path), job.vocab_size)
         trainer.fit(saver.report, listener)
-    except BaseException:
-        tracker.close(timeout=min(5.0, job.tracking.drain_seconds))  # Ray restarts the group
-        raise
-    tracker.close()
+    finally:
+        tracker.close()  # its records are in the journal (a failed group's too: Ray restarts it)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
     return summary(trainer, time.time() - started, faults)
 
 
 def make_tracker(job: TrainJob, rank: int) -> Tracker:
-    """Rank 0's Tracker of ``job``, its calls to MLflow on the short HTTP budget
-    of ``job.tracking``: this process makes no other MLflow call, and MLflow reads the budget
-    from the environment on every call (a 254-s default would hide an outage for minutes)."""
-    if rank == 0 and job.tracking_uri and job.mlflow_run_id:
-        os.environ.update(job.tracking.http_env())
-    return Tracker(
-        job.tracking_uri,
-        job.mlflow_run_id,
-        enabled=rank == 0,
-        spill_dir=job.spill_dir,
-        options=job.tracking,
-    )
+    """Rank 0's Tracker of ``job``: its records go to the run's journal, never to the server."""
+    return Tracker(job.journal, enabled=rank == 0)
 
 
 def quiet_ray_train_reports() -> None:

@@ -71,6 +71,12 @@ def workdir_of(template: str | Path, name: str) -> Workdir:
     return str(Path(text).resolve())
 
 
+def node_folder_suffix(workdir: Workdir) -> str:
+    """What ends the name of this node's folder for a work dir on an object store (its URI's
+    digest): how a run's local files are found from the URI alone."""
+    return hashlib.sha256(workdir.encode()).hexdigest()[:8]
+
+
 @functools.lru_cache(maxsize=8)
 def _store(workdir: str, settings: StoreSettings) -> Store:
     return open_store(workdir, settings)
@@ -142,8 +148,7 @@ class RunConfig:
         staging) under ``storage.cache_dir``."""
         if not is_remote(self.workdir):
             return Path(self.workdir)
-        where = hashlib.sha256(self.workdir.encode()).hexdigest()[:8]
-        return self.storage.cache_root() / "runs" / f"{self.name}-{where}"
+        return self.storage.cache_root() / "runs" / f"{self.name}-{node_folder_suffix(self.workdir)}"
 
     @property
     def store(self) -> Store:

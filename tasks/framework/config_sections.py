@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from annotated_types import Ge
+from annotated_types import Ge, Gt
 from pydantic import AfterValidator
 
 from corpora import CorpusError
@@ -156,18 +156,18 @@ class MlflowConfig:
     """Tracking server; null means MLFLOW_TRACKING_URI if set, else sqlite:///<workdir>/mlflow.db."""
     experiment: str = "transformer"
     """Experiment name."""
-    queue_size: Annotated[int, Ge(1)] = 1000
-    """Training's logging calls held in memory before they spill to the spill file (docs/training.md, "When the tracking server is down")."""
-    spill_dir: str | None = None
-    """Local or shared folder for training's spill file (<spill_dir>/<Ray run name>/tracking_spill.jsonl); null: the Ray Train run folder."""
     http_retries: Annotated[int, Ge(0)] = 2
-    """MLflow HTTP retries per call of training's logging thread and of end-of-stage logging (MLflow's default, 7, waits up to 254 s)."""
+    """MLflow HTTP retries per call of the tracking sender and of register (MLflow's default, 7, waits up to 254 s)."""
     http_backoff: Annotated[int, Ge(0)] = 1
     """MLflow HTTP backoff factor for those calls (MLflow's default: 2)."""
     http_timeout: Annotated[int, Ge(1)] = 10
     """Seconds those calls wait for one HTTP answer (MLflow's default: 120)."""
+    probe_seconds: Annotated[float, Gt(0)] = 2.0
+    """While the server does not answer, seconds between two tries of the tracking sender."""
     drain_seconds: Annotated[float, Ge(0)] = 60.0
-    """At the end of training, seconds rank 0 waits for queued records to reach the server before leaving them in the spill file."""
+    """At the end of training and of a command, seconds to wait for the tracking journals to reach a server that answers (the rest is sent by the next command, or `tfm tracking replay`)."""
+    registry_wait_seconds: Annotated[float, Ge(0)] = 300.0
+    """How long register waits for a server that does not answer before it fails (the other stages never wait; docs/training.md, "When the tracking server is down")."""
 
 
 @dataclass(frozen=True, kw_only=True)

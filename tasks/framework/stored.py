@@ -1,5 +1,5 @@
-"""Stage folders on an object store: what the runner does instead of renaming a local folder
-when the work dir is ``s3://`` or ``gs://`` (``config.store.remote``).
+"""The work dir on an object store (``s3://``, ``gs://``): ``StoreWorkDir``, the object store's
+side of the work dir seam (``tasks.framework.workdir.WorkDir``).
 
 A stage still builds into a local temporary folder (under ``config.root``, this node's folder
 for the run) and the runner writes its manifest there; ``Store.publish`` then uploads it with the
@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corpora.storage import StorageError, StoredFolder, node_copy
-from tasks.framework.config import RunConfig
+from corpora.storage import StorageError, Store, StoredFolder, node_copy
+from corpora.store_sync import download_missing, upload
 from tasks.framework.contract import (
     MANIFEST,
     StageError,
@@ -34,111 +34,140 @@ from transformer_core.folders import (
 )
 
 
-def copies(config: RunConfig) -> Path:
-    """This node's cache of the store's folders (``node_copy``'s root)."""
-    return config.root / "copies"
+class StoreWorkDir:
+    """A work dir on an object store (``store``), with this node's copies of its folders under
+    ``root`` (``config.root``: this node's folder for the run)."""
 
+    def __init__(self, store: Store, root: Path):
+        self.store, self.root = store, Path(root)
 
-def location(config: RunConfig, name: str) -> str:
-    """Stage ``name``'s folder as a URI, as messages and manifests name it."""
-    return f"{config.store.uri}/{name}"
+    @property
+    def uri(self) -> str:
+        return self.store.uri
 
+    @property
+    def copies(self) -> Path:
+        """This node's cache of the store's folders (``node_copy``'s root)."""
+        return self.root / "copies"
 
-def folder(config: RunConfig, name: str, fingerprint: str) -> StoredFolder:
-    """Stage ``name``'s folder (its manifest's ``fingerprint``) as a Ray worker is handed it:
-    each node copies it once, to the path this node's copy has."""
-    return StoredFolder(config.store, name, str(copies(config)), fingerprint)
+    def check(self) -> None:
+        self.store.check()  # a missing bucket, refused keys, a silent endpoint: one line
 
+    def locate(self, name: str) -> str:
+        return f"{self.store.uri}/{name}"
 
-def local_copy(config: RunConfig, name: str) -> Path:
-    """This node's copy of stage ``name``'s complete folder (fetched now if it has none)."""
-    try:
-        return node_copy(config.store, name, copies(config))
-    except StorageError as exc:
-        raise StageError(str(exc)) from None
+    def manifest(self, name: str) -> dict[str, Any] | None:
+        return self.store.read_manifest(name)
 
+    def exists(self, name: str) -> bool:
+        return self.store.exists(name)
 
-def check(config: RunConfig, name: str, identity: Mapping[str, Any], *, full: bool = False,
-          outdated: Callable[[Path], str | None] | None = None) -> Status:
-    """``contract.freshness`` for the store's folder: its manifest against ``identity``, the
-    files the store lists against their sizes (every sha256 read back with ``full``), then the
-    stage's ``outdated`` rule on this node's copy."""
-    store = config.store
-    manifest = store.read_manifest(name)
-    if manifest is None:
-        if store.exists(name):
-            return Status("stale", f"{location(config, name)} has no readable {MANIFEST}")
-        return Status("missing", f"{location(config, name)} does not exist")
-    status = judge(manifest, identity,
-                   lambda: store.verify(name, manifest) if full else store.missing(name, manifest))
-    if status.up_to_date and outdated is not None and (why := outdated(local_copy(config, name))):
-        return Status("stale", why)
-    return status
+    def verify(self, name: str, identity: Mapping[str, Any], *, full: bool = False,
+               outdated: Callable[[Path], str | None] | None = None) -> Status:
+        """``contract.freshness`` for the store's folder: its manifest against ``identity``, the
+        files the store lists against their sizes (every sha256 read back with ``full``), then
+        the stage's ``outdated`` rule on this node's copy."""
+        store = self.store
+        manifest = store.read_manifest(name)
+        if manifest is None:
+            if store.exists(name):
+                return Status("stale", f"{self.locate(name)} has no readable {MANIFEST}")
+            return Status("missing", f"{self.locate(name)} does not exist")
+        status = judge(manifest, identity,
+                       lambda: store.verify(name, manifest) if full else store.missing(name, manifest))
+        if status.up_to_date and outdated is not None and (why := outdated(self.local_copy(name))):
+            return Status("stale", why)
+        return status
 
+    def input_fingerprints(self, inputs: Mapping[str, str],
+                           given: Mapping[str, Path] | None = None) -> dict[str, str]:
+        """The fingerprints of the finished input folders; a clear error for one that is
+        missing or incomplete (``contract.input_fingerprint`` for the store)."""
+        if given is not None:
+            raise StageError(f"inputs given by hand need a local work dir, not {self.store.uri}")
+        fps = {}
+        for role, name in inputs.items():
+            manifest = self.store.read_manifest(name)
+            if manifest is None:
+                raise StageError(f"input {role!r} is missing: {self.locate(name)} has no {MANIFEST} "
+                                 f"(run `tfm stage {name}` first)")
+            problem = self.store.missing(name, manifest)
+            if problem is not None:
+                raise StageError(f"input {role!r} is damaged: {problem} "
+                                 f"(rebuild it: `tfm stage {name} --config <config> --force`)")
+            fps[role] = manifest["fingerprint"]
+        return fps
 
-def input_fingerprint(config: RunConfig, name: str, role: str) -> str:
-    """The fingerprint of the finished input folder ``name``; a clear error if it is missing or
-    incomplete (``contract.input_fingerprint`` for the store)."""
-    store = config.store
-    manifest = store.read_manifest(name)
-    if manifest is None:
-        raise StageError(f"input {role!r} is missing: {location(config, name)} has no {MANIFEST} "
-                         f"(run `tfm stage {name}` first)")
-    problem = store.missing(name, manifest)
-    if problem is not None:
-        raise StageError(f"input {role!r} is damaged: {problem} "
-                         f"(rebuild it: `tfm stage {name} --config <config> --force`)")
-    return manifest["fingerprint"]
+    def input_folders(self, inputs: Mapping[str, str], fps: Mapping[str, str],
+                      given: Mapping[str, Path] | None = None,
+                      ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
+        """This node's copies (a copy already here for that fingerprint is used without asking
+        the store), and the store's folders, each as a Ray worker is handed it: each node copies
+        it once, to the path this node's copy has."""
+        sources = {role: StoredFolder(self.store, name, str(self.copies), fps[role])
+                   for role, name in inputs.items()}
+        return {role: folder.local() for role, folder in sources.items()}, sources
 
+    def input_places(self, inputs: Mapping[str, str], folders: Mapping[str, Path]) -> dict[str, str]:
+        return {role: self.locate(name) for role, name in inputs.items()}
 
-def staging(config: RunConfig, name: str) -> Path:
-    """A fresh local folder to build stage ``name``'s output in (what a dead run left removed)."""
-    out = config.root / "staging" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out)
-    tmp = temporary_sibling(out)
-    tmp.mkdir()
-    return tmp
+    def staging(self, name: str) -> Path:
+        out = self.root / "staging" / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out)
+        tmp = temporary_sibling(out)
+        tmp.mkdir()
+        return tmp
 
+    def publish(self, name: str, tmp: Path) -> Path:
+        """Upload the finished ``tmp`` as folder ``name``, manifest last, then keep it as this
+        node's copy; that copy's path."""
+        self.store.publish(tmp, name)
+        manifest = read_manifest(tmp)
+        assert manifest is not None  # the runner wrote it
+        out = self.copies / manifest["fingerprint"] / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        publish(tmp, out)
+        return out
 
-def publish_stored(config: RunConfig, name: str, tmp: Path) -> Path:
-    """Upload the finished ``tmp`` (manifest written) as stage ``name``'s folder, manifest last,
-    then keep it as this node's copy; that copy's path."""
-    config.store.publish(tmp, name)
-    manifest = read_manifest(tmp)
-    assert manifest is not None  # the runner wrote it
-    out = copies(config) / manifest["fingerprint"] / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    publish(tmp, out)
-    return out
+    def skipped(self, name: str, manifest: Mapping[str, Any]) -> Path:
+        """A local folder holding the manifest: this node's copy if it has one, else the
+        manifest alone (nothing downloaded)."""
+        have = self.copies / str(manifest.get("fingerprint")) / name
+        if read_manifest(have) == manifest:
+            return have
+        out = self.root / "manifests" / name
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / MANIFEST, manifest)
+        return out
 
+    def accept(self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]) -> StageResult:
+        """Every file's sha256 read back, then the manifest replaced (one object: readers see
+        the old one or the new one)."""
+        started, store = time.time(), self.store
+        manifest = store.read_manifest(name)
+        if manifest is None:
+            raise StageError(f"{self.locate(name)} holds no finished output to accept (no {MANIFEST})")
+        problem = store.verify(name, manifest)
+        if problem is not None:
+            raise StageError(f"{self.locate(name)} cannot be accepted: {problem}; rerun the stage instead")
+        identity = dict(current())
+        status = judge(manifest, identity, lambda: None)
+        if not status.up_to_date:
+            store.write_manifest(name, accepted(manifest, identity, status.reason, started))
+            status = Status("up to date", f"accepted: {status.reason}")
+        return StageResult(stage, self.local_copy(name), False, status.reason,
+                           manifest.get("stats", {}), time.time() - started)
 
-def accept(config: RunConfig, name: str, current: Callable[[], Mapping[str, Any]]) -> StageResult:
-    """``contract.accept`` for the store's folder: every file's sha256 read back, then the
-    manifest replaced (one object: readers see the old one or the new one)."""
-    started, store = time.time(), config.store
-    manifest = store.read_manifest(name)
-    if manifest is None:
-        raise StageError(f"{location(config, name)} holds no finished output to accept (no {MANIFEST})")
-    problem = store.verify(name, manifest)
-    if problem is not None:
-        raise StageError(f"{location(config, name)} cannot be accepted: {problem}; rerun the stage instead")
-    identity = dict(current())
-    status = judge(manifest, identity, lambda: None)
-    if not status.up_to_date:
-        store.write_manifest(name, accepted(manifest, identity, status.reason, started))
-        status = Status("up to date", f"accepted: {status.reason}")
-    return StageResult(name, local_copy(config, name), False, status.reason,
-                       manifest.get("stats", {}), time.time() - started)
+    def local_copy(self, name: str) -> Path:
+        """This node's copy of folder ``name`` (fetched now if it has none)."""
+        try:
+            return node_copy(self.store, name, self.copies)
+        except StorageError as exc:
+            raise StageError(str(exc)) from None
 
+    def keep(self, local: Path, rel: str) -> None:
+        upload(self.store, local, rel)
 
-def manifest_copy(config: RunConfig, name: str, manifest: Mapping[str, Any]) -> Path:
-    """A local folder holding stage ``name``'s manifest, for a skipped stage's result (what the
-    runner logs): this node's copy if it has one, else the manifest alone (nothing downloaded)."""
-    have = copies(config) / str(manifest.get("fingerprint")) / name
-    if read_manifest(have) == manifest:
-        return have
-    out = config.root / "manifests" / name
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / MANIFEST, manifest)
-    return out
+    def kept(self, rel: str, local: Path) -> list[str]:
+        return download_missing(self.store, rel, local)

@@ -1,176 +1,218 @@
-"""The MLflow run lifetime, in one place: the tracking URI and experiment, a flow's parent run,
-one run per stage (nested under the flow's), the run a training logs into again on resume, and a
-stage's result logged once. Workers log through ``training.tracking.Tracker`` into a run opened
-here; nothing else starts, ends or configures a run.
+"""The MLflow run lifetime, in one place: a flow's parent run, one run per stage (under the
+flow's), the run a training logs into again on resume, a stage's result logged once, and the
+registry that register needs. Nothing else opens, ends or configures a run.
 
-The end of a stage never fails for want of the server: its result, tags and the run's end are
-sent on a short HTTP budget and, when the server does not answer, kept in a spill file that
-``replay_spilled`` writes later (the next ``tfm run`` / ``tfm stage``, or ``tfm tracking
-replay``), as are the records a training's rank 0 could not send."""
+Every record of a run goes to its journal (``training.tracking_journal``), never straight to
+the server: the driver's records through a ``Run``, a training rank's through a relay on the
+driver's node (``relay``); the process's one sender (``tasks.framework.tracking_session``)
+drains the journals in order. So a server that does not answer, at any moment, blocks and fails
+no stage: the console says so in one line, and once more when it answers again; what a command
+could not send is sent by the next one of the work dir, or ``tfm tracking replay``. Only
+register needs the server: it waits for it up to ``mlflow.registry_wait_seconds``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
-import os
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from corpora.redact import redact_text, redacted
+from corpora.redact import redact_uri, redacted
+from tasks.framework import tracking_session as session
 from tasks.framework.config import RunConfig, flatten
-from tasks.framework.contract import MANIFEST, StageResult
-from training.tracking import TrackingOptions, spill_folder
-from training.tracking_spill import SPILL_FILE, Record, SpillFile, replay, send
+from tasks.framework.contract import MANIFEST, StageError, StageResult
+from tasks.framework.workdir import open_workdir
+from training.tracking import RelaySink, start_relay, stop_relay
+from training.tracking_journal import (
+    Journal,
+    Record,
+    artifact_record,
+    log_record,
+    new_key,
+    open_record,
+    status_record,
+)
+from training.tracking_sender import Sender
 
 if TYPE_CHECKING:  # imported where they are used: a process without tracking never loads MLflow
-    from mlflow import ActiveRun, MlflowClient
+    from mlflow import MlflowClient
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 LOGGED_SUFFIXES = (".png", ".json", ".tsv")
 """Files of a stage folder logged as MLflow artifacts (top level only, small ones)."""
 LOGGED_MAX_BYTES = 10 << 20
 MLFLOW_RUN_FILE = "mlflow_run.json"
 """Where a training's storage folder remembers the run it logs into (so a resume continues it)."""
-OUTAGE_SECONDS = 60.0
-"""After a call on the short budget failed, the driver spills without trying for this long."""
-_last_failure: list[float] = []
-_configs: dict[str, RunConfig] = {}
-"""The config each open stage run was started with, by run id, and the latest flow's under
-``PIPELINE_KEY`` (for calls that are given only a run)."""
-PIPELINE_KEY = "pipeline"
+PARAMS_PER_RECORD = 100
+"""Params of one record: one ``log_batch`` takes 100."""
+
+_current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("tracked_run", default=None)
 
 
-def connect(config: RunConfig) -> str:
-    """Point MLflow at the run's tracking URI and experiment; returns the experiment id."""
-    import mlflow
+class Run:
+    """A run as this process writes it: its journal, which the sender drains to the server."""
 
-    config.root.mkdir(parents=True, exist_ok=True)
-    if redact_text(config.tracking_uri) != config.tracking_uri:
-        # MLflow prints "View run ... at: <tracking URI>/..." at each run's end, password and all.
-        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-    mlflow.set_tracking_uri(config.tracking_uri)
-    mlflow.set_registry_uri(config.tracking_uri)
-    client = mlflow.MlflowClient()
-    experiment = client.get_experiment_by_name(config.mlflow.experiment)
-    if experiment is None:
-        # A local tracking store keeps artifacts beside the database, not in ./mlruns of
-        # whatever directory the command ran in; a server decides for itself.
-        location = None
-        if config.tracking_uri.startswith("sqlite:"):
-            location = (config.root / "mlartifacts").as_uri()  # root: absolute, from load
-        try:
-            client.create_experiment(config.mlflow.experiment, artifact_location=location)
-        except mlflow.exceptions.MlflowException:
-            pass  # created concurrently by another process
-    return mlflow.set_experiment(config.mlflow.experiment).experiment_id
+    def __init__(self, journal: Journal, config: RunConfig, sender: Sender):
+        self.journal, self.config, self.sender = journal, config, sender
+
+    @property
+    def key(self) -> str:
+        """The journal's key: the run's name before the server gives it an id (its tag
+        ``tfm.journal`` in MLflow)."""
+        return self.journal.key
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's MLflow id, once the server has created it."""
+        return self.journal.state().run_id
+
+    def label(self) -> str:
+        """The run as a person finds it: its MLflow id, or its journal before the server has it."""
+        return self.run_id or f"not yet on the server (tag tfm.journal = {self.key})"
+
+    def append(self, records: list[Record]) -> None:
+        self.journal.append(records)
+        self.sender.wake()
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        items = list(params.items())
+        self.append([log_record(params=dict(items[i : i + PARAMS_PER_RECORD]))
+                     for i in range(0, len(items), PARAMS_PER_RECORD)])
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.append([log_record(tags=tags)])
+
+    def link(self, tag: str, other: str) -> None:
+        """Tag this run with the MLflow id of journal ``other``'s run (known once it is sent)."""
+        self.append([log_record(links={tag: other})])
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """``path`` as an artifact (a copy kept in the journal until the server has it)."""
+        rel = self.journal.keep_file(path)
+        self.append([artifact_record(rel, artifact_path)])
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.append([status_record(status)])
 
 
-def client(config: RunConfig) -> MlflowClient:
-    """An ``MlflowClient`` on the run's tracking server and registry."""
-    from mlflow.tracking import MlflowClient
-
-    connect(config)
-    return MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+def current() -> Run | None:
+    """The run of the stage running in this context (``stage_run``), if any."""
+    return _current.get()
 
 
-@contextmanager
-def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> Iterator[ActiveRun]:
+def open_run(config: RunConfig, name: str, tags: Mapping[str, str], *, parent: str | None = None,
+             key: str | None = None) -> Run:
+    """A new run (or ``key``'s again: a resumed training), under journal ``parent``'s run."""
+    uri, experiment = config.tracking_uri, config.mlflow.experiment
+    found = session.sender(config)
+    journal = Journal.create(config.root, key or new_key(), redact_uri(uri), experiment)
+    found.watch(journal, uri, session.keeper(open_workdir(config)))
+    # A local tracking store keeps artifacts beside the database, not in ./mlruns of whatever
+    # directory the command ran in; a server decides for itself.
+    location = (config.root / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+    run = Run(journal, config, found)
+    run.append([open_record(experiment, name, tags, parent=parent, artifact_location=location)])
+    return run
+
+
+@contextlib.contextmanager
+def _lifetime(run: Run, outermost: bool) -> Iterator[Run]:
+    """``run`` as the current run; ended FINISHED, or FAILED by an error; at the end of the
+    ``outermost`` run of a command, the journals reach the server (``session.finish``)."""
+    token = _current.set(run)
+    error: BaseException | None = None
+    try:
+        yield run
+    except BaseException as exc:
+        error = exc
+        run.end("FAILED")
+        raise
+    else:
+        run.end("FINISHED")
+    finally:
+        _current.reset(token)
+        if outermost:  # Ctrl-C: nothing waited for
+            session.finish(run.config, wait=error is None or isinstance(error, Exception))
+
+
+@contextlib.contextmanager
+def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> Iterator[Run]:
     """A flow's parent run, holding the whole config as params."""
-    import mlflow
-
-    replay_spilled(config)
-    _configs[PIPELINE_KEY] = config  # flows tag the parent run with set_tag(run, ...) alone
-    connect(config)
-    with mlflow.start_run(run_name=f"{config.name}/{pipeline}", tags={"pipeline": pipeline, **tags}) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in redacted(flatten(config)).items()})
+    run = open_run(config, f"{config.name}/{pipeline}", {"pipeline": pipeline, **tags})
+    run.log_params({k: str(v)[:500] for k, v in redacted(flatten(config)).items()})
+    with _lifetime(run, outermost=current() is None):
         yield run
-        end_run(config, run)
 
 
-def set_tag(run: ActiveRun, key: str, value: str, config: RunConfig | None = None) -> None:
-    """Tag ``run`` (an open run, from any thread); kept in the spill file when the server does
-    not answer (in ``config``'s work dir, else the current directory)."""
-    import mlflow
-
-    config = config or _configs.get(run.info.run_id) or _configs.get(PIPELINE_KEY)
-    root = config.root if config is not None else Path.cwd()
-    deliver(root, Record(run.info.run_id, tags=((key, value),)), mlflow.MlflowClient(),
-            options(config))
-
-
-@contextmanager
-def stage_run(
-    config: RunConfig,
-    stage: str,
-    *,
-    parent_run_id: str | None = None,
-    tags: Mapping[str, str] | None = None,
-) -> Iterator[ActiveRun]:
-    """A run for one stage, nested under ``parent_run_id`` or else under the active run, if any.
-
-    ``parent_run_id`` is for a stage run in another thread than its flow's (MLflow's active run
-    is per thread)."""
-    import mlflow
-
-    if parent_run_id is None and mlflow.active_run() is None:
-        replay_spilled(config)  # `tfm stage`: what an earlier outage left, before anything new
-    connect(config)
-    if parent_run_id is None and (active := mlflow.active_run()) is not None:
-        parent_run_id = active.info.run_id
-    with mlflow.start_run(
-        run_name=f"{config.name}/{stage}",
-        parent_run_id=parent_run_id,
-        nested=parent_run_id is not None,
-        tags={"stage": stage, "pipeline.run": config.name, **(tags or {})},
-    ) as run:
-        _configs[run.info.run_id] = config
+@contextlib.contextmanager
+def stage_run(config: RunConfig, stage: str, *, parent: str | None = None,
+              tags: Mapping[str, str] | None = None) -> Iterator[Run]:
+    """A run for one stage, under journal ``parent``'s run or else the current run, if any
+    (``parent`` is for a stage run in another thread than its flow's)."""
+    outer = current()
+    parent = parent or (outer.key if outer else None)
+    run = open_run(config, f"{config.name}/{stage}",
+                   {"stage": stage, "pipeline.run": config.name, **(tags or {})}, parent=parent)
+    with _lifetime(run, outermost=parent is None):
         yield run
-        end_run(config, run)
 
 
-@contextmanager
-def active_or_stage_run(config: RunConfig, stage: str) -> Iterator[ActiveRun]:
-    """The active run (the CLI and the flows open one per stage), or a new stage run."""
-    import mlflow
-
-    active = mlflow.active_run()
-    if active is None:
-        with stage_run(config, stage) as run:
-            yield run
+@contextlib.contextmanager
+def active_or_stage_run(config: RunConfig, stage: str) -> Iterator[Run]:
+    """The current run (the CLI and the flows open one per stage), or a new stage run."""
+    run = current()
+    if run is not None:
+        yield run
         return
-    connect(config)
-    yield active
+    with stage_run(config, stage) as run:
+        yield run
 
 
-@contextmanager
-def training_run(
-    config: RunConfig, stage: str, run_dir: tuple[Any, str]
-) -> Iterator[tuple[str, str]]:
-    """``(tracking_uri, run_id)`` a training logs into: the run its storage folder logged into
-    before (a resume), else the active run, else a new stage run; remembered in the folder
-    (``run_dir``: a filesystem and the path in it), and ended FINISHED or FAILED with the
-    training when it was reopened."""
-    import mlflow
-
+@contextlib.contextmanager
+def training_run(config: RunConfig, stage: str, run_dir: tuple[Any, str]) -> Iterator[Run]:
+    """The run a training logs into: the one its storage folder logged into before (a resume),
+    else the current run, else a new stage run; remembered in the folder (``run_dir``: a
+    filesystem and the path in it), and ended FINISHED or FAILED with the training when it was
+    opened again."""
     fs, root = run_dir
     record_path = f"{root}/{MLFLOW_RUN_FILE}"
-    stored = _read_record(fs, record_path)
-    if stored is not None and not _run_exists(stored["tracking_uri"], stored["run_id"]):
-        stored = None  # the tracking store was reset: start a new run
-    if stored is not None:
-        with _reopened(stored["tracking_uri"], stored["run_id"], config.root, options(config)):
-            yield stored["tracking_uri"], stored["run_id"]
+    stored = _read_record(fs, record_path) or {}
+    if "journal" in stored:
+        outer = current()
+        if outer is not None and outer.key != stored["journal"]:
+            outer.link("train.mlflow_run_id", stored["journal"])  # the flow's run points at it
+        run = open_run(config, f"{config.name}/{stage}", {"stage": stage}, key=stored["journal"])
+        with _lifetime(run, outermost=outer is None):
+            yield run
         return
     with active_or_stage_run(config, stage) as run:
-        uri = mlflow.get_tracking_uri()
-        _write_record(fs, record_path, {"tracking_uri": uri, "run_id": run.info.run_id})
-        yield uri, run.info.run_id
+        _write_record(fs, record_path, {"tracking_uri": redact_uri(config.tracking_uri),
+                                        "journal": run.key})
+        yield run
+
+
+@contextlib.contextmanager
+def relay(run: Run) -> Iterator[RelaySink]:
+    """Where a training's ranks log into ``run``: a relay on this (the driver's) Ray node that
+    appends to its journal; ended, its records written, with the block."""
+    sink = start_relay(run.journal.folder)
+    try:
+        yield sink
+    finally:
+        stop_relay(sink)
+        run.sender.wake()
+
+
+def drain(run: Run) -> bool:
+    """Wait (``mlflow.drain_seconds`` at most, not while the server does not answer) for the
+    server to have ``run``'s records so far; whether it has."""
+    return run.sender.flush([run.journal], run.sender.options.drain_seconds)
 
 
 def _read_record(fs: Any, path: str) -> dict[str, Any] | None:
@@ -188,48 +230,13 @@ def _write_record(fs: Any, path: str, data: dict[str, str]) -> None:
         f.write(json.dumps(data).encode())
 
 
-def _run_exists(tracking_uri: str, run_id: str) -> bool:
-    from mlflow.tracking import MlflowClient
-
-    try:
-        MlflowClient(tracking_uri).get_run(run_id)
-    except Exception:  # any failure to read it back: the store no longer holds that run
-        return False
-    return True
-
-
-@contextmanager
-def _reopened(tracking_uri: str, run_id: str, root: Path, opts: TrackingOptions) -> Iterator[None]:
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    active = mlflow.active_run()
-    if active is not None and active.info.run_id != run_id:
-        mlflow.set_tag("train.mlflow_run_id", run_id)  # the flow's run points at the training
-    run_client = MlflowClient(tracking_uri)
-    run_client.update_run(run_id, status="RUNNING")
-    try:
-        yield
-    except BaseException:
-        deliver(root, Record(run_id, status="FAILED", end_time=_now()), run_client, opts)
-        raise
-    deliver(root, Record(run_id, status="FINISHED", end_time=_now()), run_client, opts)
-
-
-def log_stage_result(result: StageResult, config: RunConfig | None = None) -> None:
-    """Log a stage's result into the active MLflow run, once: whether it ran and why, the
-    fingerprints, the numeric stats as metrics (except those the stage logged itself, such as
-    training curves), the other scalars as tags, and the folder's manifest, plots and tables.
-    When the server does not answer, the tags and metrics go to the spill file (the work dir's,
-    ``result.path``'s parent) and the files stay in the stage folder only."""
-    import mlflow
-
-    run = mlflow.active_run()
+def log_stage_result(result: StageResult) -> None:
+    """Log a stage's result into the current run, once: whether it ran and why, the
+    fingerprints, the numeric stats as metrics (except those the run has already, such as
+    training's curves), the other scalars as tags, and the folder's manifest, plots and tables."""
+    run = current()
     if run is None:
         return
-    config = config or _configs.get(run.info.run_id)
-    root = config.root if config is not None else result.path.parent
-    opts, client = options(config), mlflow.MlflowClient()
     manifest = json.loads((result.path / MANIFEST).read_text(encoding="utf-8"))
     tags = {"skipped": str(not result.ran).lower(), "reason": result.reason[:5000],
             "fingerprint": manifest["fingerprint"]}
@@ -243,162 +250,46 @@ def log_stage_result(result: StageResult, config: RunConfig | None = None) -> No
             metrics[key] = float(value)
         elif isinstance(value, str):
             tags[f"stats.{key}"] = value[:5000]
-    now = _now()
-    # The metrics the run has (the training's curves) are dropped as the record is sent.
-    record = Record(run.info.run_id, tags=tuple(tags.items()), new_metrics_only=True,
-                    metrics=tuple((k, v, now, 0) for k, v in metrics.items()))
-    if deliver(root, record, client, opts):
-        attempt(opts, f"the {result.stage} folder's files as artifacts", _log_files, result)
-
-
-def _log_files(result: StageResult) -> None:
-    import mlflow
-
+    logged = run.journal.metric_keys()
+    run.append([log_record(metrics={k: v for k, v in metrics.items() if k not in logged},
+                           tags=tags)])
     for path in sorted(result.path.iterdir()):
         if path.is_file() and path.suffix in LOGGED_SUFFIXES and path.stat().st_size <= LOGGED_MAX_BYTES:
-            mlflow.log_artifact(str(path), artifact_path=result.stage)
+            run.log_artifact(path, artifact_path=result.stage)
 
 
-# ----------------------------------------------------------------------------- outages
+# ----------------------------------------------------------------------------- the registry
 
 
-def options(config: RunConfig | None) -> TrackingOptions:
-    """The run config's tracking knobs (``mlflow`` section) for ``training``'s ``Tracker``."""
-    m = config.mlflow if config is not None else None
-    if m is None:
-        return TrackingOptions()
-    return TrackingOptions(
-        queue_size=m.queue_size,
-        spill_dir=str(Path(m.spill_dir).resolve()) if m.spill_dir else None,
-        http_retries=m.http_retries,
-        http_backoff=m.http_backoff,
-        http_timeout=m.http_timeout,
-        drain_seconds=m.drain_seconds,
-    )
-
-
-def _now() -> int:
-    return int(time.time() * 1000)
-
-
-def _recently_down() -> bool:
-    return bool(_last_failure) and time.monotonic() - _last_failure[-1] < OUTAGE_SECONDS
-
-
-@contextmanager
-def short_budget(opts: TrackingOptions) -> Iterator[None]:
-    """MLflow's HTTP calls in this block retry on ``opts``' budget (seconds, not 254 s): MLflow
-    reads these variables on every call; the driver's other threads make no MLflow call here."""
-    saved = {k: os.environ.get(k) for k in opts.http_env()}
-    os.environ.update(opts.http_env())
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def attempt(
-    opts: TrackingOptions, what: str, call: Callable[..., T], *args: Any
-) -> tuple[bool, T | None]:
-    """``call(*args)`` on the short budget: ``(True, its value)``, or ``(False, None)`` after one
-    warning naming ``what`` (not the stage's failure), at once while the server is known down."""
-    if _recently_down():
-        return False, None
-    try:
-        with short_budget(opts):
-            return True, call(*args)
-    except Exception as exc:  # noqa: BLE001 - the server's absence must not fail the stage
-        _note_failure(exc, f"{what}: not logged")
-        return False, None
-
-
-def _note_failure(exc: BaseException, what: str) -> None:
-    first = not _recently_down()
-    _last_failure[:] = [time.monotonic()]
-    if first:
-        reason = redact_text(str(exc).splitlines()[0] if str(exc) else "")[:200]
-        log.warning("tracking: the MLflow server does not answer (%s: %s); %s",
-                    type(exc).__name__, reason, what)
-
-
-def deliver(root: Path, record: Record, client: MlflowClient, opts: TrackingOptions) -> bool:
-    """Send ``record`` now on the short budget (after what ``root``'s spill file holds), else
-    append it to that file, to be replayed in order. Returns whether it reached the server."""
-    spill = SpillFile(Path(root) / SPILL_FILE)
-    if not _recently_down():
-        try:
-            with short_budget(opts):
-                if spill.pending() and _replay_quietly(client, spill):
-                    raise ConnectionError(f"{spill.path} could not be written to the server")
-                send(client, [record])
-            return True
-        except Exception as exc:  # noqa: BLE001 - any failure: keep the record for later
-            _note_failure(exc, f"kept in {spill.path} for `tfm tracking replay`")
-    with spill.locked():
-        spill.append([record])
-    return False
-
-
-def _replay_quietly(client: MlflowClient, spill: SpillFile) -> int:
-    with spill.locked(wait=False) as mine:
-        return replay(client, spill, say=log.warning) if mine else spill.count()
-
-
-def end_run(config: RunConfig, run: ActiveRun, status: str = "FINISHED") -> None:
-    """End the active ``run`` now, on the short budget; its end is spilled if the server does
-    not answer (the ``with mlflow.start_run()`` around it then finds it ended)."""
-    import mlflow
-
-    active = mlflow.active_run()
-    if active is None or active.info.run_id != run.info.run_id:
-        return
-    _configs.pop(run.info.run_id, None)
-    try:
-        with short_budget(options(config)):
-            mlflow.end_run(status)  # takes the run off MLflow's stack, then tells the server
-    except Exception as exc:  # noqa: BLE001 - the run stays RUNNING on the server until a replay
-        _note_failure(exc, "the run's end is kept for `tfm tracking replay`")
-        record = Record(run.info.run_id, status=status, end_time=_now())
-        deliver(config.root, record, mlflow.MlflowClient(), options(config))
-
-
-def spill_files(config: RunConfig) -> list[SpillFile]:
-    """Every spill file of ``config``'s work dir: its trainings' (in Ray Train run folders or
-    ``mlflow.spill_dir``), then the stages' own (the work dir's), in the order to replay them."""
-    storage = config.train.storage_path or str(config.root / "train_ray")
-    folders = [Path(spill_folder(None, storage, "x")).parent] if "://" not in storage else []
-    if config.mlflow.spill_dir:
-        folders.append(Path(config.mlflow.spill_dir))
-    found = [SpillFile(p) for folder in folders for p in sorted(folder.glob(f"*/{SPILL_FILE}"))]
-    return [*found, SpillFile(config.root / SPILL_FILE)]
-
-
-def replay_spilled(config: RunConfig, say: Callable[[str], object] | None = None) -> int:
-    """Write every spill file of ``config``'s work dir to its tracking server, in order, each
-    file's records once; a file in use (a training logging into it) is left to that training.
-    Returns the records still left; says one line per file."""
+def client(config: RunConfig) -> MlflowClient:
+    """An ``MlflowClient`` on the run's tracking server and registry, on the config's budget."""
     from mlflow.tracking import MlflowClient
 
-    say = say or (lambda line: log.warning("tracking: %s", line))
-    left = 0
-    for spill in spill_files(config):
-        if not spill.pending():
-            continue
-        with spill.locked(wait=False) as mine:
-            if not mine:
-                say(f"{spill.path} is in use by a running training, which writes it itself")
-                continue
-            n = spill.count()
-            with short_budget(options(config)):
-                rest = replay(MlflowClient(config.tracking_uri), spill, say)
-            left += rest
-            if rest:
-                say(f"{rest} of {n} record(s) left in {spill.path}; run `tfm tracking replay "
-                    "<config>` when the MLflow server answers")
-            else:
-                say(f"wrote {n} record(s) left by an earlier outage from {spill.path}")
-    return left
+    session.budget(config)
+    return MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+
+
+@contextlib.contextmanager
+def registry(config: RunConfig, stage: str) -> Iterator[tuple[MlflowClient, str]]:
+    """``(client, MLflow run id)`` for a stage that needs the server (register): once the
+    server has its run's records so far, waiting up to ``mlflow.registry_wait_seconds`` with
+    one line; else a one-line error naming the server. The run is MLflow's active run in the
+    block (a model logged there is logged into it)."""
+    import mlflow
+
+    with active_or_stage_run(config, stage) as run:
+        wait, uri = config.mlflow.registry_wait_seconds, config.tracking_uri
+        if not run.sender.flush([run.journal], min(wait, 5.0), while_down=True):
+            log.warning("%s: the MLflow server at %s does not answer; waiting up to %.0f s for it "
+                        "(mlflow.registry_wait_seconds): the registry needs it", stage,
+                        redact_uri(uri), wait)
+            if not run.sender.flush([run.journal], wait, while_down=True) or run.run_id is None:
+                raise StageError(
+                    f"{stage}: the MLflow server at {redact_uri(uri)} did not answer in {wait:.0f} s; "
+                    "rerun when it answers (the stages before it are kept, not run again)")
+        run_id = run.run_id
+        assert run_id is not None  # delivered: the server created the run
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        with mlflow.start_run(run_id=run_id):
+            yield client(config), run_id

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import yaml
+
 from helpers.stage_folders import TINY_TRAINING
 
 WMT14_STAGES = [
@@ -57,3 +59,9 @@ def tiny_config(workdir: Path, **overrides) -> dict:
 
 def ran(results) -> list[str]:
     return [r.stage for r in results if r.ran]
+
+
+def write_config(path: Path, config: dict) -> str:
+    """``config`` as the YAML file ``path``; its path, for ``tfm run``."""
+    path.write_text(yaml.safe_dump(config))
+    return str(path)

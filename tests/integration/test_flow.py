@@ -12,14 +12,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers.flow_configs import MIRROR, SECRET, WMT14_STAGES, ran, tiny_config
+from helpers.flow_configs import MIRROR, SECRET, WMT14_STAGES, ran, tiny_config, write_config
 
 pytestmark = pytest.mark.integration
-
-def write_config(path: Path, config: dict) -> str:
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

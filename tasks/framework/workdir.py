@@ -1,0 +1,203 @@
+"""The work dir seam: where a run's stage folders live, as one interface (``WorkDir``) with two
+implementations, a local folder (``LocalWorkDir``, here) and an object store
+(``tasks.framework.stored.StoreWorkDir``). The runner goes through it alone, so it has one path:
+it judges a folder (``verify``), reads its inputs' fingerprints and folders, builds into
+``staging``, writes the manifest there and ``publish``es; ``locate`` names a folder for people
+and manifests. ``keep`` puts a local folder of the run's own files (its tracking journals) where
+another machine finds it, and ``kept`` fetches such folders back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from corpora.storage import StoredFolder, StoreSettings, is_remote, open_store
+from tasks.framework.config import RunConfig, node_folder_suffix, workdir_of
+from tasks.framework.contract import (
+    StageError,
+    StageResult,
+    Status,
+    accept,
+    freshness,
+    input_fingerprints,
+    read_manifest,
+)
+from transformer_core.folders import publish, remove_stale_temporaries, temporary_sibling
+
+Outdated = Callable[[Path], "str | None"]
+"""A stage's rule that overrules an up-to-date folder (register: its registry version is gone)."""
+
+
+class WorkDir(Protocol):
+    """A run's work dir: its stage folders by name (a stage's name, or any folder's in it)."""
+
+    root: Path
+    """This node's folder for the run: the work dir itself, or (an object store) the local
+    folder for its staging, node copies, log and tracking journals."""
+
+    @property
+    def uri(self) -> str:
+        """Where it is, as people and messages name it (a path, or ``s3://...``)."""
+        ...
+
+    def check(self) -> None:
+        """Fail in one line unless it can be used now (an object store's bucket and keys)."""
+        ...
+
+    def locate(self, name: str) -> str:
+        """Folder ``name``, as people and manifests name it."""
+        ...
+
+    def manifest(self, name: str) -> dict[str, Any] | None:
+        """Folder ``name``'s manifest, or None (none, or unreadable)."""
+        ...
+
+    def exists(self, name: str) -> bool:
+        ...
+
+    def verify(self, name: str, identity: Mapping[str, Any], *, full: bool = False,
+               outdated: Outdated | None = None) -> Status:
+        """Whether folder ``name`` is up to date for ``identity`` (``contract.judge``: its
+        manifest, its files' sizes, every file's sha256 with ``full``), then ``outdated``."""
+        ...
+
+    def input_fingerprints(self, inputs: Mapping[str, str],
+                           given: Mapping[str, Path] | None = None) -> dict[str, str]:
+        """Role -> fingerprint of the finished input folders (``inputs``: role -> folder name;
+        ``given``: folders by hand, where a work dir allows it); a clear error for one that is
+        missing or damaged."""
+        ...
+
+    def input_folders(self, inputs: Mapping[str, str], fps: Mapping[str, str],
+                      given: Mapping[str, Path] | None = None,
+                      ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
+        """The local folders a build reads by role, and the store's folders a Ray worker on
+        another node is handed (none for a local work dir)."""
+        ...
+
+    def input_places(self, inputs: Mapping[str, str], folders: Mapping[str, Path]) -> dict[str, str]:
+        """How the manifest names each input (a resolved path, or a URI)."""
+        ...
+
+    def staging(self, name: str) -> Path:
+        """A fresh local folder to build folder ``name`` in (what a dead run left removed)."""
+        ...
+
+    def publish(self, name: str, tmp: Path) -> Path:
+        """The finished ``tmp`` (manifest written last) as folder ``name``, whole or not at all;
+        the local folder the result names."""
+        ...
+
+    def skipped(self, name: str, manifest: Mapping[str, Any]) -> Path:
+        """The local folder a skipped stage's result names (its manifest at least)."""
+        ...
+
+    def accept(self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]) -> StageResult:
+        """``contract.accept`` for folder ``name``: kept as up to date for ``current()``."""
+        ...
+
+    def keep(self, local: Path, rel: str) -> None:
+        """Put the local folder ``local`` (the run's own files) at ``rel``, if it is not there."""
+        ...
+
+    def kept(self, rel: str, local: Path) -> list[str]:
+        """Fetch the folders under ``rel`` that ``local`` lacks (what ``keep`` put there); their names."""
+        ...
+
+
+def open_workdir(config: RunConfig) -> WorkDir:
+    """The config's work dir: an object store's (``s3://``, ``gs://``) or a local folder."""
+    if is_remote(config.workdir):
+        from tasks.framework.stored import StoreWorkDir
+
+        return StoreWorkDir(config.store, config.root)
+    return LocalWorkDir(config.root)
+
+
+def workdirs_at(target: str) -> list[WorkDir]:
+    """A work dir named alone, without its config (``tfm tracking replay <workdir>``): a local
+    folder, or an object store's URI with each of this node's folders for it (under the default
+    cache; a new one if it has none), its store reached with the default settings."""
+    workdir = workdir_of(target, "")
+    if not is_remote(workdir):
+        return [LocalWorkDir(Path(workdir))]
+    from tasks.framework.stored import StoreWorkDir
+
+    settings = StoreSettings()
+    runs, where = settings.cache_root() / "runs", node_folder_suffix(workdir)
+    store = open_store(workdir, settings)
+    return [StoreWorkDir(store, root) for root in sorted(runs.glob(f"*-{where}")) or [runs / f"replay-{where}"]]
+
+
+class LocalWorkDir:
+    """A work dir on a local (or shared) file system: folder ``name`` is ``root/name``, built
+    in a temporary sibling and renamed into place."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    @property
+    def uri(self) -> str:
+        return str(self.root)
+
+    def check(self) -> None:
+        pass
+
+    def locate(self, name: str) -> str:
+        return str(self.root / name)
+
+    def manifest(self, name: str) -> dict[str, Any] | None:
+        return read_manifest(self.root / name)
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).exists()
+
+    def verify(self, name: str, identity: Mapping[str, Any], *, full: bool = False,
+               outdated: Outdated | None = None) -> Status:
+        return freshness(self.root / name, identity, outdated=outdated, full=full)
+
+    def _folders(self, inputs: Mapping[str, str], given: Mapping[str, Path] | None) -> dict[str, Path]:
+        if given is None:
+            return {role: self.root / up for role, up in inputs.items()}
+        for role in inputs:
+            if role not in given:
+                raise StageError(f"the input {role!r} is not given")
+        return {role: Path(given[role]) for role in inputs}
+
+    def input_fingerprints(self, inputs: Mapping[str, str],
+                           given: Mapping[str, Path] | None = None) -> dict[str, str]:
+        return input_fingerprints(self._folders(inputs, given))
+
+    def input_folders(self, inputs: Mapping[str, str], fps: Mapping[str, str],
+                      given: Mapping[str, Path] | None = None,
+                      ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
+        return self._folders(inputs, given), {}
+
+    def input_places(self, inputs: Mapping[str, str], folders: Mapping[str, Path]) -> dict[str, str]:
+        return {role: str(Path(folders[role]).resolve()) for role in inputs}
+
+    def staging(self, name: str) -> Path:
+        out = self.root / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out)
+        tmp = temporary_sibling(out)
+        tmp.mkdir()
+        return tmp
+
+    def publish(self, name: str, tmp: Path) -> Path:
+        publish(tmp, self.root / name)
+        return self.root / name
+
+    def skipped(self, name: str, manifest: Mapping[str, Any]) -> Path:
+        return self.root / name
+
+    def accept(self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]) -> StageResult:
+        return accept(stage, self.root / name, current)
+
+    def keep(self, local: Path, rel: str) -> None:
+        pass  # the run's own files are in the work dir already (``root`` is the work dir)
+
+    def kept(self, rel: str, local: Path) -> list[str]:
+        return []
