@@ -89,7 +89,9 @@ def run_stages(config: RunConfig) -> dict[str, float]:
         result = run_stage(config, name)
         seconds[name] = time.perf_counter() - start
         if not result.ran:  # a skipped stage would time nothing: the work dir was not empty
-            raise SystemExit(f"stage {name} was skipped ({result.reason}): the work dir is not fresh")
+            raise SystemExit(
+                f"stage {name} was skipped ({result.reason}): the work dir is not fresh"
+            )
         print(f"{config.store.uri}: {name} {seconds[name]:.1f} s", flush=True)
     return seconds
 
@@ -99,7 +101,9 @@ def folder_bytes(store: Store, rel: str) -> int:
     import pyarrow.fs as pafs
 
     selector = pafs.FileSelector(store.path(rel), recursive=True, allow_not_found=True)
-    return sum(i.size for i in store.filesystem.get_file_info(selector) if i.type == pafs.FileType.File)
+    return sum(
+        i.size for i in store.filesystem.get_file_info(selector) if i.type == pafs.FileType.File
+    )
 
 
 def differing(a: Store, b: Store, rel: str) -> str:
@@ -115,7 +119,10 @@ def same_weights(disk: RunConfig, store: RunConfig, cache: Path) -> bool:
     import torch
 
     paths = (Path(disk.store.path("train")), node_copy(store.store, "train", cache))
-    a, b = (torch.load(p / "final" / "model.pt", map_location="cpu", weights_only=False)["model"] for p in paths)
+    a, b = (
+        torch.load(p / "final" / "model.pt", map_location="cpu", weights_only=False)["model"]
+        for p in paths
+    )
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -198,7 +205,10 @@ def run_rounds(
         runs = [("disk", disk), ("store", store)]
         for label, config in runs if round_ % 2 == 0 else reversed(runs):
             times[label].append(run_stages(config))
-    best = {label: {name: min(r[name] for r in rounds) for name in STAGES} for label, rounds in times.items()}
+    best = {
+        label: {name: min(r[name] for r in rounds) for name in STAGES}
+        for label, rounds in times.items()
+    }
     return best, disk, store
 
 
@@ -220,13 +230,22 @@ def measure(base: Path, steps: int, repeats: int, extra: dict[str, object]) -> l
         # Ray's workers take the keys from the environment they start in: set before Ray starts.
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             os.environ[name] = server.env[name]
-        times, disk, store = run_rounds(base, server.endpoint, {**shared_overrides(steps), **extra}, repeats)
+        times, disk, store = run_rounds(
+            base, server.endpoint, {**shared_overrides(steps), **extra}, repeats
+        )
         ray.shutdown()
         fill = cache_fill(store.store, base / "fresh-cache")
         rows = stage_rows(disk, store, times) + cache_rows(*fill, server_s)
         equal = same_weights(disk, store, base / "weights-cache")
         blank = {c: "" for c in rows[0] if c not in ("what", "files")}
-        return [*rows, {"what": "train: final weights, tensor by tensor", **blank, "files": "equal" if equal else "differ"}]
+        return [
+            *rows,
+            {
+                "what": "train: final weights, tensor by tensor",
+                **blank,
+                "files": "equal" if equal else "differ",
+            },
+        ]
     finally:
         ray.shutdown()
         server.close()

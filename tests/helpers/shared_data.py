@@ -23,7 +23,10 @@ def require_shared_data(relative: str, root: Path = SHARED_DATA) -> Path:
     path = root / relative
     if path.exists():
         return path
-    required_in_ci("tests that need shared data", f"{path} is absent (the real data samples, see ../shared/data/README.md)")
+    required_in_ci(
+        "tests that need shared data",
+        f"{path} is absent (the real data samples, see ../shared/data/README.md)",
+    )
 
 
 def required_in_ci(what: str, reason: str) -> NoReturn:

@@ -69,10 +69,14 @@ def tokenizer_folder(path: Path, sentences: list[str], vocab_size: int, **option
         )
         return {}
 
-    return finished_folder(path, "tokenizer", {"vocab_size": vocab_size, "sentences": len(sentences), **options}, build)
+    return finished_folder(
+        path, "tokenizer", {"vocab_size": vocab_size, "sentences": len(sentences), **options}, build
+    )
 
 
-def encoded_split(folder: Path, texts: list[str], tokenizer_dir: Path, rows_per_file: int = 16) -> list[Path]:
+def encoded_split(
+    folder: Path, texts: list[str], tokenizer_dir: Path, rows_per_file: int = 16
+) -> list[Path]:
     """``folder/part-*.parquet``: ``texts`` encoded as the shard stage encodes a split (each text
     its own target too); the parts."""
     import pyarrow as pa

@@ -31,13 +31,19 @@ def _tfm(config: Path, env: dict[str, str], *args: str) -> str:
 def test_ray_data_info_lines_go_to_the_run_log_and_v_brings_them_back(tmp_path):
     config = tmp_path / "console.yaml"
     config.write_text(
-        yaml.safe_dump({
-            "name": "console",
-            "workdir": str(tmp_path / "{name}"),
-            "data": {"source": "synthetic", "synthetic_train": 200, "synthetic_dev": 20,
-                     "synthetic_test": 20},
-            "ray": {"num_cpus": 2},
-        })  # fmt: skip
+        yaml.safe_dump(
+            {
+                "name": "console",
+                "workdir": str(tmp_path / "{name}"),
+                "data": {
+                    "source": "synthetic",
+                    "synthetic_train": 200,
+                    "synthetic_dev": 20,
+                    "synthetic_test": 20,
+                },
+                "ray": {"num_cpus": 2},
+            }
+        )  # fmt: skip
     )
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
     for name in ("RAY_DATA_LOGGING_CONFIG", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):

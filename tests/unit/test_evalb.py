@@ -256,7 +256,12 @@ def test_parse_score_gives_up_where_evalb_does(tmp_path):
     with pytest.raises(StageError, match="error number 12.*evalb_max_error: null"):
         run_stage(config, "parse_score", inputs)
     config = config_from_dict(
-        {"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA, "parsing": {"evalb_max_error": None}}
+        {
+            "name": "p",
+            "workdir": str(tmp_path / "run"),
+            "data": PARSING_DATA,
+            "parsing": {"evalb_max_error": None},
+        }
     )
     assert run_stage(config, "parse_score", inputs).stats["length_errors"] == n
 
@@ -305,7 +310,13 @@ EVALB_SENTENCES = [
     (6, 3, 5, 3, 5, 5),
     (41, 1, 3, 2, 41, 21),
 ]
-EVALB_ALL = {"recall": 82.35, "precision": 90.32, "f1": 86.15, "exact_match": 42.86, "tagging_accuracy": 70.83}
+EVALB_ALL = {
+    "recall": 82.35,
+    "precision": 90.32,
+    "f1": 86.15,
+    "exact_match": 42.86,
+    "tagging_accuracy": 70.83,
+}
 EVALB_LE40_F1 = 90.00
 
 
@@ -327,11 +338,17 @@ def test_parse_score_stage_reproduces_real_evalb(tmp_path):
 
     stats = result.stats
     assert (stats["sentences"], stats["length_errors"], stats["skipped_sentences"]) == (7, 0, 0)
-    assert (stats["matched_brackets"], stats["gold_brackets"], stats["test_brackets"]) == (28, 34, 31)
+    assert (stats["matched_brackets"], stats["gold_brackets"], stats["test_brackets"]) == (
+        28,
+        34,
+        31,
+    )
     for key, value in EVALB_ALL.items():
         assert round(stats[key], 2) == value, key
     assert round(stats["f1_le40"], 2) == EVALB_LE40_F1
-    rows = [line.split("\t") for line in (result.path / "sentences.tsv").read_text().splitlines()[1:]]
+    rows = [
+        line.split("\t") for line in (result.path / "sentences.tsv").read_text().splitlines()[1:]
+    ]
     got = [(int(r[1]), int(r[3]), int(r[4]), int(r[5]), int(r[9]), int(r[10])) for r in rows]
     assert got == EVALB_SENTENCES
     assert stats["repaired_sentences"] == 0  # well-formed hypotheses need no repair
