@@ -146,17 +146,20 @@ def stage_rows(disk: RunConfig, store: RunConfig, times: dict[str, dict[str, flo
         d, s = times["disk"][name], times["store"][name]
         rows.append({
             "what": name, "disk s": d, "store s": s, "store/disk": s / d,
-            "disk MB": folder_bytes(disk.store, name) / MB, "store MB": folder_bytes(store.store, name) / MB,
+            "disk MB": folder_bytes(disk.store, name) / MB,
+            "store MB": folder_bytes(store.store, name) / MB,
             "MB/s": "", "files": differing(disk.store, store.store, name),
         })  # fmt: skip
     rows.append({
         "what": "train_ray (Ray Train checkpoints)", "disk s": "", "store s": "", "store/disk": "",
-        "disk MB": folder_bytes(disk.store, "train_ray") / MB, "store MB": folder_bytes(store.store, "train_ray") / MB,
+        "disk MB": folder_bytes(disk.store, "train_ray") / MB,
+        "store MB": folder_bytes(store.store, "train_ray") / MB,
         "MB/s": "", "files": "",
     })  # fmt: skip
     d, s = sum(times["disk"].values()), sum(times["store"].values())
     rows.append({
-        "what": "all (each stage's best; bytes with checkpoints)", "disk s": d, "store s": s, "store/disk": s / d,
+        "what": "all (each stage's best; bytes with checkpoints)",
+        "disk s": d, "store s": s, "store/disk": s / d,
         "disk MB": sum(r["disk MB"] for r in rows), "store MB": sum(r["store MB"] for r in rows),
         "MB/s": "", "files": "",
     })  # fmt: skip
@@ -169,8 +172,10 @@ def cache_rows(first_s: float, again_s: float, size: int, server_s: float) -> li
     return [
         {"what": "shard node copy: first fill", **blank, "store s": first_s, "store MB": size / MB,
          "MB/s": size / MB / first_s},
-        {"what": "shard node copy: second call (reuse)", **blank, "store s": again_s, "store MB": "", "MB/s": ""},
-        {"what": "SeaweedFS start (not in the stages)", **blank, "store s": server_s, "store MB": "", "MB/s": ""},
+        {"what": "shard node copy: second call (reuse)", **blank, "store s": again_s,
+         "store MB": "", "MB/s": ""},
+        {"what": "SeaweedFS start (not in the stages)", **blank, "store s": server_s,
+         "store MB": "", "MB/s": ""},
     ]  # fmt: skip
 
 
@@ -196,7 +201,8 @@ def run_rounds(
     base: Path, endpoint: str, overrides: dict[str, object], repeats: int
 ) -> tuple[dict[str, dict[str, float]], RunConfig, RunConfig]:
     """``repeats`` rounds of both runs, each from nothing, the disk first in even rounds and the
-    store first in odd ones; each stage's best seconds per work dir, and the last round's configs."""
+    store first in odd ones; each stage's best seconds per work dir, and the last round's
+    configs."""
     times: dict[str, list[dict[str, float]]] = {"disk": [], "store": []}
     for round_ in range(repeats):
         disk, store = configs(base / f"round{round_}", endpoint, overrides)
@@ -255,7 +261,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps of each run")
     parser.add_argument("--repeats", type=int, default=2,
-                        help="rounds of both runs (the store first in every second one); each stage's best")  # fmt: skip
+                        help="rounds of both runs (the store first in every second one); "
+                        "each stage's best")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for both runs, as `tfm --set`")  # fmt: skip
     parser.add_argument("--json", default=None)
@@ -269,8 +276,10 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if rows is not None:
-        title = (f"Work dir on SeaweedFS (S3, loopback) vs a local disk: Multi30k en-de data stages "
-                 f"and {args.steps} training steps of a tiny model, best of {args.repeats}")  # fmt: skip
+        title = (
+            "Work dir on SeaweedFS (S3, loopback) vs a local disk: Multi30k en-de data stages "
+            f"and {args.steps} training steps of a tiny model, best of {args.repeats}"
+        )
         report(title, rows, args.json)
 
 

@@ -183,8 +183,9 @@ class Cluster:
 
 
 def user_of(pid: int) -> str | None:
-    """The user ``pid`` runs as, as ``ps`` names it; None once it has ended (a listing is a snapshot:
-    a short-lived process, such as a database backend, can end before it is looked at)."""
+    """The user ``pid`` runs as, as ``ps`` names it; None once it has ended (a listing is a
+    snapshot: a short-lived process, such as a database backend, can end before it is looked
+    at)."""
     done = subprocess.run(["ps", "-o", "user=", "-p", str(pid)], capture_output=True, text=True)
     return done.stdout.strip() or None if done.returncode == 0 else None
 

@@ -30,7 +30,8 @@ def require_shared_data(relative: str, root: Path = SHARED_DATA) -> Path:
 
 
 def required_in_ci(what: str, reason: str) -> NoReturn:
-    """Skip the test with one line why; in CI (``CI=true``) fail it instead: ``what`` must run there."""
+    """Skip the test with one line why; in CI (``CI=true``) fail it instead: ``what`` must run
+    there."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"{what} must run in CI: {reason}", pytrace=False)
     pytest.skip(reason)

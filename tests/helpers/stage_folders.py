@@ -50,7 +50,8 @@ def finished_folder(
 
 def tokenizer_folder(path: Path, sentences: list[str], vocab_size: int, **options: Any) -> Path:
     """A tokenizer stage folder holding a sentencepiece model trained on ``sentences`` with the
-    pipeline's ids (pad 0, unk 1, bos 2, eos 3); ``options`` go to the trainer (``model_type``...)."""
+    pipeline's ids (pad 0, unk 1, bos 2, eos 3); ``options`` go to the trainer
+    (``model_type``...)."""
     import sentencepiece as spm
 
     def build(tmp: Path) -> dict:

@@ -484,9 +484,10 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     assert_same_weights(final_weights(root / "train"), final_weights(reference / "train"))
     print(
         f"\ncluster scenario: up {timings['up']:.0f} s, first run {timings['first_run']:.0f} s "
-        f"({victim} killed at {killed_at:.0f} s after step {last_registered} was registered; resumed "
-        f"from step {train['resumed_from_step']}; first checkpoint after the kill "
-        f"{timings['first_checkpoint_after_kill']:.0f} s later), second run {timings['second_run']:.0f} s, "
+        f"({victim} killed at {killed_at:.0f} s after step {last_registered} was registered; "
+        f"resumed from step {train['resumed_from_step']}; first checkpoint after the kill "
+        f"{timings['first_checkpoint_after_kill']:.0f} s later), "
+        f"second run {timings['second_run']:.0f} s, "
         f"reference {timings['reference']:.0f} s, driver off the cluster refused in "
         f"{timings['outside_driver']:.0f} s"
     )
@@ -831,11 +832,12 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
         ],
     }
     print(
-        f"\noutage of {service}: down {outage:.0f} s over steps {OUTAGE_FROM}-{OUTAGE_TO}; median step "
-        f"{figures['median_ms']:.0f} ms outside, slowest {figures['slowest_during_ms']:.0f} ms during "
-        f"({figures['ratio']:.1f}x; {figures['slowest_outside_ms']:.0f} ms outside); steps over twice the "
-        f"median: {figures['over_twice_during']:.0%} during, {figures['over_twice_outside']:.0%} outside; "
-        f"flow run {figures['flow_s']:.0f} s"
+        f"\noutage of {service}: down {outage:.0f} s over steps {OUTAGE_FROM}-{OUTAGE_TO}; "
+        f"median step {figures['median_ms']:.0f} ms outside, "
+        f"slowest {figures['slowest_during_ms']:.0f} ms during "
+        f"({figures['ratio']:.1f}x; {figures['slowest_outside_ms']:.0f} ms outside); "
+        f"steps over twice the median: {figures['over_twice_during']:.0%} during, "
+        f"{figures['over_twice_outside']:.0%} outside; flow run {figures['flow_s']:.0f} s"
     )
     return figures
 
@@ -870,7 +872,8 @@ endpoint = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://")
 def store(**keys):
     # The keys from this process's environment unless given (the AWS SDK's own chain).
     return pafs.S3FileSystem(endpoint_override=endpoint, scheme="http",
-                             region=os.environ["AWS_REGION"], connect_timeout=3, request_timeout=10, **keys)
+                             region=os.environ["AWS_REGION"], connect_timeout=3,
+                             request_timeout=10, **keys)
 
 
 def refused(fs, path):
@@ -897,9 +900,10 @@ try:
     filer = "open"
 except OSError as exc:
     filer = type(exc).__name__
+wrong_secret = store(access_key=os.environ["AWS_ACCESS_KEY_ID"], secret_key="wrong" * 6)
 out = {"read_here": pq.read_table(path, filesystem=store()).to_pydict() == table.to_pydict(),
        "workers": [(ip, rows == table.to_pydict()) for ip, rows in workers],
-       "wrong_secret": refused(store(access_key=os.environ["AWS_ACCESS_KEY_ID"], secret_key="wrong" * 6), path),
+       "wrong_secret": refused(wrong_secret, path),
        "anonymous": refused(store(anonymous=True), path), "filer_from_here": filer}
 store().delete_file(path)
 print("RESULT " + json.dumps(out))

@@ -14,7 +14,8 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # three `tfm stage` processes, ~1 min idle
 
 RAY_DATA_INFO = "Execution plan of Dataset"
-"""Ray Data's INFO line at the start of every dataset's execution (ray 2.60's streaming executor)."""
+"""Ray Data's INFO line at the start of every dataset's execution (ray 2.60's streaming
+executor)."""
 
 
 def _tfm(config: Path, env: dict[str, str], *args: str) -> str:

@@ -371,7 +371,7 @@ def test_overlong_rows_are_dropped_and_counted(tmp_path):
         train=dataclasses.replace(config.train, max_tokens_per_batch=longest - 1)
     )
     assert shard.stage_config(tight)["max_pieces"] == longest - 1
-    # train accepts these shards; with a budget below the longest row it refuses them, naming the key
+    # train accepts the shards; with a budget below the longest row it refuses them, naming the key
     inputs = {"shard": shard_dir, "tokenizer": tok_dir}
     assert train.check_inputs(config, inputs)["train_rows"] == stats["train"]["rows"]
     with pytest.raises(StageError, match=f"train.max_tokens_per_batch is {longest - 1}"):

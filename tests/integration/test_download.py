@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 SHARED_SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wmt14_ende_sample"
 
 
-# ----------------------------------------------------------------------------- archives in WMT layouts
+# -------------------------------------------------------------------------- archives in WMT layouts
 
 
 def lines(corpus: str, lang: str, n: int) -> list[str]:
@@ -351,7 +351,8 @@ def test_misaligned_corpus_names_both_counts(tmp_path: Path, mirror_root: Path):
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
     with pytest.raises(
         CorpusError,
-        match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, commoncrawl.de-en.de \(de\) has 3 lines",
+        match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, "
+        r"commoncrawl.de-en.de \(de\) has 3 lines",
     ):
         run_stage(config, "download", {})
     assert_nothing_looks_complete(config)
@@ -391,12 +392,13 @@ def test_missing_member_points_at_the_registry(
     )
     with pytest.raises(
         CorpusError,
-        match="no member 'training/commoncrawl.de-en.de' .*sources.py.*similar members: commoncrawl.de-en.de",
+        match="no member 'training/commoncrawl.de-en.de' .*sources.py.*"
+        "similar members: commoncrawl.de-en.de",
     ):
         run_stage(config, "download", {})
 
 
-# ----------------------------------------------------------------------------- a broken mirror, then a fixed one
+# ---------------------------------------------------------------- a broken mirror, then a fixed one
 
 CC = "wmt13/training-parallel-commoncrawl.tgz"
 GIGA = "wmt10/training-giga-fren.tar"
@@ -475,14 +477,16 @@ BROKEN = [  # case, the run's data section, the archive broken, the error and it
         FR_EN_GIGA,
         GIGA,
         CorruptArchiveError,
-        "truncated or corrupt archive .*giga-fren.tar \\(the tar data ends at byte \\d+, without an end-of-archive",
+        "truncated or corrupt archive .*giga-fren.tar "
+        "\\(the tar data ends at byte \\d+, without an end-of-archive",
     ),
     (
         "truncated gzip member",
         FR_EN_GIGA,
         GIGA,
         CorruptArchiveError,
-        "truncated or corrupt archive .*giga-fren.tar \\(member 'giga-fren.release2.fixed.en.gz': Compressed file ended",
+        "truncated or corrupt archive .*giga-fren.tar "
+        "\\(member 'giga-fren.release2.fixed.en.gz': Compressed file ended",
     ),
 ]
 
@@ -499,7 +503,8 @@ def test_a_broken_archive_is_not_kept_so_a_fixed_mirror_succeeds(
     error: type,
     message: str,
 ):
-    """Bad mirror -> fail, nothing cached or pinned -> the mirror is fixed -> the same config succeeds."""
+    """Bad mirror -> fail, nothing cached or pinned -> the mirror is fixed -> the same config
+    succeeds."""
     config = make_config(tmp_path, mirror=mirror_root.as_uri(), **data)
     url = "https://www.statmt.org/" + archive
     cached = config.root / "cache" / "downloads" / archive
@@ -523,7 +528,8 @@ def test_a_broken_archive_is_not_kept_so_a_fixed_mirror_succeeds(
 def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(
     tmp_path: Path, server: MirrorServer
 ):
-    """A lock written before bad archives were refused pins one: the errors say how to get past it."""
+    """A lock written before bad archives were refused pins one: the errors say how to get past
+    it."""
     config = make_config(tmp_path, mirror=server.url, **EN_DE_CC)
     url = "https://www.statmt.org/" + CC
     cached = config.root / "cache" / "downloads" / CC
@@ -536,7 +542,8 @@ def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(
     entry = re.escape(f"remove the entry {url!r} from {lock_file} and rerun")
     with pytest.raises(
         UnsafeArchiveError,
-        match=f"refusing member .*; removed the cached {cached}\\. If the pinned file is bad.*{entry}",
+        match=f"refusing member .*; removed the cached {cached}\\. "
+        f"If the pinned file is bad.*{entry}",
     ):
         run_stage(config, "download", {})
     assert not cached.exists()

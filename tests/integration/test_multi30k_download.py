@@ -46,7 +46,8 @@ def gz(lines: list[str]) -> bytes:
 
 
 def write_file(root: Path, split: str, lang: str, n: int | None = None) -> Path:
-    """``<root>/data/task1/raw/<split>.<lang>.gz`` with ``n`` captions (the split's size by default)."""
+    """``<root>/data/task1/raw/<split>.<lang>.gz`` with ``n`` captions (the split's size by
+    default)."""
     path = root / RAW / f"{split}.{lang}.gz"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gz(captions(split, lang, SPLITS[split][1] if n is None else n)))
@@ -189,7 +190,7 @@ def test_a_partial_download_left_by_an_interrupted_run_is_resumed(
     assert not part.exists() and not Path(f"{part}.json").exists()
 
 
-# ----------------------------------------------------------------------------- a broken mirror, then a fixed one
+# ---------------------------------------------------------------- a broken mirror, then a fixed one
 
 
 def _break(case: str, path: Path) -> None:
@@ -245,8 +246,10 @@ def test_misaligned_languages_name_both_files_and_counts(tmp_path: Path, mirror_
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
     with pytest.raises(
         CorpusError,
-        match=r"corpus test_2016_flickr is misaligned: data/task1/raw/test_2016_flickr.en.gz \(en\) has 3 lines, "
-        r"data/task1/raw/test_2016_flickr.de.gz \(de\) has 4 lines; removed the cached .* and pinned nothing",
+        match=r"corpus test_2016_flickr is misaligned: "
+        r"data/task1/raw/test_2016_flickr.en.gz \(en\) has 3 lines, "
+        r"data/task1/raw/test_2016_flickr.de.gz \(de\) has 4 lines; "
+        r"removed the cached .* and pinned nothing",
     ):
         run_stage(config, "download", {})
     assert not [url for url in lock_entries(config) if "test_2016" in url]
@@ -303,7 +306,7 @@ def test_a_file_the_mirror_lacks_is_named(tmp_path: Path, mirror_root: Path):
         run_stage(config, "download", {})
 
 
-# ----------------------------------------------------------------------------- the real shared mirror
+# --------------------------------------------------------------------------- the real shared mirror
 
 
 @pytest.mark.shared_data("multi30k/data/task1/raw")
@@ -328,7 +331,8 @@ def test_the_shared_mirror_gives_the_published_counts(tmp_path: Path):
 
 
 def _copy_of_shared_mirror(root: Path, pair: tuple[str, str] = ("en", "de")) -> Path:
-    """The shared files an ``en-de`` download reads, copied to ``root`` (a mirror to tamper with)."""
+    """The shared files an ``en-de`` download reads, copied to ``root`` (a mirror to tamper
+    with)."""
     for split in ("train", "val", "test_2016_flickr"):
         for lang in pair:
             dst = root / RAW / f"{split}.{lang}.gz"

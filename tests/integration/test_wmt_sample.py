@@ -67,7 +67,8 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
     covered = [line for line in test_lines if UNK_ID not in tok.encode(line)]
     assert all(tok.decode(tok.encode(line)) == line for line in covered)
     print(
-        f"WMT sample tokenizer: {len(covered)}/{len(test_lines)} test.de lines free of UNK, all round-trip"
+        f"WMT sample tokenizer: {len(covered)}/{len(test_lines)} test.de lines free of UNK, "
+        "all round-trip"
     )
     assert len(covered) > 0.8 * len(test_lines)
 

@@ -2,8 +2,8 @@
 the worker count (dealt round-robin, uneven when the count does not divide them), so a run
 resized from one checkpoint to the next consumes the batch sequence of a fixed-size run.
 
-Without Ray (ranks are Trainers in one process); tests/integration/test_elastic_resize.py resizes real
-Ray Train worker groups."""
+Without Ray (ranks are Trainers in one process); tests/integration/test_elastic_resize.py resizes
+real Ray Train worker groups."""
 
 from __future__ import annotations
 

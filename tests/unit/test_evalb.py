@@ -284,8 +284,10 @@ _LONG_FLAT = " ".join(f"(NN w{i})" for i in range(41))
 EVALB_GOLD = [
     "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
     "(S (NP (PRP He)) (VP (VBD gave) (PRT (RP up))) (. .))",
-    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (, ,) (NP (NNS people)) (VP (VBP say)) (. .))",
-    "(S (NP (DT The) (JJ old) (NN man)) (VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
+    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (, ,) "
+    "(NP (NNS people)) (VP (VBP say)) (. .))",
+    "(S (NP (DT The) (JJ old) (NN man)) "
+    "(VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
     "(S (`` ``) (NP (PRP We)) (VP (VBP win) (ADVP (RB again))) ('' '') (. .))",
     "(S (NP (DT the) (NN dog)) (VP (VBD barked) (PP (IN at) (NP (NN night)))) (. .))",
     f"(S (NP {_LONG_NP}) (VP {_LONG_VP}))",
@@ -293,8 +295,10 @@ EVALB_GOLD = [
 EVALB_TEST = [
     "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
     "(S (NP (PRP He)) (VP (VBD gave) (ADVP (RP up))) (. .))",
-    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop)) (, ,) (NP (NNS people))) (VP (VBP say)) (. .))",
-    "(S (NP (DT The) (NN old) (NN man)) (VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
+    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop)) (, ,) "
+    "(NP (NNS people))) (VP (VBP say)) (. .))",
+    "(S (NP (DT The) (NN old) (NN man)) "
+    "(VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
     "(S (`` ``) (NP (PRP We)) (VP (VBP win) (NP (RB again)) ('' '')) (. .))",
     "(S (NP (DT the) (NN dog)) (VP (VBD barked) (IN at) (NN night)) (. .))",
     f"(S (NP {_LONG_FLAT}))",

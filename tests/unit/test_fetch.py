@@ -184,7 +184,8 @@ def test_missing_member_lists_similar_names(tmp_path: Path):
     archive = make_tar(tmp_path / "ok.tgz", [("training/europarl-v7.de-en.de", b"a\n")])
     with pytest.raises(
         MissingMemberError,
-        match="no member 'training/europarl-v7.de-en.en'.*similar members: training/europarl-v7.de-en.de",
+        match="no member 'training/europarl-v7.de-en.en'.*"
+        "similar members: training/europarl-v7.de-en.de",
     ):
         list(iter_members(archive, ["training/europarl-v7.de-en.en"]))
 

@@ -31,7 +31,8 @@ def test_gpu_recipe_without_cuda_fails_in_one_line(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("flags", [[], ["-S"]], ids=["cpu-torch", "no-packages"])
 def test_bench_gpu_preflight_without_cuda_fails_in_one_line(flags):
-    # -S: no site-packages, so neither numpy nor torch (a bare system Python, as GPU_PYTHON's default)
+    # -S: no site-packages, so neither numpy nor torch (a bare system Python, as GPU_PYTHON's
+    # default)
     run = subprocess.run(
         [sys.executable, *flags, str(ROOT / "benchmarks" / "gpu.py"), "--preflight"],
         capture_output=True,

@@ -60,7 +60,8 @@ def test_the_config_takes_the_options():
 # --- subword-nmt's BPE (tokenizer.kind: subword-nmt) -----------------------------------------
 
 CODES = "#version: 0.2\nm a\nma n</w>\ne i\nei n</w>\n"
-"""Four merges: "man" and "ein" whole ("mann" only begins with "ma"), every other word in letters."""
+"""Four merges: "man" and "ein" whole ("mann" only begins with "ma"), every other word in
+letters."""
 
 
 def test_bpe_codes_split_words_as_apply_bpe_and_restore_joins_them():

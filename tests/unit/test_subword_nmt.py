@@ -34,7 +34,8 @@ def test_the_codes_hold_the_merges_asked_for(capsys):
     codes = learn_codes(SENTENCES, 40).splitlines()
     assert codes[0] == "#version: 0.2" and len(codes) == 41
     assert all(len(line.split(" ")) == 2 for line in codes[1:])
-    # more merges than pairs of frequency 2: fewer codes, and subword-nmt's note stays off the console
+    # more merges than pairs of frequency 2: fewer codes, and subword-nmt's note stays off the
+    # console
     assert len(learn_codes(SENTENCES, 5000).splitlines()) < 5001
     assert capsys.readouterr().err == ""
 

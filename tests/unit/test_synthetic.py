@@ -1,4 +1,5 @@
-"""The synthetic grammar corpus: deterministic, sized, distinct splits, real agreement and reordering."""
+"""The synthetic grammar corpus: deterministic, sized, distinct splits, real agreement and
+reordering."""
 
 from __future__ import annotations
 
