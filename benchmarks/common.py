@@ -58,7 +58,8 @@ def _format(value: object) -> str:
 
 
 def parse_overrides(items: list[str]) -> dict[str, object]:
-    """``--set key.path=value`` pairs, values read as YAML (``3`` an int, ``true`` a bool), as ``tfm --set``."""
+    """``--set key.path=value`` pairs, values read as YAML (``3`` an int, ``true`` a bool), as
+    ``tfm --set``."""
     import yaml
 
     pairs = [item.partition("=") for item in items]

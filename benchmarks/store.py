@@ -89,7 +89,9 @@ def run_stages(config: RunConfig) -> dict[str, float]:
         result = run_stage(config, name)
         seconds[name] = time.perf_counter() - start
         if not result.ran:  # a skipped stage would time nothing: the work dir was not empty
-            raise SystemExit(f"stage {name} was skipped ({result.reason}): the work dir is not fresh")
+            raise SystemExit(
+                f"stage {name} was skipped ({result.reason}): the work dir is not fresh"
+            )
         print(f"{config.store.uri}: {name} {seconds[name]:.1f} s", flush=True)
     return seconds
 
@@ -99,7 +101,9 @@ def folder_bytes(store: Store, rel: str) -> int:
     import pyarrow.fs as pafs
 
     selector = pafs.FileSelector(store.path(rel), recursive=True, allow_not_found=True)
-    return sum(i.size for i in store.filesystem.get_file_info(selector) if i.type == pafs.FileType.File)
+    return sum(
+        i.size for i in store.filesystem.get_file_info(selector) if i.type == pafs.FileType.File
+    )
 
 
 def differing(a: Store, b: Store, rel: str) -> str:
@@ -115,7 +119,10 @@ def same_weights(disk: RunConfig, store: RunConfig, cache: Path) -> bool:
     import torch
 
     paths = (Path(disk.store.path("train")), node_copy(store.store, "train", cache))
-    a, b = (torch.load(p / "final" / "model.pt", map_location="cpu", weights_only=False)["model"] for p in paths)
+    a, b = (
+        torch.load(p / "final" / "model.pt", map_location="cpu", weights_only=False)["model"]
+        for p in paths
+    )
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -139,17 +146,20 @@ def stage_rows(disk: RunConfig, store: RunConfig, times: dict[str, dict[str, flo
         d, s = times["disk"][name], times["store"][name]
         rows.append({
             "what": name, "disk s": d, "store s": s, "store/disk": s / d,
-            "disk MB": folder_bytes(disk.store, name) / MB, "store MB": folder_bytes(store.store, name) / MB,
+            "disk MB": folder_bytes(disk.store, name) / MB,
+            "store MB": folder_bytes(store.store, name) / MB,
             "MB/s": "", "files": differing(disk.store, store.store, name),
         })  # fmt: skip
     rows.append({
         "what": "train_ray (Ray Train checkpoints)", "disk s": "", "store s": "", "store/disk": "",
-        "disk MB": folder_bytes(disk.store, "train_ray") / MB, "store MB": folder_bytes(store.store, "train_ray") / MB,
+        "disk MB": folder_bytes(disk.store, "train_ray") / MB,
+        "store MB": folder_bytes(store.store, "train_ray") / MB,
         "MB/s": "", "files": "",
     })  # fmt: skip
     d, s = sum(times["disk"].values()), sum(times["store"].values())
     rows.append({
-        "what": "all (each stage's best; bytes with checkpoints)", "disk s": d, "store s": s, "store/disk": s / d,
+        "what": "all (each stage's best; bytes with checkpoints)",
+        "disk s": d, "store s": s, "store/disk": s / d,
         "disk MB": sum(r["disk MB"] for r in rows), "store MB": sum(r["store MB"] for r in rows),
         "MB/s": "", "files": "",
     })  # fmt: skip
@@ -162,8 +172,10 @@ def cache_rows(first_s: float, again_s: float, size: int, server_s: float) -> li
     return [
         {"what": "shard node copy: first fill", **blank, "store s": first_s, "store MB": size / MB,
          "MB/s": size / MB / first_s},
-        {"what": "shard node copy: second call (reuse)", **blank, "store s": again_s, "store MB": "", "MB/s": ""},
-        {"what": "SeaweedFS start (not in the stages)", **blank, "store s": server_s, "store MB": "", "MB/s": ""},
+        {"what": "shard node copy: second call (reuse)", **blank, "store s": again_s,
+         "store MB": "", "MB/s": ""},
+        {"what": "SeaweedFS start (not in the stages)", **blank, "store s": server_s,
+         "store MB": "", "MB/s": ""},
     ]  # fmt: skip
 
 
@@ -189,7 +201,8 @@ def run_rounds(
     base: Path, endpoint: str, overrides: dict[str, object], repeats: int
 ) -> tuple[dict[str, dict[str, float]], RunConfig, RunConfig]:
     """``repeats`` rounds of both runs, each from nothing, the disk first in even rounds and the
-    store first in odd ones; each stage's best seconds per work dir, and the last round's configs."""
+    store first in odd ones; each stage's best seconds per work dir, and the last round's
+    configs."""
     times: dict[str, list[dict[str, float]]] = {"disk": [], "store": []}
     for round_ in range(repeats):
         disk, store = configs(base / f"round{round_}", endpoint, overrides)
@@ -198,7 +211,10 @@ def run_rounds(
         runs = [("disk", disk), ("store", store)]
         for label, config in runs if round_ % 2 == 0 else reversed(runs):
             times[label].append(run_stages(config))
-    best = {label: {name: min(r[name] for r in rounds) for name in STAGES} for label, rounds in times.items()}
+    best = {
+        label: {name: min(r[name] for r in rounds) for name in STAGES}
+        for label, rounds in times.items()
+    }
     return best, disk, store
 
 
@@ -220,13 +236,22 @@ def measure(base: Path, steps: int, repeats: int, extra: dict[str, object]) -> l
         # Ray's workers take the keys from the environment they start in: set before Ray starts.
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             os.environ[name] = server.env[name]
-        times, disk, store = run_rounds(base, server.endpoint, {**shared_overrides(steps), **extra}, repeats)
+        times, disk, store = run_rounds(
+            base, server.endpoint, {**shared_overrides(steps), **extra}, repeats
+        )
         ray.shutdown()
         fill = cache_fill(store.store, base / "fresh-cache")
         rows = stage_rows(disk, store, times) + cache_rows(*fill, server_s)
         equal = same_weights(disk, store, base / "weights-cache")
         blank = {c: "" for c in rows[0] if c not in ("what", "files")}
-        return [*rows, {"what": "train: final weights, tensor by tensor", **blank, "files": "equal" if equal else "differ"}]
+        return [
+            *rows,
+            {
+                "what": "train: final weights, tensor by tensor",
+                **blank,
+                "files": "equal" if equal else "differ",
+            },
+        ]
     finally:
         ray.shutdown()
         server.close()
@@ -236,7 +261,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps of each run")
     parser.add_argument("--repeats", type=int, default=2,
-                        help="rounds of both runs (the store first in every second one); each stage's best")  # fmt: skip
+                        help="rounds of both runs (the store first in every second one); "
+                        "each stage's best")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for both runs, as `tfm --set`")  # fmt: skip
     parser.add_argument("--json", default=None)
@@ -250,8 +276,10 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if rows is not None:
-        title = (f"Work dir on SeaweedFS (S3, loopback) vs a local disk: Multi30k en-de data stages "
-                 f"and {args.steps} training steps of a tiny model, best of {args.repeats}")  # fmt: skip
+        title = (
+            "Work dir on SeaweedFS (S3, loopback) vs a local disk: Multi30k en-de data stages "
+            f"and {args.steps} training steps of a tiny model, best of {args.repeats}"
+        )
         report(title, rows, args.json)
 
 

@@ -32,7 +32,8 @@ def part_files(folder: Path) -> list[Path]:
 
 
 class ParquetShardWriter:
-    """Writes an ordered stream of Arrow tables as ``part-00000.parquet``... of ``rows_per_file`` rows.
+    """Writes an ordered stream of Arrow tables as ``part-00000.parquet``... of
+    ``rows_per_file`` rows.
 
     Same input tables, same files byte for byte: each incoming table (cut at file boundaries)
     becomes one row group, and the writer options are fixed. With ``ipc_folder``, every part
@@ -81,7 +82,8 @@ class ParquetShardWriter:
             offset += take
 
     def close(self) -> list[Path]:
-        """Finish the last file (an empty stream still gives one file with the schema); the paths."""
+        """Finish the last file (an empty stream still gives one file with the schema); the
+        paths."""
         if self._writer is None:
             self._open()
         self._close_part()

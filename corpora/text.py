@@ -44,7 +44,8 @@ def read_text_lines(stream: Iterable[bytes]) -> Iterator[str]:
 
 
 def read_sgm(lines: Iterable[str]) -> Iterator[str]:
-    """The text of each ``<seg>`` in document order: entities unescaped, spaces collapsed (as sacrebleu)."""
+    """The text of each ``<seg>`` in document order: entities unescaped, spaces collapsed (as
+    sacrebleu)."""
     for number, line in enumerate(lines, 1):
         found = False
         for match in _SEG.finditer(line):

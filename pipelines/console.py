@@ -48,7 +48,8 @@ line that repeats, for those readers, what the console already says."""
 PREFECT_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 PREFECT_BOOKKEEPING = ("Beginning flow run", "Created task run", "Finished in state Completed")
 """Prefect's engine's INFO lines on its run loggers that repeat ours (a stage ran, the flow began
-and ended): the run log keeps them; its other lines (a retry, a failed state) stay on the console."""
+and ended): the run log keeps them; its other lines (a retry, a failed state) stay on the
+console."""
 
 
 def is_ours(name: str) -> bool:

@@ -1,4 +1,5 @@
-"""tasks: the pipeline's stages, one module each; the machinery that runs them is ``tasks.framework``.
+"""tasks: the pipeline's stages, one module each; the machinery that runs them is
+``tasks.framework``.
 
 Stages: ``download``, ``clean``, ``tokenizer``, ``shard``, ``train``, ``average``,
 ``translate``, ``score``, ``register`` (WMT14 and every translation source), and ``treebank``,

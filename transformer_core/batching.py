@@ -34,7 +34,8 @@ def plan_batches(
     shuffle: bool = True,
     pad_multiple: int = 1,
 ) -> list[np.ndarray]:
-    """Row indices per batch; every row exactly once, each batch within ``max_tokens`` padded tokens.
+    """Row indices per batch; every row exactly once, each batch within ``max_tokens`` padded
+    tokens.
 
     With ``shuffle``, rows within a bucket and the order of batches are shuffled with a generator
     seeded by ``(seed, epoch)``: the same pair gives the same plan, another epoch another one.

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def temporary_sibling(out: Path) -> Path:
-    """A fresh name beside ``out`` that ``remove_stale_temporaries`` recognises as this process's."""
+    """A fresh name beside ``out`` that ``remove_stale_temporaries`` recognises as this
+    process's."""
     return out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 

@@ -16,7 +16,8 @@ def base() -> ModelConfig:
 
 
 def big() -> ModelConfig:
-    """Transformer (big): d_model=1024, d_ff=4096, h=16, P_drop=0.3 (En-De; 0.1 for En-Fr) (213M)."""
+    """Transformer (big): d_model=1024, d_ff=4096, h=16, P_drop=0.3 (En-De; 0.1 for En-Fr)
+    (213M)."""
     return base().replace(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3)
 
 
@@ -101,7 +102,8 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 
 
 def get(name: str) -> ModelConfig:
-    """A preset by name: ``debug``, ``base``, ``big``, ``big_en_fr``, ``parsing`` or ``table3:<row>``."""
+    """A preset by name: ``debug``, ``base``, ``big``, ``big_en_fr``, ``parsing`` or
+    ``table3:<row>``."""
     if name.startswith("table3:"):
         return table3(name.split(":", 1)[1])
     if name not in PRESETS:

@@ -24,7 +24,8 @@ def learning_rate(step: int, d_model: int, warmup_steps: int = 4000, scale: floa
 
 
 def lr_lambda(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> Callable[[int], float]:
-    """A LambdaLR multiplier: LambdaLR's counter ``k`` (0 before the first update) is step ``k + 1``."""
+    """A LambdaLR multiplier: LambdaLR's counter ``k`` (0 before the first update) is step
+    ``k + 1``."""
 
     def factor(k: int) -> float:
         return learning_rate(k + 1, d_model, warmup_steps, scale)
@@ -51,5 +52,6 @@ def make_optimizer(
 def make_scheduler(
     optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int = 4000, scale: float = 1.0
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """The paper's schedule on an optimizer built with ``lr=1.0``; call ``.step()`` after each update."""
+    """The paper's schedule on an optimizer built with ``lr=1.0``; call ``.step()`` after each
+    update."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(d_model, warmup_steps, scale))

@@ -3,9 +3,9 @@
 
     sudo .venv/bin/python infra/local-cluster/localcluster.py up      # start it (about a minute)
     sudo .venv/bin/python infra/local-cluster/localcluster.py status  # hosts, addresses, services
-    sudo .venv/bin/python infra/local-cluster/localcluster.py exec head -- tfm run configs/quickstart.yaml \\
-        --set 'workdir=runs/local-cluster/work/{name}'
-    sudo .venv/bin/python infra/local-cluster/localcluster.py down    # stop everything, remove the network
+    sudo .venv/bin/python infra/local-cluster/localcluster.py exec head -- \\
+        tfm run configs/quickstart.yaml --set 'workdir=runs/local-cluster/work/{name}'
+    sudo .venv/bin/python infra/local-cluster/localcluster.py down    # stop it, remove the network
 """
 
 import sys

@@ -176,7 +176,9 @@ def test_train_bf16_false_keeps_the_forward_in_float32():
     dtypes = {}
     for bf16 in (True, False):
         m = model(seed=9).to(CUDA)
-        trainer = Trainer(m, gpu_training(steps=2, bf16=bf16), tokens(200, 5), tokens(20, 6), seed=3)
+        trainer = Trainer(
+            m, gpu_training(steps=2, bf16=bf16), tokens(200, 5), tokens(20, 6), seed=3
+        )
         with trainer.autocast():
             dtypes[bf16] = m(src, tgt_in).dtype
         trainer.close()

@@ -27,10 +27,20 @@ class MlflowServer:
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.command = [
-            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
-            "--port", str(self.port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--default-artifact-root", str(root / "artifacts"),
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(root / "artifacts"),
         ]
         self.log = root / "server.log"
         self.proc: subprocess.Popen | None = None
@@ -40,8 +50,9 @@ class MlflowServer:
         # shared cores they slow the server's start.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()[-2000:]

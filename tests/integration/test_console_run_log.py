@@ -14,7 +14,8 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # three `tfm stage` processes, ~1 min idle
 
 RAY_DATA_INFO = "Execution plan of Dataset"
-"""Ray Data's INFO line at the start of every dataset's execution (ray 2.60's streaming executor)."""
+"""Ray Data's INFO line at the start of every dataset's execution (ray 2.60's streaming
+executor)."""
 
 
 def _tfm(config: Path, env: dict[str, str], *args: str) -> str:
@@ -31,13 +32,19 @@ def _tfm(config: Path, env: dict[str, str], *args: str) -> str:
 def test_ray_data_info_lines_go_to_the_run_log_and_v_brings_them_back(tmp_path):
     config = tmp_path / "console.yaml"
     config.write_text(
-        yaml.safe_dump({
-            "name": "console",
-            "workdir": str(tmp_path / "{name}"),
-            "data": {"source": "synthetic", "synthetic_train": 200, "synthetic_dev": 20,
-                     "synthetic_test": 20},
-            "ray": {"num_cpus": 2},
-        })  # fmt: skip
+        yaml.safe_dump(
+            {
+                "name": "console",
+                "workdir": str(tmp_path / "{name}"),
+                "data": {
+                    "source": "synthetic",
+                    "synthetic_train": 200,
+                    "synthetic_dev": 20,
+                    "synthetic_test": 20,
+                },
+                "ray": {"num_cpus": 2},
+            }
+        )  # fmt: skip
     )
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
     for name in ("RAY_DATA_LOGGING_CONFIG", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):

@@ -64,7 +64,9 @@ def test_the_fetcher_sends_the_credentials_and_names_urls_without_them(tmp_path:
         assert SECRET not in str(err.value) and str(err.value).startswith(auth_mirror.url)
 
     seen = download(url.replace("http://", f"http://{USER}:{SECRET}@"), tmp_path / "val.de.gz")
-    assert (tmp_path / "val.de.gz").read_bytes() == (SHARED_DATA / "multi30k" / "data/task1/raw/val.de.gz").read_bytes()
+    assert (tmp_path / "val.de.gz").read_bytes() == (
+        SHARED_DATA / "multi30k" / "data/task1/raw/val.de.gz"
+    ).read_bytes()
     assert seen.bytes == (tmp_path / "val.de.gz").stat().st_size
     assert len(auth_mirror.refused) == 3
 
@@ -83,11 +85,15 @@ def test_a_download_flow_uses_the_mirror_password_and_shows_it_nowhere(
     mirror = auth_mirror.url.replace("http://", f"http://{USER}:{SECRET}@") + "/"
     masked = auth_mirror.url.replace("http://", f"http://{USER}:***@") + "/"
     config_file = tmp_path / "secrets.yaml"
-    config_file.write_text(yaml.safe_dump({
-        "name": "secrets",
-        "workdir": str(tmp_path / "runs" / "{name}"),
-        "data": {"source": "multi30k", "pair": "en-de", "mirror": mirror},
-    }))
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "secrets",
+                "workdir": str(tmp_path / "runs" / "{name}"),
+                "data": {"source": "multi30k", "pair": "en-de", "mirror": mirror},
+            }
+        )
+    )
 
     [result] = stage_flow(config_path=str(config_file), stage="download")
 
@@ -117,19 +123,34 @@ def test_a_download_flow_uses_the_mirror_password_and_shows_it_nowhere(
     assert stage.data.tags["stats.mirror"] == masked
 
     flow_run_id = parent.data.tags["prefect.flow_run_id"]
-    [artifact] = prefect_records("/artifacts/filter", {
-        "artifacts": {"key": {"any_": [artifact_key("secrets")]}},
-        "sort": "UPDATED_DESC", "limit": 1, "offset": 0,
-    })
+    [artifact] = prefect_records(
+        "/artifacts/filter",
+        {
+            "artifacts": {"key": {"any_": [artifact_key("secrets")]}},
+            "sort": "UPDATED_DESC",
+            "limit": 1,
+            "offset": 0,
+        },
+    )
     assert "| download | ran |" in artifact["data"] and SECRET not in artifact["data"]
     APILogHandler().flush()  # the flow's logs reach the API in the background
-    logs = prefect_records("/logs/filter", {
-        "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200, "offset": 0,
-    })
+    logs = prefect_records(
+        "/logs/filter",
+        {
+            "logs": {"flow_run_id": {"any_": [flow_run_id]}},
+            "limit": 200,
+            "offset": 0,
+        },
+    )
     assert logs and all(SECRET not in entry["message"] for entry in logs)
     # Nor in the flow and task runs Prefect keeps (parameters, inputs, state messages).
     for kind in ("flow_runs", "task_runs"):
-        runs_kept = prefect_records(f"/{kind}/filter", {
-            "flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 50, "offset": 0,
-        })
+        runs_kept = prefect_records(
+            f"/{kind}/filter",
+            {
+                "flow_runs": {"id": {"any_": [flow_run_id]}},
+                "limit": 50,
+                "offset": 0,
+            },
+        )
         assert runs_kept and SECRET not in json.dumps(runs_kept), kind

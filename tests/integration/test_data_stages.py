@@ -48,8 +48,12 @@ def make_config(root: Path, **changes) -> RunConfig:
     return config.replace(**changes)
 
 
-def write_download(root: Path, train: dict[str, tuple[list[bytes], list[bytes]]],
-                   dev: tuple[list[str], list[str]], test: tuple[list[str], list[str]]) -> Path:
+def write_download(
+    root: Path,
+    train: dict[str, tuple[list[bytes], list[bytes]]],
+    dev: tuple[list[str], list[str]],
+    test: tuple[list[str], list[str]],
+) -> Path:
     """The download stage's layout, written by hand, with a real manifest."""
 
     def build(tmp: Path) -> dict:
@@ -76,41 +80,61 @@ def test_clean_reports_every_filter_count(tmp_path):
     test_src = ["a test sentence that must not leak", "another test line here"]
     test_tgt = ["ein Testsatz der nicht lecken darf", "noch eine Testzeile hier"]
     planted = [
-        (b"", b"nur deutsch"),                                          # empty
-        (b"   \t ", b"leer nach Normalisierung"),                       # empty (whitespace only)
-        (b" ".join([b"w"] * 13), b" ".join([b"v"] * 13)),                 # too_long (max_len 12)
-        (b"one two three four five six", b"eins zwei"),                  # ratio
-        (b"Berlin Hamburg Bremen", b"Berlin Hamburg Bremen"),            # identical
+        (b"", b"nur deutsch"),  # empty
+        (b"   \t ", b"leer nach Normalisierung"),  # empty (whitespace only)
+        (b" ".join([b"w"] * 13), b" ".join([b"v"] * 13)),  # too_long (max_len 12)
+        (b"one two three four five six", b"eins zwei"),  # ratio
+        (b"Berlin Hamburg Bremen", b"Berlin Hamburg Bremen"),  # identical
         (test_src[0].encode(), b"irgendein deutscher Satz steht genau hier"),  # contaminated (src)
-        (b"some english words", test_tgt[1].encode()),                   # contaminated (tgt)
-        (b"bad \xff\xfe bytes here", b"kaputte Bytes hier"),             # invalid_utf8
-        (base_src[3], base_tgt[3]),                                      # duplicate
-        (b"sentence  number 5 in\x00 english", b"Satz Nummer 5 auf Deutsch"),  # duplicate after normalisation
+        (b"some english words", test_tgt[1].encode()),  # contaminated (tgt)
+        (b"bad \xff\xfe bytes here", b"kaputte Bytes hier"),  # invalid_utf8
+        (base_src[3], base_tgt[3]),  # duplicate
+        (
+            b"sentence  number 5 in\x00 english",
+            b"Satz Nummer 5 auf Deutsch",
+        ),  # duplicate after normalisation
     ]
     src = base_src[:50] + [p[0] for p in planted] + base_src[50:]
     tgt = base_tgt[:50] + [p[1] for p in planted] + base_tgt[50:]
     other_src = [b"cafe\xcc\x81 au lait please", b"one more pair"]  # NFD input
     other_tgt = [b"Milchkaffee bitte sehr", b"noch ein Paar"]
-    download = write_download(tmp_path, {"europarl": (src, tgt), "zz": (other_src, other_tgt)},
-                              (["dev one two", "dev three four"], ["dev eins zwei", "dev drei vier"]),
-                              (test_src, test_tgt))
+    download = write_download(
+        tmp_path,
+        {"europarl": (src, tgt), "zz": (other_src, other_tgt)},
+        (["dev one two", "dev three four"], ["dev eins zwei", "dev drei vier"]),
+        (test_src, test_tgt),
+    )
     result = run_stage(config, "clean", {"download": download})
     out, stats = result.path, result.stats
     assert stats == read_manifest(out)["stats"]
     print("clean stats:", json.dumps(stats))
     assert stats["input"] == 112
-    assert stats["dropped"] == {"invalid_utf8": 1, "empty": 2, "too_short": 0, "too_long": 1,
-                                "too_many_chars": 0, "ratio": 1, "identical": 1, "contaminated": 2,
-                                "duplicate": 2}
+    assert stats["dropped"] == {
+        "invalid_utf8": 1,
+        "empty": 2,
+        "too_short": 0,
+        "too_long": 1,
+        "too_many_chars": 0,
+        "ratio": 1,
+        "identical": 1,
+        "contaminated": 2,
+        "duplicate": 2,
+    }
     assert stats["kept"] == 102
     assert stats["corpora"] == {"europarl": 110, "zz": 2}
     files = sorted((out / "train").glob("*.parquet"))
-    assert [f.name for f in files] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert [f.name for f in files] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
     table = pq.read_table(out / "train")
     assert table.column_names == ["src", "tgt"]
     rows = list(zip(table["src"].to_pylist(), table["tgt"].to_pylist(), strict=True))
     # corpus order, then line order; the first of two duplicates is kept
-    assert rows[:50] == [(s.decode(), t.decode()) for s, t in zip(base_src[:50], base_tgt[:50], strict=True)]
+    assert rows[:50] == [
+        (s.decode(), t.decode()) for s, t in zip(base_src[:50], base_tgt[:50], strict=True)
+    ]
     assert rows[-2] == ("caf\u00e9 au lait please", "Milchkaffee bitte sehr")  # NFC
     assert not any(test_src[0] in s for s, _ in rows)
     assert (out / "test.en").read_text(encoding="utf-8").splitlines() == test_src
@@ -118,8 +142,12 @@ def test_clean_reports_every_filter_count(tmp_path):
 
 def test_clean_fails_on_misaligned_corpus(tmp_path):
     config = make_config(tmp_path)
-    download = write_download(tmp_path, {"commoncrawl": ([b"a b", b"c d", b"e f"], [b"x y", b"z w"])},
-                              (["d"], ["d"]), (["t"], ["t"]))
+    download = write_download(
+        tmp_path,
+        {"commoncrawl": ([b"a b", b"c d", b"e f"], [b"x y", b"z w"])},
+        (["d"], ["d"]),
+        (["t"], ["t"]),
+    )
     with pytest.raises(CorpusError, match=r"commoncrawl.*3 lines.*2"):
         run_stage(config, "clean", {"download": download})
     assert not (config.root / "clean").exists()
@@ -130,13 +158,17 @@ def test_clean_fails_on_misaligned_corpus(tmp_path):
 
 @pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
 def test_tokenizer_round_trips_and_is_deterministic(tmp_path, kind):
-    config = make_config(tmp_path, tokenizer=TokenizerConfig(kind=kind, vocab_size=300, sample_size=1500, threads=2))
+    config = make_config(
+        tmp_path, tokenizer=TokenizerConfig(kind=kind, vocab_size=300, sample_size=1500, threads=2)
+    )
     pairs = synthetic.generate_pairs(800, 3)
 
     def build(tmp: Path) -> dict:
         (tmp / "train").mkdir()
-        pq.write_table(pa.table({"src": [p[0] for p in pairs], "tgt": [p[1] for p in pairs]}),
-                       tmp / "train" / "part-00000.parquet")
+        pq.write_table(
+            pa.table({"src": [p[0] for p in pairs], "tgt": [p[1] for p in pairs]}),
+            tmp / "train" / "part-00000.parquet",
+        )
         return {}
 
     clean_dir = build_folder("clean", tmp_path / "clean", {"hand": True}, {}, build).path
@@ -154,7 +186,9 @@ def test_tokenizer_round_trips_and_is_deterministic(tmp_path, kind):
         assert tok.decode(ids) == normalized
     assert tok.decode([2] + tok.encode("Der Hund.") + [5, 6, 0]) == "Der Hund."
 
-    too_big = config.replace(tokenizer=TokenizerConfig(kind=kind, vocab_size=60000, sample_size=1500))
+    too_big = config.replace(
+        tokenizer=TokenizerConfig(kind=kind, vocab_size=60000, sample_size=1500)
+    )
     with pytest.raises(CorpusError, match="tokenizer.vocab_size"):
         run_stage(too_big, "tokenizer", {"clean": clean_dir})
 
@@ -185,13 +219,17 @@ def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
 
     shard_dir = folders["shard"]
     files = shard_bytes(shard_dir)
-    train_files = [name for name in files if name.startswith("train/") and name.endswith(".parquet")]
+    train_files = [
+        name for name in files if name.startswith("train/") and name.endswith(".parquet")
+    ]
     # every Parquet part has its Arrow IPC twin (what training memory-maps), counted in the manifest
     assert {f"arrow/{name[:-8]}.arrow" for name in files if name.endswith(".parquet")} == {
         name for name in files if name.endswith(".arrow")
     }
     assert read_manifest(shard_dir)["files"]["arrow/train/part-00000.arrow"]["rows"] == 500
-    mapped = TokenData.read(str(shard_dir / "train"), read_manifest(shard_dir)["stats"]["vocab_size"])
+    mapped = TokenData.read(
+        str(shard_dir / "train"), read_manifest(shard_dir)["stats"]["vocab_size"]
+    )
     assert len(mapped.chunks) > 1 and not mapped.chunks[0][0].flags.owndata
     stats = read_manifest(shard_dir)["stats"]
     kept = read_manifest(folders["clean"])["stats"]["kept"]
@@ -219,7 +257,9 @@ def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
     # a second run elsewhere gives the same bytes
     other = run_chain(make_config(tmp_path / "b"))
     assert shard_bytes(other["shard"]) == files
-    assert (other["tokenizer"] / "spm.model").read_bytes() == (folders["tokenizer"] / "spm.model").read_bytes()
+    assert (other["tokenizer"] / "spm.model").read_bytes() == (
+        folders["tokenizer"] / "spm.model"
+    ).read_bytes()
 
     # an unchanged config skips every stage
     before = started(folders)
@@ -241,20 +281,27 @@ def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, mo
 
     from tasks.framework import code_fingerprint, runner
 
-    config = make_config(tmp_path / "run", data=DataConfig(synthetic_train=300, synthetic_dev=20,
-                                                            synthetic_test=20))
+    config = make_config(
+        tmp_path / "run", data=DataConfig(synthetic_train=300, synthetic_dev=20, synthetic_test=20)
+    )
     folders = run_chain(config)
     copy = tmp_path / "code"
     for package in code_fingerprint.PACKAGES:
-        shutil.copytree(code_fingerprint.REPO / package, copy / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            code_fingerprint.REPO / package,
+            copy / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     filters = copy / "corpora" / "filters.py"
     filters.write_text(filters.read_text() + "\n\ndef _added_helper():\n    return 1\n")
     monkeypatch.setattr(code_fingerprint, "REPO", copy)
 
     rows = dict(runner.status(config))
     assert rows["download"].up_to_date
-    assert (rows["clean"].state, rows["clean"].reason) == ("stale", "code changed (corpora/filters.py)")
+    assert (rows["clean"].state, rows["clean"].reason) == (
+        "stale",
+        "code changed (corpora/filters.py)",
+    )
     assert rows["shard"].reason == "waits for clean, tokenizer"
 
     accepted = runner.accept_stage(config, "clean")
@@ -278,8 +325,10 @@ def test_overlong_rows_are_dropped_and_counted(tmp_path):
     config = make_config(tmp_path)
     config = config.replace(model=config.model.replace(max_len=limit))
     seen: set[str] = set()
-    pairs = {split: synthetic.generate_pairs(n, split, exclude=seen)
-             for split, n in (("train", 400), ("dev", 20), ("test", 20))}
+    pairs = {
+        split: synthetic.generate_pairs(n, split, exclude=seen)
+        for split, n in (("train", 400), ("dev", 20), ("test", 20))
+    }
     rng = random.Random(0)
 
     def junk() -> str:  # 400 letters without a space: ~350 pieces of the 400-piece vocabulary
@@ -290,8 +339,10 @@ def test_overlong_rows_are_dropped_and_counted(tmp_path):
     tgt = [t.encode() for _, t in pairs["train"]]
     src[200:200] = [huge[0], long_pair[0].encode()]
     tgt[200:200] = [huge[1], long_pair[1].encode()]
-    evals = {split: ([s for s, _ in pairs[split]] + [junk()], [t for _, t in pairs[split]] + [junk()])
-             for split in ("dev", "test")}
+    evals = {
+        split: ([s for s, _ in pairs[split]] + [junk()], [t for _, t in pairs[split]] + [junk()])
+        for split in ("dev", "test")
+    }
     download = write_download(tmp_path, {"synthetic": (src, tgt)}, evals["dev"], evals["test"])
 
     clean_dir = run_stage(config, "clean", {"download": download}).path
@@ -316,9 +367,11 @@ def test_overlong_rows_are_dropped_and_counted(tmp_path):
 
     # the limit is the model's or one micro-batch's, whichever is smaller, and is fingerprinted
     longest = max(stats["train"]["max_src_len"], stats["train"]["max_tgt_len"])
-    tight = config.replace(train=dataclasses.replace(config.train, max_tokens_per_batch=longest - 1))
+    tight = config.replace(
+        train=dataclasses.replace(config.train, max_tokens_per_batch=longest - 1)
+    )
     assert shard.stage_config(tight)["max_pieces"] == longest - 1
-    # train accepts these shards; with a budget below the longest row it refuses them, naming the key
+    # train accepts the shards; with a budget below the longest row it refuses them, naming the key
     inputs = {"shard": shard_dir, "tokenizer": tok_dir}
     assert train.check_inputs(config, inputs)["train_rows"] == stats["train"]["rows"]
     with pytest.raises(StageError, match=f"train.max_tokens_per_batch is {longest - 1}"):
@@ -327,11 +380,17 @@ def test_overlong_rows_are_dropped_and_counted(tmp_path):
 
 def test_moses_lowercase_pretokenization_reaches_the_vocabulary_shards_and_decoding(tmp_path):
     config = make_config(
-        tmp_path, tokenizer=TokenizerConfig(vocab_size=400, sample_size=2000, threads=1, moses=True, lowercase=True)
+        tmp_path,
+        tokenizer=TokenizerConfig(
+            vocab_size=400, sample_size=2000, threads=1, moses=True, lowercase=True
+        ),
     )
     folders = run_chain(config)
     assert read_manifest(folders["tokenizer"])["stats"]["pretokenize"] == "moses+lowercase"
-    pieces = [line.split("\t")[0] for line in (folders["tokenizer"] / "spm.vocab").read_text().splitlines()]
+    pieces = [
+        line.split("\t")[0]
+        for line in (folders["tokenizer"] / "spm.vocab").read_text().splitlines()
+    ]
     specials = {"<pad>", "<unk>", "<s>", "</s>"}
     assert all(p == p.lower() for p in pieces if p not in specials)  # trained on lowercased text
     # no piece glues a word to the punctuation after it: Moses split it off before BPE
@@ -346,17 +405,28 @@ def test_moses_lowercase_pretokenization_reaches_the_vocabulary_shards_and_decod
         for side, lang in (("src", "en"), ("tgt", "de")):
             ids = table[f"{side}_ids"][i].as_py()
             text = clean_rows[side][i].as_py()
-            assert tok.sp.decode(ids[:-1]) == moses[lang].tokenize(text.lower(), escape=False, return_str=True)
+            assert tok.sp.decode(ids[:-1]) == moses[lang].tokenize(
+                text.lower(), escape=False, return_str=True
+            )
     # the folder's reader (translate, the registered model) applies the same step and undoes Moses
-    assert tok.encode("Ein Mann, der läuft.", side=1) == tok.encode("ein mann , der läuft .", side=1)
+    assert tok.encode("Ein Mann, der läuft.", side=1) == tok.encode(
+        "ein mann , der läuft .", side=1
+    )
     assert tok.decode(tok.encode("Ein Hund, der läuft.", side=1)) == "ein hund, der läuft."
 
 
 def test_subword_nmt_codes_reach_the_folder_the_shards_and_decoding(tmp_path):
     from subword_nmt.apply_bpe import BPE
 
-    tokenizer = TokenizerConfig(kind="subword-nmt", merges=300, vocab_size=2000, sample_size=2000, threads=1,
-                                moses=True, lowercase=True)
+    tokenizer = TokenizerConfig(
+        kind="subword-nmt",
+        merges=300,
+        vocab_size=2000,
+        sample_size=2000,
+        threads=1,
+        moses=True,
+        lowercase=True,
+    )
     folders = run_chain(make_config(tmp_path, tokenizer=tokenizer))
     tok_dir = folders["tokenizer"]
     stats = read_manifest(tok_dir)["stats"]
@@ -372,7 +442,11 @@ def test_subword_nmt_codes_reach_the_folder_the_shards_and_decoding(tmp_path):
     table = pq.read_table(folders["shard"] / "train" / "part-00000.parquet")
     clean_rows = pq.read_table(folders["clean"] / "train").slice(0, 500)
     for i in (0, 1, 250, 499):
-        pieces = bpe.segment(moses.tokenize(clean_rows["tgt"][i].as_py().lower(), escape=False, return_str=True))
+        pieces = bpe.segment(
+            moses.tokenize(clean_rows["tgt"][i].as_py().lower(), escape=False, return_str=True)
+        )
         ids = table["tgt_ids"][i].as_py()[:-1]
         assert [tok.sp.id_to_piece(x).lstrip("\u2581") for x in ids] == pieces.split()
-        assert tok.decode(ids) == MosesDetokenizer(lang="de").detokenize(pieces.replace("@@ ", "").split())
+        assert tok.decode(ids) == MosesDetokenizer(lang="de").detokenize(
+            pieces.replace("@@ ", "").split()
+        )

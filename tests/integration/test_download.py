@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 SHARED_SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wmt14_ende_sample"
 
 
-# ----------------------------------------------------------------------------- archives in WMT layouts
+# -------------------------------------------------------------------------- archives in WMT layouts
 
 
 def lines(corpus: str, lang: str, n: int) -> list[str]:
@@ -68,18 +68,27 @@ def wmt_layout() -> dict[str, dict[str, bytes]]:
         for lang in pair.split("-"):
             europarl[f"training/europarl-v7.{pair}.{lang}"] = text(lines("europarl-v7", lang, 4))
             cc[f"commoncrawl.{pair}.{lang}"] = text(lines("commoncrawl", lang, 3))
-            nc[f"training/news-commentary-v9.{pair}.{lang}"] = text(lines("news-commentary-v9", lang, 2))
+            nc[f"training/news-commentary-v9.{pair}.{lang}"] = text(
+                lines("news-commentary-v9", lang, 2)
+            )
         cc[f"commoncrawl.{pair}.annotation"] = b"x\n" * 3
     europarl["training/europarl-v7.cs-en.cs"] = text(["not wanted"])
-    dev = {f"test/newstest2013-src.{lang}.sgm": sgm("src", lang, lines("newstest2013", lang, DEV_SIZE)) for lang in ("de", "en", "fr")}
+    dev = {
+        f"test/newstest2013-src.{lang}.sgm": sgm("src", lang, lines("newstest2013", lang, DEV_SIZE))
+        for lang in ("de", "en", "fr")
+    }
     dev["test/newstest2013-src.cs.sgm"] = sgm("src", "cs", ["not wanted"])
     full, filtered = {}, {}
     for pair in ("deen", "fren"):
         other = pair[:2]
         for lang in (other, "en"):
             for kind in ("src", "ref"):
-                full[f"test-full/newstest2014-{pair}-{kind}.{lang}.sgm"] = sgm(kind, lang, lines("full", lang, FULL_SIZE))
-                filtered[f"test/newstest2014-{pair}-{kind}.{lang}.sgm"] = sgm(kind, lang, lines("filtered", lang, FILTERED_SIZE))
+                full[f"test-full/newstest2014-{pair}-{kind}.{lang}.sgm"] = sgm(
+                    kind, lang, lines("full", lang, FULL_SIZE)
+                )
+                filtered[f"test/newstest2014-{pair}-{kind}.{lang}.sgm"] = sgm(
+                    kind, lang, lines("filtered", lang, FILTERED_SIZE)
+                )
     return {
         "wmt13/training-parallel-europarl-v7.tgz": europarl,
         "wmt13/training-parallel-commoncrawl.tgz": cc,
@@ -88,7 +97,9 @@ def wmt_layout() -> dict[str, dict[str, bytes]]:
             f"un/undoc.2000.fr-en.{lang}": text(lines("un", lang, 3)) for lang in ("fr", "en")
         },
         "wmt10/training-giga-fren.tar": {
-            f"giga-fren.release2.fixed.{lang}.gz": gzip.compress(text(lines("giga-fren", lang, 5)), mtime=0)
+            f"giga-fren.release2.fixed.{lang}.gz": gzip.compress(
+                text(lines("giga-fren", lang, 5)), mtime=0
+            )
             for lang in ("fr", "en")
         },
         "wmt13/test.tgz": dev,
@@ -118,7 +129,9 @@ def write_mirror(root: Path, layout: dict[str, dict[str, bytes]]) -> Path:
 def _no_published_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny test archives are not statmt's: drop the registries' published checksums."""
     for key, archive in list(sources.ARCHIVES.items()):
-        monkeypatch.setitem(sources.ARCHIVES, key, dataclasses.replace(archive, md5=None, sha256=None, bytes=None))
+        monkeypatch.setitem(
+            sources.ARCHIVES, key, dataclasses.replace(archive, md5=None, sha256=None, bytes=None)
+        )
     for key in sources.EVAL_SETS.values():
         monkeypatch.setattr(DATASETS[key], "md5", [])
 
@@ -129,7 +142,9 @@ def mirror_root(tmp_path: Path) -> Path:
 
 
 def make_config(tmp_path: Path, **data: object) -> RunConfig:
-    return config_from_dict({"name": "dl", "workdir": str(tmp_path / "run"), "data": {"source": "wmt14", **data}})
+    return config_from_dict(
+        {"name": "dl", "workdir": str(tmp_path / "run"), "data": {"source": "wmt14", **data}}
+    )
 
 
 # ----------------------------------------------------------------------------- the stage over HTTP
@@ -144,7 +159,11 @@ def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: M
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted(
         [MANIFEST, "dev.de", "dev.en", "test.de", "test.en"]
-        + [f"train/{c}.{lang}" for c in ("europarl-v7", "commoncrawl", "news-commentary-v9") for lang in ("en", "de")]
+        + [
+            f"train/{c}.{lang}"
+            for c in ("europarl-v7", "commoncrawl", "news-commentary-v9")
+            for lang in ("en", "de")
+        ]
     )
     assert read_lines(out / "train" / "commoncrawl.de") == lines("commoncrawl", "de", 3)
     assert read_lines(out / "dev.en") == lines("newstest2013", "en", DEV_SIZE)
@@ -158,9 +177,18 @@ def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: M
     europarl = stats["corpora"]["europarl-v7"]
     served = (server.root / "wmt13/training-parallel-europarl-v7.tgz").read_bytes()
     assert europarl["url"] == "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz"
-    assert (europarl["bytes"], europarl["sha256"]) == (len(served), hashlib.sha256(served).hexdigest())
-    assert europarl["lines"] == 4 and europarl["files"] == {"en": "train/europarl-v7.en", "de": "train/europarl-v7.de"}
-    assert stats["corpora"]["dev"]["name"] == "newstest2013" and stats["corpora"]["dev"]["lines"] == DEV_SIZE
+    assert (europarl["bytes"], europarl["sha256"]) == (
+        len(served),
+        hashlib.sha256(served).hexdigest(),
+    )
+    assert europarl["lines"] == 4 and europarl["files"] == {
+        "en": "train/europarl-v7.en",
+        "de": "train/europarl-v7.de",
+    }
+    assert (
+        stats["corpora"]["dev"]["name"] == "newstest2013"
+        and stats["corpora"]["dev"]["lines"] == DEV_SIZE
+    )
     assert stats["corpora"]["test"]["lines"] == FULL_SIZE
 
     lock = json.loads((config.root / "downloads.lock.json").read_text())["files"]
@@ -176,22 +204,38 @@ def test_wmt14_en_de_over_http_has_the_contract_layout(tmp_path: Path, server: M
 
 
 def test_filtered_test_set_and_corpus_subset(tmp_path: Path, server: MirrorServer):
-    config = make_config(tmp_path, pair="de-en", mirror=server.url, corpora=["news-commentary-v9"], test_variant="filtered")
+    config = make_config(
+        tmp_path,
+        pair="de-en",
+        mirror=server.url,
+        corpora=["news-commentary-v9"],
+        test_variant="filtered",
+    )
     out = run_stage(config, "download", {}).path
-    assert sorted(p.name for p in (out / "train").iterdir()) == ["news-commentary-v9.de", "news-commentary-v9.en"]
+    assert sorted(p.name for p in (out / "train").iterdir()) == [
+        "news-commentary-v9.de",
+        "news-commentary-v9.en",
+    ]
     assert read_lines(out / "test.de") == lines("filtered", "de", FILTERED_SIZE)
     requested = {path for path, _ in server.requests}
     assert "wmt13/training-parallel-europarl-v7.tgz" not in requested
 
 
 def test_file_mirror_en_fr_reads_un_and_gzipped_giga_members(tmp_path: Path, mirror_root: Path):
-    config = make_config(tmp_path, pair="fr-en", mirror=mirror_root.as_uri(), corpora=["un", "giga-fren"])
+    config = make_config(
+        tmp_path, pair="fr-en", mirror=mirror_root.as_uri(), corpora=["un", "giga-fren"]
+    )
     out = run_stage(config, "download", {}).path
     assert read_lines(out / "train" / "giga-fren.fr") == lines("giga-fren", "fr", 5)
     assert read_lines(out / "train" / "un.en") == lines("un", "en", 3)
-    assert read_lines(out / "test.fr") == lines("full", "fr", FULL_SIZE)  # fren-src.fr is the source
+    assert read_lines(out / "test.fr") == lines(
+        "full", "fr", FULL_SIZE
+    )  # fren-src.fr is the source
     stats = read_manifest(out)["stats"]
-    assert stats["corpora"]["giga-fren"]["url"] == "https://www.statmt.org/wmt10/training-giga-fren.tar"
+    assert (
+        stats["corpora"]["giga-fren"]["url"]
+        == "https://www.statmt.org/wmt10/training-giga-fren.tar"
+    )
     assert (config.root / "cache" / "downloads" / "wmt10" / "training-giga-fren.tar").is_file()
 
 
@@ -206,7 +250,10 @@ def test_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorSer
 
     europarl_requests = [rng for p, rng in server.requests if p == path]
     assert europarl_requests == [None, "bytes=100-"]
-    assert read_manifest(out)["stats"]["corpora"]["europarl-v7"]["sha256"] == hashlib.sha256(served).hexdigest()
+    assert (
+        read_manifest(out)["stats"]["corpora"]["europarl-v7"]["sha256"]
+        == hashlib.sha256(served).hexdigest()
+    )
 
 
 def test_a_server_that_ignores_range_restarts_the_file(tmp_path: Path, server: MirrorServer):
@@ -265,9 +312,15 @@ def assert_nothing_looks_complete(config: RunConfig) -> None:
 def test_checksum_mismatch_fails_and_leaves_nothing_complete(
     tmp_path: Path, server: MirrorServer, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setitem(sources.ARCHIVES, "europarl-v7", dataclasses.replace(sources.ARCHIVES["europarl-v7"], sha256="0" * 64))
+    monkeypatch.setitem(
+        sources.ARCHIVES,
+        "europarl-v7",
+        dataclasses.replace(sources.ARCHIVES["europarl-v7"], sha256="0" * 64),
+    )
     config = make_config(tmp_path, pair="en-de", mirror=server.url)
-    with pytest.raises(ChecksumError, match="training-parallel-europarl-v7.tgz: sha256 is .* expects 0{64}"):
+    with pytest.raises(
+        ChecksumError, match="training-parallel-europarl-v7.tgz: sha256 is .* expects 0{64}"
+    ):
         run_stage(config, "download", {})
     cached = config.root / "cache" / "downloads" / "wmt13"
     assert not list(cached.iterdir())  # neither the final file nor a .part
@@ -275,12 +328,16 @@ def test_checksum_mismatch_fails_and_leaves_nothing_complete(
 
 
 def test_a_changed_upstream_file_fails_against_the_lock(tmp_path: Path, mirror_root: Path):
-    config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
+    config = make_config(
+        tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"]
+    )
     run_stage(config, "download", {})
     layout = wmt_layout()["wmt13/training-parallel-commoncrawl.tgz"]
     layout["commoncrawl.de-en.de"] = text(lines("changed", "de", 3))
     write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", layout)
-    fresh_cache = config.replace(data=dataclasses.replace(config.data, cache_dir=str(tmp_path / "cache2")))
+    fresh_cache = config.replace(
+        data=dataclasses.replace(config.data, cache_dir=str(tmp_path / "cache2"))
+    )
     with pytest.raises(ChecksumError, match="downloads.lock.json expects"):
         run_stage(fresh_cache, "download", {}, force=True)
     assert not (tmp_path / "cache2" / "wmt13" / "training-parallel-commoncrawl.tgz").exists()
@@ -292,7 +349,11 @@ def test_misaligned_corpus_names_both_counts(tmp_path: Path, mirror_root: Path):
     cc["commoncrawl.de-en.en"] = text(lines("commoncrawl", "en", 2))
     write_archive(mirror_root / "wmt13/training-parallel-commoncrawl.tgz", cc)
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
-    with pytest.raises(CorpusError, match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, commoncrawl.de-en.de \(de\) has 3 lines"):
+    with pytest.raises(
+        CorpusError,
+        match=r"corpus commoncrawl is misaligned: commoncrawl.de-en.en \(en\) has 2 lines, "
+        r"commoncrawl.de-en.de \(de\) has 3 lines",
+    ):
         run_stage(config, "download", {})
     assert_nothing_looks_complete(config)
 
@@ -304,23 +365,40 @@ def test_unsafe_tarball_is_refused(tmp_path: Path, mirror_root: Path, bad: str):
         info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
     archive = mirror_root / "wmt14/training-parallel-nc-v9.tgz"
     write_archive(archive, wmt_layout()["wmt14/training-parallel-nc-v9.tgz"], extra=[info])
-    config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["news-commentary-v9", "europarl-v7"])
-    with pytest.raises(UnsafeArchiveError, match=f"refusing member '{info.name}' of .*training-parallel-nc-v9.tgz"):
+    config = make_config(
+        tmp_path,
+        pair="en-de",
+        mirror=mirror_root.as_uri(),
+        corpora=["news-commentary-v9", "europarl-v7"],
+    )
+    with pytest.raises(
+        UnsafeArchiveError, match=f"refusing member '{info.name}' of .*training-parallel-nc-v9.tgz"
+    ):
         run_stage(config, "download", {})
     assert not (tmp_path / "evil").exists() and not (config.root / "evil").exists()
     assert_nothing_looks_complete(config)
 
 
-def test_missing_member_points_at_the_registry(tmp_path: Path, mirror_root: Path, monkeypatch: pytest.MonkeyPatch):
+def test_missing_member_points_at_the_registry(
+    tmp_path: Path, mirror_root: Path, monkeypatch: pytest.MonkeyPatch
+):
     corpus = sources.TRAIN["de-en"]["commoncrawl"]
-    wrong = dataclasses.replace(corpus, members={"de": "training/commoncrawl.de-en.de", "en": "commoncrawl.de-en.en"})
+    wrong = dataclasses.replace(
+        corpus, members={"de": "training/commoncrawl.de-en.de", "en": "commoncrawl.de-en.en"}
+    )
     monkeypatch.setitem(sources.TRAIN["de-en"], "commoncrawl", wrong)
-    config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"])
-    with pytest.raises(CorpusError, match="no member 'training/commoncrawl.de-en.de' .*sources.py.*similar members: commoncrawl.de-en.de"):
+    config = make_config(
+        tmp_path, pair="en-de", mirror=mirror_root.as_uri(), corpora=["commoncrawl"]
+    )
+    with pytest.raises(
+        CorpusError,
+        match="no member 'training/commoncrawl.de-en.de' .*sources.py.*"
+        "similar members: commoncrawl.de-en.de",
+    ):
         run_stage(config, "download", {})
 
 
-# ----------------------------------------------------------------------------- a broken mirror, then a fixed one
+# ---------------------------------------------------------------- a broken mirror, then a fixed one
 
 CC = "wmt13/training-parallel-commoncrawl.tgz"
 GIGA = "wmt10/training-giga-fren.tar"
@@ -373,22 +451,60 @@ BROKEN = [  # case, the run's data section, the archive broken, the error and it
     ("unsafe member", EN_DE_CC, CC, UnsafeArchiveError, "refusing member 'training/evil-link'"),
     ("missing member", EN_DE_CC, CC, MissingMemberError, "has no member 'commoncrawl.de-en.de'"),
     ("misaligned", EN_DE_CC, CC, CorpusError, "corpus commoncrawl is misaligned"),
-    ("bad sgm", EN_DE_CC, DEV, CorpusError, "test/newstest2013-src.en.sgm' of .*<seg> without a closing"),
-    ("truncated tgz", EN_DE_CC, CC, CorruptArchiveError, "truncated or corrupt archive .*commoncrawl.tgz"),
-    ("tgz without its gzip trailer", EN_DE_CC, CC, CorruptArchiveError,
-     "truncated or corrupt archive .*commoncrawl.tgz \\(Compressed file ended"),
-    ("tar cut at a member header", FR_EN_GIGA, GIGA, CorruptArchiveError,
-     "truncated or corrupt archive .*giga-fren.tar \\(the tar data ends at byte \\d+, without an end-of-archive"),
-    ("truncated gzip member", FR_EN_GIGA, GIGA, CorruptArchiveError,
-     "truncated or corrupt archive .*giga-fren.tar \\(member 'giga-fren.release2.fixed.en.gz': Compressed file ended"),
+    (
+        "bad sgm",
+        EN_DE_CC,
+        DEV,
+        CorpusError,
+        "test/newstest2013-src.en.sgm' of .*<seg> without a closing",
+    ),
+    (
+        "truncated tgz",
+        EN_DE_CC,
+        CC,
+        CorruptArchiveError,
+        "truncated or corrupt archive .*commoncrawl.tgz",
+    ),
+    (
+        "tgz without its gzip trailer",
+        EN_DE_CC,
+        CC,
+        CorruptArchiveError,
+        "truncated or corrupt archive .*commoncrawl.tgz \\(Compressed file ended",
+    ),
+    (
+        "tar cut at a member header",
+        FR_EN_GIGA,
+        GIGA,
+        CorruptArchiveError,
+        "truncated or corrupt archive .*giga-fren.tar "
+        "\\(the tar data ends at byte \\d+, without an end-of-archive",
+    ),
+    (
+        "truncated gzip member",
+        FR_EN_GIGA,
+        GIGA,
+        CorruptArchiveError,
+        "truncated or corrupt archive .*giga-fren.tar "
+        "\\(member 'giga-fren.release2.fixed.en.gz': Compressed file ended",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "data", "archive", "error", "message"), BROKEN, ids=[b[0] for b in BROKEN])
+@pytest.mark.parametrize(
+    ("case", "data", "archive", "error", "message"), BROKEN, ids=[b[0] for b in BROKEN]
+)
 def test_a_broken_archive_is_not_kept_so_a_fixed_mirror_succeeds(
-    tmp_path: Path, mirror_root: Path, case: str, data: dict, archive: str, error: type, message: str
+    tmp_path: Path,
+    mirror_root: Path,
+    case: str,
+    data: dict,
+    archive: str,
+    error: type,
+    message: str,
 ):
-    """Bad mirror -> fail, nothing cached or pinned -> the mirror is fixed -> the same config succeeds."""
+    """Bad mirror -> fail, nothing cached or pinned -> the mirror is fixed -> the same config
+    succeeds."""
     config = make_config(tmp_path, mirror=mirror_root.as_uri(), **data)
     url = "https://www.statmt.org/" + archive
     cached = config.root / "cache" / "downloads" / archive
@@ -409,8 +525,11 @@ def test_a_broken_archive_is_not_kept_so_a_fixed_mirror_succeeds(
     assert read_manifest(out)["stats"]["train_lines"] == TRAIN_SIZES[data["corpora"][0]]
 
 
-def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(tmp_path: Path, server: MirrorServer):
-    """A lock written before bad archives were refused pins one: the errors say how to get past it."""
+def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(
+    tmp_path: Path, server: MirrorServer
+):
+    """A lock written before bad archives were refused pins one: the errors say how to get past
+    it."""
     config = make_config(tmp_path, mirror=server.url, **EN_DE_CC)
     url = "https://www.statmt.org/" + CC
     cached = config.root / "cache" / "downloads" / CC
@@ -421,10 +540,16 @@ def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(tmp_path: Path
     write_archive(server.root / CC, wmt_layout()[CC])  # the mirror is fixed
 
     entry = re.escape(f"remove the entry {url!r} from {lock_file} and rerun")
-    with pytest.raises(UnsafeArchiveError, match=f"refusing member .*; removed the cached {cached}\\. If the pinned file is bad.*{entry}"):
+    with pytest.raises(
+        UnsafeArchiveError,
+        match=f"refusing member .*; removed the cached {cached}\\. "
+        f"If the pinned file is bad.*{entry}",
+    ):
         run_stage(config, "download", {})
     assert not cached.exists()
-    with pytest.raises(ChecksumError, match=f"(bytes|sha256) is .* but the lock file {lock_file} expects .*{entry}"):
+    with pytest.raises(
+        ChecksumError, match=f"(bytes|sha256) is .* but the lock file {lock_file} expects .*{entry}"
+    ):
         run_stage(config, "download", {})
 
     # The user follows the advice: drop the entry, rerun.
@@ -441,20 +566,28 @@ def test_a_bad_file_pinned_by_an_earlier_run_names_the_lock_entry(tmp_path: Path
 
 @pytest.mark.shared_data("wmt14_ende_sample")
 def test_local_source_copies_the_shared_sample(tmp_path: Path):
-    config = config_from_dict({
-        "name": "local",
-        "workdir": str(tmp_path / "run"),
-        "data": {
-            "source": "local", "pair": "en-de", "local_dir": str(SHARED_SAMPLE),
-            "local_train": ["train"], "local_dev": "newstest2012", "local_test": "newstest2014.full",
-        },
-    })
+    config = config_from_dict(
+        {
+            "name": "local",
+            "workdir": str(tmp_path / "run"),
+            "data": {
+                "source": "local",
+                "pair": "en-de",
+                "local_dir": str(SHARED_SAMPLE),
+                "local_train": ["train"],
+                "local_dev": "newstest2012",
+                "local_test": "newstest2014.full",
+            },
+        }
+    )
     out = run_stage(config, "download", {}).path
     stats = read_manifest(out)["stats"]
     assert (stats["train_lines"], stats["dev_lines"], stats["test_lines"]) == (10000, 3000, 3003)
     assert sorted(p.name for p in (out / "train").iterdir()) == ["train.de", "train.en"]
     assert (out / "test.de").read_bytes() == (SHARED_SAMPLE / "newstest2014.full.de").read_bytes()
-    assert stats["corpora"]["train"]["inputs"]["en"]["path"] == str((SHARED_SAMPLE / "train.en").resolve())
+    assert stats["corpora"]["train"]["inputs"]["en"]["path"] == str(
+        (SHARED_SAMPLE / "train.en").resolve()
+    )
     assert read_lines(out / "dev.en") == read_lines(SHARED_SAMPLE / "newstest2012.en")
 
 
@@ -463,7 +596,13 @@ def test_local_source_names_missing_files(tmp_path: Path):
     folder.mkdir()
     for name in ("train.en", "train.de", "dev.en", "dev.de", "test.en"):
         (folder / name).write_text("a\n")
-    config = config_from_dict({"name": "l", "workdir": str(tmp_path / "run"), "data": {"source": "local", "local_dir": str(folder)}})
+    config = config_from_dict(
+        {
+            "name": "l",
+            "workdir": str(tmp_path / "run"),
+            "data": {"source": "local", "local_dir": str(folder)},
+        }
+    )
     with pytest.raises(CorpusError, match=r"missing file\(s\): .*test\.de"):
         run_stage(config, "download", {})
 
@@ -479,8 +618,13 @@ def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
     folder.mkdir()
     for name in ("train.en", "train.de", "dev.en", "dev.de", "test.en", "test.de"):
         (folder / name).write_text("a b\nc d\n")
-    config = config_from_dict({"name": "l", "workdir": str(tmp_path / "run"),
-                               "data": {"source": "local", "local_dir": str(folder)}})
+    config = config_from_dict(
+        {
+            "name": "l",
+            "workdir": str(tmp_path / "run"),
+            "data": {"source": "local", "local_dir": str(folder)},
+        }
+    )
     assert run_stage(config, "download", {}).ran
 
     def download_status():
@@ -491,17 +635,28 @@ def test_local_files_count_by_their_bytes(tmp_path: Path, monkeypatch):
     assert download_status().up_to_date
     (folder / "train.en").write_text("a b\nc e\n")  # the same size, other bytes
     assert (download_status().state, download_status().reason) == (
-        "stale", "config changed (local_files.train.en)")
+        "stale",
+        "config changed (local_files.train.en)",
+    )
     rerun = run_stage(config, "download", {})
     assert rerun.ran and read_lines(rerun.path / "train" / "train.en")[-1] == "c e"
 
 
 def test_synthetic_source_writes_the_layout_from_the_seed(tmp_path: Path):
     def config(seed: int):
-        return config_from_dict({
-            "name": "syn", "seed": seed, "workdir": str(tmp_path / "run"),
-            "data": {"source": "synthetic", "synthetic_train": 30, "synthetic_dev": 5, "synthetic_test": 5},
-        })
+        return config_from_dict(
+            {
+                "name": "syn",
+                "seed": seed,
+                "workdir": str(tmp_path / "run"),
+                "data": {
+                    "source": "synthetic",
+                    "synthetic_train": 30,
+                    "synthetic_dev": 5,
+                    "synthetic_test": 5,
+                },
+            }
+        )
 
     first = run_stage(config(1), "download", {})
     assert first.stats == {"corpus": "synthetic", "train": 30, "dev": 5, "test": 5}
@@ -513,7 +668,15 @@ def test_synthetic_source_writes_the_layout_from_the_seed(tmp_path: Path):
 
 
 def test_treebank_source_is_refused(tmp_path: Path):
-    config = config_from_dict({"name": "tb", "workdir": str(tmp_path / "run"), "data": {"source": "treebank", "pair": "words-tree"}})
+    config = config_from_dict(
+        {
+            "name": "tb",
+            "workdir": str(tmp_path / "run"),
+            "data": {"source": "treebank", "pair": "words-tree"},
+        }
+    )
     # The parsing pipeline has no download stage: it reads treebank files in its treebank stage.
-    with pytest.raises(StageError, match="unknown stage 'download' for the parsing pipeline; stages: treebank"):
+    with pytest.raises(
+        StageError, match="unknown stage 'download' for the parsing pipeline; stages: treebank"
+    ):
         run_stage(config, "download", {})

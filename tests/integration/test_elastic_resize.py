@@ -50,9 +50,7 @@ def cluster():
 
 def cluster_config(root: Path, tracking: Path, address: str, **train: object):
     config = tiny_config(root, tracking, **{**SETTINGS, **train})
-    return config.replace(
-        model=config.model.replace(dropout=0.0), ray=RayConfig(address=address)
-    )
+    return config.replace(model=config.model.replace(dropout=0.0), ray=RayConfig(address=address))
 
 
 class Record:
@@ -90,7 +88,6 @@ def test_two_workers_shrink_to_one_and_grow_back_with_the_fixed_run_s_batches(
     cluster, tmp_path_factory, monkeypatch
 ):
     import ray.cloudpickle
-
 
     # Right after a node is lost Ray Train may still count it and wait for two workers: give
     # up on that after 20 s (default 60) and start the one that fits. Ray Train hands RAY_TRAIN_*

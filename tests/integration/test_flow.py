@@ -105,15 +105,22 @@ def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_ru
         assert SECRET not in (config.root / name / "manifest.json").read_text(), name
     # Nor any file of the work dir: stage folders (train's config.json), MLflow's database and
     # artifacts, spill files.
-    holding = [str(f) for f in config.root.rglob("*") if f.is_file() and SECRET.encode() in f.read_bytes()]
+    holding = [
+        str(f) for f in config.root.rglob("*") if f.is_file() and SECRET.encode() in f.read_bytes()
+    ]
     assert holding == []
-    assert json.loads((config.root / "download" / "manifest.json").read_text())["config"]["mirror"] == masked
+    assert (
+        json.loads((config.root / "download" / "manifest.json").read_text())["config"]["mirror"]
+        == masked
+    )
 
     client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
     experiment = client.get_experiment_by_name(config.mlflow.experiment)
     runs = client.search_runs([experiment.experiment_id], max_results=200)
     for run in runs:
-        assert SECRET not in repr(run.data.params) and SECRET not in repr(run.data.tags), run.info.run_name
+        assert SECRET not in repr(run.data.params) and SECRET not in repr(run.data.tags), (
+            run.info.run_name
+        )
     # The parent run's params hold the config, the URL masked; the training's hold what training
     # reads (model, train, seed), not the whole config a second time.
     train = next(r for r in runs if r.data.tags.get("stage") == "train")
@@ -125,13 +132,23 @@ def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_ru
 
     APILogHandler().flush()  # the flow's logs reach the API in the background
     with get_client(sync_client=True) as prefect:
-        found = prefect._client.post("/artifacts/filter", json={
-            "artifacts": {"key": {"any_": [artifact_key("flowtest")]}}, "limit": 5, "offset": 0,
-        })
+        found = prefect._client.post(
+            "/artifacts/filter",
+            json={
+                "artifacts": {"key": {"any_": [artifact_key("flowtest")]}},
+                "limit": 5,
+                "offset": 0,
+            },
+        )
         logs = prefect._client.post("/logs/filter", json={"limit": 200, "offset": 0})
-        flow_runs = prefect._client.post("/flow_runs/filter", json={
-            "flow_runs": {"id": {"any_": [parent.data.tags["prefect.flow_run_id"]]}}, "limit": 5, "offset": 0,
-        })
+        flow_runs = prefect._client.post(
+            "/flow_runs/filter",
+            json={
+                "flow_runs": {"id": {"any_": [parent.data.tags["prefect.flow_run_id"]]}},
+                "limit": 5,
+                "offset": 0,
+            },
+        )
     # The flow run's recorded parameters name the config; the loaded config's values stay out.
     [recorded] = flow_runs.json()
     assert recorded["parameters"]["loaded"] == "<Loaded>" and SECRET not in json.dumps(recorded)
@@ -157,8 +174,9 @@ def test_status_reports_every_stage_up_to_date(first_run):
     assert all(st.up_to_date for _, st in rows), rows
 
 
-
-def test_decode_dev_with_the_configs_settings_on_test_gives_the_score_stages_figure(first_run, tmp_path):
+def test_decode_dev_with_the_configs_settings_on_test_gives_the_score_stages_figure(
+    first_run, tmp_path
+):
     """benchmarks/decode_dev.py (one process, the translator in a loop) agrees with the pipeline
     (Ray Data's translate actors, then the score stage) on the test split; on dev it sweeps."""
     import subprocess
@@ -169,8 +187,12 @@ def test_decode_dev_with_the_configs_settings_on_test_gives_the_score_stages_fig
     _, path, _ = first_run
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_dev.py"
     out = tmp_path / "rows.json"
-    done = subprocess.run([sys.executable, str(script), path, "--split", "test", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), path, "--split", "test", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
     config = load_config(path)
@@ -180,19 +202,44 @@ def test_decode_dev_with_the_configs_settings_on_test_gives_the_score_stages_fig
     assert row["bleu_tok_lc"] == round(scores["bleu_tok_lc"], 2)
     assert row["bleu_sacre"] == round(scores["bleu_sacre"], 2)
 
-    done = subprocess.run([sys.executable, str(script), path, "--beams", "1,2", "--alphas", "0.6,1.0",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            path,
+            "--beams",
+            "1,2",
+            "--alphas",
+            "0.6,1.0",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(r["split"], r["beam"], r["alpha"]) for r in rows] == [
-        ("dev", 1, 0.6), ("dev", 1, 1.0), ("dev", 2, 0.6), ("dev", 2, 1.0)]
+        ("dev", 1, 0.6),
+        ("dev", 1, 1.0),
+        ("dev", 2, 0.6),
+        ("dev", 2, 1.0),
+    ]
     assert all(r["segments"] == 30 for r in rows)
 
     missing = tmp_path / "nothing.pt"
-    done = subprocess.run([sys.executable, str(script), path, "--model", str(missing)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), path, "--model", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1
-    assert done.stderr.strip() == f"decode_dev: {missing} does not exist (run `tfm run {path}` first)"
+    assert (
+        done.stderr.strip() == f"decode_dev: {missing} does not exist (run `tfm run {path}` first)"
+    )
+
 
 @pytest.mark.slow  # a rerun of train .. register: ~25 s
 def test_force_shard_reruns_shard_and_everything_after_it(first_run):
@@ -200,7 +247,7 @@ def test_force_shard_reruns_shard_and_everything_after_it(first_run):
 
     _, path, _ = first_run
     outcomes = pipeline_flow(config_path=path, force=["shard"])
-    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("shard"):]
+    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("shard") :]
     # Only shard was forced; the others say what made them run.
     reasons = {r.stage: r.reason for r in outcomes if r.ran}
     assert reasons["shard"] == "forced"
@@ -220,7 +267,7 @@ def test_deleted_tokenizer_folder_reruns_tokenizer_and_after(first_run):
     assert status["tokenizer"].state == "missing"
     assert status["clean"].up_to_date and not status["shard"].up_to_date
     outcomes = pipeline_flow(config_path=path)
-    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("tokenizer"):]
+    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("tokenizer") :]
 
 
 @pytest.mark.slow  # a rerun of train .. register: ~25 s
@@ -229,19 +276,24 @@ def test_failing_stage_stops_the_flow_and_a_fixed_rerun_continues_there(first_ru
 
     workdir, path, _ = first_run
     bad = write_config(
-        workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8, "average.last": 50, "average.spacing": "sideways"})
+        workdir / "bad.yaml",
+        tiny_config(
+            workdir, **{"train.steps": 8, "average.last": 50, "average.spacing": "sideways"}
+        ),
     )
     from tasks.framework.config import ConfigError
 
     with pytest.raises(ConfigError, match="average.spacing"):
         pipeline_flow(config_path=bad)
     # A value that passes validation but makes one stage fail: training on a missing GPU.
-    bad = write_config(workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8, "train.use_gpu": True}))
+    bad = write_config(
+        workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8, "train.use_gpu": True})
+    )
     with pytest.raises(Exception, match="GPU"):
         pipeline_flow(config_path=bad)
     good = write_config(workdir / "bad.yaml", tiny_config(workdir, **{"train.steps": 8}))
     outcomes = pipeline_flow(config_path=good)
-    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("train"):]
+    assert ran(outcomes) == WMT14_STAGES[WMT14_STAGES.index("train") :]
 
 
 def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path, harness):
@@ -262,7 +314,9 @@ def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path
 
     asyncio.run(create_pool())
     flow_id = deploy(Path(path), config, cron="0 3 * * 1", work_pool="transformer-test")
-    stage_id = deploy(Path(path), config, cron=None, work_pool="transformer-test", stage="translate")
+    stage_id = deploy(
+        Path(path), config, cron=None, work_pool="transformer-test", stage="translate"
+    )
 
     async def read(deployment_id):
         async with get_client() as client:
@@ -288,14 +342,19 @@ def test_a_download_that_fails_for_good_is_not_retried(tmp_path, harness):
 
     empty = tmp_path / "mirror"
     empty.mkdir()
-    config = {"name": "noretry", "workdir": str(tmp_path / "run"),
-              "data": {"source": "multi30k", "pair": "en-de", "mirror": empty.as_uri()}}
+    config = {
+        "name": "noretry",
+        "workdir": str(tmp_path / "run"),
+        "data": {"source": "multi30k", "pair": "en-de", "mirror": empty.as_uri()},
+    }
     state = pipeline_flow(config_path=write_config(tmp_path / "m.yaml", config), return_state=True)
     assert state.is_failed()
     assert "no such file" in str(state.result(raise_on_failure=False))
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])),
+            flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])
+            ),
             sort=TaskRunSort.EXPECTED_START_TIME_ASC,
             limit=50,
         )

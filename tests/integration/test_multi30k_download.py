@@ -46,7 +46,8 @@ def gz(lines: list[str]) -> bytes:
 
 
 def write_file(root: Path, split: str, lang: str, n: int | None = None) -> Path:
-    """``<root>/data/task1/raw/<split>.<lang>.gz`` with ``n`` captions (the split's size by default)."""
+    """``<root>/data/task1/raw/<split>.<lang>.gz`` with ``n`` captions (the split's size by
+    default)."""
     path = root / RAW / f"{split}.{lang}.gz"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gz(captions(split, lang, SPLITS[split][1] if n is None else n)))
@@ -66,7 +67,9 @@ def mirror_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def make_config(tmp_path: Path, **data: object) -> RunConfig:
-    return config_from_dict({"name": "m30k", "workdir": str(tmp_path / "run"), "data": {"source": "multi30k", **data}})
+    return config_from_dict(
+        {"name": "m30k", "workdir": str(tmp_path / "run"), "data": {"source": "multi30k", **data}}
+    )
 
 
 def lock_entries(config: RunConfig) -> dict:
@@ -78,12 +81,24 @@ def lock_entries(config: RunConfig) -> dict:
 
 
 @pytest.mark.parametrize(("pair", "src", "tgt"), [("en-de", "en", "de"), ("de-en", "de", "en")])
-def test_file_mirror_gives_the_contract_layout_in_either_direction(tmp_path: Path, mirror_root: Path, pair: str, src: str, tgt: str):
+def test_file_mirror_gives_the_contract_layout_in_either_direction(
+    tmp_path: Path, mirror_root: Path, pair: str, src: str, tgt: str
+):
     config = make_config(tmp_path, pair=pair, mirror=mirror_root.as_uri())
     out = run_stage(config, "download", {}).path
 
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == sorted([MANIFEST, "dev.de", "dev.en", "test.de", "test.en", "train/multi30k.de", "train/multi30k.en"])
+    assert files == sorted(
+        [
+            MANIFEST,
+            "dev.de",
+            "dev.en",
+            "test.de",
+            "test.en",
+            "train/multi30k.de",
+            "train/multi30k.en",
+        ]
+    )
     for lang in (src, tgt):
         assert read_lines(out / "train" / f"multi30k.{lang}") == captions("train", lang, 40)
         assert read_lines(out / f"dev.{lang}") == captions("val", lang, 3)
@@ -92,15 +107,27 @@ def test_file_mirror_gives_the_contract_layout_in_either_direction(tmp_path: Pat
     stats = read_manifest(out)["stats"]
     assert (stats["source"], stats["src"], stats["tgt"]) == ("multi30k", src, tgt)
     assert (stats["train_lines"], stats["dev_lines"], stats["test_lines"]) == (40, 3, 4)
-    assert [stats["corpora"][k]["name"] for k in ("multi30k", "dev", "test")] == ["multi30k", "val", "test_2016_flickr"]
+    assert [stats["corpora"][k]["name"] for k in ("multi30k", "dev", "test")] == [
+        "multi30k",
+        "val",
+        "test_2016_flickr",
+    ]
     dev_src = stats["corpora"]["dev"]["inputs"][src]
     served = (mirror_root / RAW / f"val.{src}.gz").read_bytes()
-    assert dev_src == {"url": f"{CANONICAL}{RAW}/val.{src}.gz", "bytes": len(served), "sha256": hashlib.sha256(served).hexdigest()}
+    assert dev_src == {
+        "url": f"{CANONICAL}{RAW}/val.{src}.gz",
+        "bytes": len(served),
+        "sha256": hashlib.sha256(served).hexdigest(),
+    }
     assert stats["corpora"]["dev"]["files"] == {src: f"dev.{src}", tgt: f"dev.{tgt}"}
 
     # Each file is pinned under its canonical GitHub URL, whichever mirror served it.
     lock = lock_entries(config)
-    assert sorted(lock) == sorted(f"{CANONICAL}{RAW}/{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lang in ("en", "de"))
+    assert sorted(lock) == sorted(
+        f"{CANONICAL}{RAW}/{s}.{lang}.gz"
+        for s in ("train", "val", "test_2016_flickr")
+        for lang in ("en", "de")
+    )
     assert lock[dev_src["url"]] == {"bytes": dev_src["bytes"], "sha256": dev_src["sha256"]}
     assert (config.root / "cache" / "downloads" / "multi30k" / RAW / "train.de.gz").is_file()
 
@@ -109,12 +136,22 @@ def test_other_pairs_and_test_sets(tmp_path: Path, mirror_root: Path):
     """Straight through from_multi30k: Czech into English on the 2018 test set."""
     out = tmp_path / "out"
     stats = assemble.from_multi30k(
-        out, pair="cs-en", dev="val", test="test_2018_flickr", mirror=mirror_root.as_uri(),
-        cache=tmp_path / "cache", lock_file=tmp_path / "lock.json", max_retries=1,
+        out,
+        pair="cs-en",
+        dev="val",
+        test="test_2018_flickr",
+        mirror=mirror_root.as_uri(),
+        cache=tmp_path / "cache",
+        lock_file=tmp_path / "lock.json",
+        max_retries=1,
     )
     assert read_lines(out / "test.cs") == captions("test_2018_flickr", "cs", 5)
     assert sorted(p.name for p in (out / "train").iterdir()) == ["multi30k.cs", "multi30k.en"]
-    assert (stats["pair"], stats["test_lines"], stats["corpora"]["test"]["name"]) == ("cs-en", 5, "test_2018_flickr")
+    assert (stats["pair"], stats["test_lines"], stats["corpora"]["test"]["name"]) == (
+        "cs-en",
+        5,
+        "test_2018_flickr",
+    )
 
 
 def test_a_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorServer):
@@ -133,7 +170,9 @@ def test_a_dropped_connection_resumes_with_range(tmp_path: Path, server: MirrorS
     assert run_stage(config, "download", {}, force=True).ran and len(server.requests) == n
 
 
-def test_a_partial_download_left_by_an_interrupted_run_is_resumed(tmp_path: Path, server: MirrorServer):
+def test_a_partial_download_left_by_an_interrupted_run_is_resumed(
+    tmp_path: Path, server: MirrorServer
+):
     """What a run killed mid-download leaves: ``<file>.part`` and its companion naming the URL
     and the server's validator. The next run asks for the rest only."""
     path = f"{RAW}/train.en.gz"
@@ -151,7 +190,7 @@ def test_a_partial_download_left_by_an_interrupted_run_is_resumed(tmp_path: Path
     assert not part.exists() and not Path(f"{part}.json").exists()
 
 
-# ----------------------------------------------------------------------------- a broken mirror, then a fixed one
+# ---------------------------------------------------------------- a broken mirror, then a fixed one
 
 
 def _break(case: str, path: Path) -> None:
@@ -175,7 +214,9 @@ BROKEN = [
 
 
 @pytest.mark.parametrize(("case", "cause"), BROKEN, ids=[b[0] for b in BROKEN])
-def test_a_corrupt_gz_names_the_file_and_a_fixed_mirror_succeeds(tmp_path: Path, mirror_root: Path, case: str, cause: str):
+def test_a_corrupt_gz_names_the_file_and_a_fixed_mirror_succeeds(
+    tmp_path: Path, mirror_root: Path, case: str, cause: str
+):
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
     cache = config.root / "cache" / "downloads" / "multi30k" / RAW
     _break(case, mirror_root / RAW / "val.de.gz")
@@ -184,7 +225,10 @@ def test_a_corrupt_gz_names_the_file_and_a_fixed_mirror_succeeds(tmp_path: Path,
         run_stage(config, "download", {})
     message = str(err.value)
     assert message.startswith(f"truncated or corrupt archive {cache / 'val.de.gz'} ({cause}")
-    assert f"removed the cached {cache / 'val.en.gz'} and {cache / 'val.de.gz'} and pinned nothing" in message
+    assert (
+        f"removed the cached {cache / 'val.en.gz'} and {cache / 'val.de.gz'} and pinned nothing"
+        in message
+    )
     assert "\n" not in message
     assert not (cache / "val.de.gz").exists() and not (cache / "val.en.gz").exists()
     assert not [url for url in lock_entries(config) if "/val." in url]
@@ -202,14 +246,18 @@ def test_misaligned_languages_name_both_files_and_counts(tmp_path: Path, mirror_
     config = make_config(tmp_path, pair="en-de", mirror=mirror_root.as_uri())
     with pytest.raises(
         CorpusError,
-        match=r"corpus test_2016_flickr is misaligned: data/task1/raw/test_2016_flickr.en.gz \(en\) has 3 lines, "
-        r"data/task1/raw/test_2016_flickr.de.gz \(de\) has 4 lines; removed the cached .* and pinned nothing",
+        match=r"corpus test_2016_flickr is misaligned: "
+        r"data/task1/raw/test_2016_flickr.en.gz \(en\) has 3 lines, "
+        r"data/task1/raw/test_2016_flickr.de.gz \(de\) has 4 lines; "
+        r"removed the cached .* and pinned nothing",
     ):
         run_stage(config, "download", {})
     assert not [url for url in lock_entries(config) if "test_2016" in url]
 
 
-def test_an_empty_dev_set_fails_in_one_line_and_a_fixed_mirror_recovers(tmp_path: Path, mirror_root: Path):
+def test_an_empty_dev_set_fails_in_one_line_and_a_fixed_mirror_recovers(
+    tmp_path: Path, mirror_root: Path
+):
     """Empty val files fail the stage, naming them, and are neither pinned nor kept in the cache:
     after the mirror is fixed, a rerun (no --force needed) downloads them again."""
     for lang in ("en", "de"):
@@ -227,7 +275,9 @@ def test_an_empty_dev_set_fails_in_one_line_and_a_fixed_mirror_recovers(tmp_path
     assert result.ran and len(read_lines(result.path / "dev.en")) == SPLITS["val"][1]
 
 
-def test_a_pinned_empty_file_is_named_with_the_lock_entry_that_keeps_it(tmp_path: Path, mirror_root: Path):
+def test_a_pinned_empty_file_is_named_with_the_lock_entry_that_keeps_it(
+    tmp_path: Path, mirror_root: Path
+):
     """An empty dev set pinned by an earlier version (before it was refused): the error names the
     lock entry to drop, and --force alone does not silently keep using it."""
     for lang in ("en", "de"):
@@ -246,13 +296,17 @@ def test_a_pinned_empty_file_is_named_with_the_lock_entry_that_keeps_it(tmp_path
 
 
 def test_a_file_the_mirror_lacks_is_named(tmp_path: Path, mirror_root: Path):
-    config = make_config(tmp_path, pair="en-cs", test="test_2018_flickr", mirror=mirror_root.as_uri())
+    config = make_config(
+        tmp_path, pair="en-cs", test="test_2018_flickr", mirror=mirror_root.as_uri()
+    )
     (mirror_root / RAW / "val.cs.gz").unlink()
-    with pytest.raises(CorpusError, match=r"val\.cs\.gz: no such file .*is the mirror folder complete"):
+    with pytest.raises(
+        CorpusError, match=r"val\.cs\.gz: no such file .*is the mirror folder complete"
+    ):
         run_stage(config, "download", {})
 
 
-# ----------------------------------------------------------------------------- the real shared mirror
+# --------------------------------------------------------------------------- the real shared mirror
 
 
 @pytest.mark.shared_data("multi30k/data/task1/raw")
@@ -261,13 +315,24 @@ def test_the_shared_mirror_gives_the_published_counts(tmp_path: Path):
     out = run_stage(config, "download", {}).path
     stats = read_manifest(out)["stats"]
     assert (stats["train_lines"], stats["dev_lines"], stats["test_lines"]) == (29000, 1014, 1000)
-    for name in ("train/multi30k.en", "train/multi30k.de", "dev.en", "dev.de", "test.en", "test.de"):
+    for name in (
+        "train/multi30k.en",
+        "train/multi30k.de",
+        "dev.en",
+        "dev.de",
+        "test.en",
+        "test.de",
+    ):
         assert (out / name).stat().st_size > 0
-    assert read_lines(out / "dev.de")[0] == "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"
+    assert (
+        read_lines(out / "dev.de")[0]
+        == "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"
+    )
 
 
 def _copy_of_shared_mirror(root: Path, pair: tuple[str, str] = ("en", "de")) -> Path:
-    """The shared files an ``en-de`` download reads, copied to ``root`` (a mirror to tamper with)."""
+    """The shared files an ``en-de`` download reads, copied to ``root`` (a mirror to tamper
+    with)."""
     for split in ("train", "val", "test_2016_flickr"):
         for lang in pair:
             dst = root / RAW / f"{split}.{lang}.gz"
@@ -285,7 +350,9 @@ def real_server(tmp_path: Path):
 
 
 @pytest.mark.shared_data("multi30k/data/task1/raw")
-def test_a_file_one_byte_off_the_published_one_fails_in_a_fresh_work_dir(tmp_path: Path, real_server):
+def test_a_file_one_byte_off_the_published_one_fails_in_a_fresh_work_dir(
+    tmp_path: Path, real_server
+):
     """No lock file yet: the registry's sha256 of the public file catches a changed byte (same
     size) in one line naming the file and both hashes, whichever mirror served it."""
     published = (SHARED_MULTI30K / RAW / "val.de.gz").read_bytes()
@@ -298,7 +365,9 @@ def test_a_file_one_byte_off_the_published_one_fails_in_a_fresh_work_dir(tmp_pat
     with pytest.raises(ChecksumError) as err:
         run_stage(config, "download", {})
     message = str(err.value)
-    assert message.startswith(f"{real_server.url}/{RAW}/val.de.gz: sha256 is {hashlib.sha256(tampered).hexdigest()}, ")
+    assert message.startswith(
+        f"{real_server.url}/{RAW}/val.de.gz: sha256 is {hashlib.sha256(tampered).hexdigest()}, "
+    )
     assert f"the source registry expects {hashlib.sha256(published).hexdigest()}" in message
     assert "\n" not in message
     assert not (config.root / "cache" / "downloads" / "multi30k" / RAW / "val.de.gz").exists()
@@ -307,4 +376,7 @@ def test_a_file_one_byte_off_the_published_one_fails_in_a_fresh_work_dir(tmp_pat
 
     (real_server.root / RAW / "val.de.gz").write_bytes(published)  # the mirror fixed: it passes
     out = run_stage(config, "download", {}).path
-    assert read_manifest(out)["stats"]["corpora"]["dev"]["inputs"]["de"]["sha256"] == hashlib.sha256(published).hexdigest()
+    assert (
+        read_manifest(out)["stats"]["corpora"]["dev"]["inputs"]["de"]["sha256"]
+        == hashlib.sha256(published).hexdigest()
+    )

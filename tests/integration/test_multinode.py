@@ -98,7 +98,9 @@ def test_a_lost_node_resumes_on_the_cluster_and_ends_bit_identical(cluster, tmp_
     done = threading.Event()
     killed = kill_when_stopped(workers, where, run_dir, done)
     try:
-        out = run_stage(config, "train", inputs, callbacks=by_value(WhereAndStop(where, KILL_AT))).path
+        out = run_stage(
+            config, "train", inputs, callbacks=by_value(WhereAndStop(where, KILL_AT))
+        ).path
     finally:
         done.set()
 

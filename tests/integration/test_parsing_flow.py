@@ -55,7 +55,8 @@ def sentence(rng: random.Random) -> str:
         pp = f"(PP-LOC (IN {rng.choice(PREPOSITIONS)}) {noun_phrase(rng)})"
         vp = f"(VP (VBD {rng.choice(VERBS)}) {noun_phrase(rng)} {pp})"
     else:  # a relative clause with a trace that cleaning removes
-        rel = f"(SBAR (WHNP-1 (WDT that)) (S (NP-SBJ (-NONE- *T*-1)) (VP (VBD {rng.choice(INTRANSITIVE)}))))"
+        verb = rng.choice(INTRANSITIVE)
+        rel = f"(SBAR (WHNP-1 (WDT that)) (S (NP-SBJ (-NONE- *T*-1)) (VP (VBD {verb}))))"
         vp = f"(VP (VBD {rng.choice(VERBS)}) (NP (NP (DT the) (NN dog)) {rel}))"
     return f"( (S {subject}\n    {vp}\n    (. .)) )\n"
 

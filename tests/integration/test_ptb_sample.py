@@ -108,7 +108,9 @@ def test_stages_on_the_sample(tmp_path, golds):
     def fake_translate(tmp):
         (tmp / "hyp.tree").write_text((lin / "test.tree").read_text())
 
-    translated = finished_folder(tmp_path / "run" / "translate", "translate", {"fake": 1}, fake_translate)
+    translated = finished_folder(
+        tmp_path / "run" / "translate", "translate", {"fake": 1}, fake_translate
+    )
     scored = run_stage(config, "parse_score", {"translate": translated, "linearize": lin}).path
     scores = json.loads((scored / "scores.json").read_text())
     assert scores["f1"] == 100.0 and scores["sentences"] == stats["test_trees"]

@@ -169,7 +169,12 @@ def training_run(tmp_path, name: str):
         "name": name,
         "seed": 3,
         "workdir": str(tmp_path / "{name}"),
-        "data": {"source": "synthetic", "synthetic_train": 400, "synthetic_dev": 30, "synthetic_test": 30},
+        "data": {
+            "source": "synthetic",
+            "synthetic_train": 400,
+            "synthetic_dev": 30,
+            "synthetic_test": 30,
+        },
         "tokenizer": {"kind": "bpe", "vocab_size": 300, "sample_size": 1000, "threads": 1},
         "shard": {"rows_per_shard": 200, "num_actors": 1, "cpus_per_actor": 0.5},
         **TINY_TRAINING,
@@ -178,8 +183,13 @@ def training_run(tmp_path, name: str):
     }
     # Long enough to be stopped after its first checkpoint; no validation or metrics at every
     # step (the tiny config's), which the killed run's rerun would otherwise spend its time on.
-    config["train"] = {**config["train"], "steps": 400, "checkpoint_every": 50, "eval_every": 100,
-                       "log_every": 10}
+    config["train"] = {
+        **config["train"],
+        "steps": 400,
+        "checkpoint_every": 50,
+        "eval_every": 100,
+        "log_every": 10,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     tfm = [sys.executable, "-m", "pipelines.cli", "run", str(path)]
@@ -190,7 +200,9 @@ def training_run(tmp_path, name: str):
 def start_and_wait_for_training(tfm, env, run_dir, log_path):
     """``tfm run`` in a session of its own, once training has written a checkpoint."""
     log = open(log_path, "w")  # noqa: SIM115 - the caller's process owns it until it ends
-    command = subprocess.Popen(tfm, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    command = subprocess.Popen(
+        tfm, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     seen = len(list(run_dir.rglob("step-*")))
     deadline = time.time() + 240
     while len(list(run_dir.rglob("step-*"))) <= seen:  # a checkpoint of this run
@@ -223,8 +235,10 @@ def test_ctrl_c_and_sigterm_end_a_tfm_run_in_seconds_in_one_line(tmp_path):
     command, as `timeout` or a scheduler sends it) during training: exit 130 / 143 within
     seconds with one line, and nothing the run started is left running 5 s after it exits."""
     tfm, env, run_dir = training_run(tmp_path, "stopped")
-    for sent, code, line in ((signal.SIGINT, 130, "tfm: interrupted; rerun the same command to continue"),
-                             (signal.SIGTERM, 143, "tfm: stopped by SIGTERM; rerun the same command to continue")):
+    for sent, code, line in (
+        (signal.SIGINT, 130, "tfm: interrupted; rerun the same command to continue"),
+        (signal.SIGTERM, 143, "tfm: stopped by SIGTERM; rerun the same command to continue"),
+    ):
         log_path = tmp_path / f"{sent.name}.log"
         command, _ = start_and_wait_for_training(tfm, env, run_dir, log_path)
         started = psutil.Process(command.pid).children(recursive=True)  # the training workers too

@@ -46,7 +46,13 @@ def _folder(root: Path, stage: str, files: dict[str, list[str]]) -> Path:
 
 
 def _config(root: Path, **data) -> RunConfig:
-    data = {"source": "wmt14", "pair": "en-de", "test": "newstest2014", "test_variant": "full", **data}
+    data = {
+        "source": "wmt14",
+        "pair": "en-de",
+        "test": "newstest2014",
+        "test_variant": "full",
+        **data,
+    }
     return RunConfig(
         name="score-test",
         workdir=str(root / "run"),
@@ -94,7 +100,12 @@ def test_stage_writes_scores_sentences_plot_and_manifest(tmp_path):
 
 
 def test_synthetic_test_split_is_not_named_as_newstest(tmp_path):
-    scores = json.loads((run_stage(_config(tmp_path, source="synthetic"), "score", _inputs(tmp_path)).path / "scores.json").read_text())
+    scores = json.loads(
+        (
+            run_stage(_config(tmp_path, source="synthetic"), "score", _inputs(tmp_path)).path
+            / "scores.json"
+        ).read_text()
+    )
     assert scores["test_set"] == "synthetic" and scores["test_variant"] == "synthetic"
 
 
@@ -105,7 +116,10 @@ def test_second_run_is_skipped_and_force_reruns(tmp_path):
     skipped = run_stage(config, "score", inputs)
     assert not skipped.ran and read_manifest(skipped.path)["started"] == first["started"]
     assert skipped.stats == first["stats"]
-    assert read_manifest(run_stage(config, "score", inputs, force=True).path)["started"] != first["started"]
+    assert (
+        read_manifest(run_stage(config, "score", inputs, force=True).path)["started"]
+        != first["started"]
+    )
 
 
 def test_empty_test_set_is_an_error(tmp_path):
@@ -145,7 +159,15 @@ def test_the_result_reaches_the_active_mlflow_run_once(tmp_path):
     history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "bleu_sacre")
     assert len(history) == 1
     assert logged.tags["stats.test_set"] == "newstest2014"
-    assert logged.tags["skipped"] == "false" and logged.tags["fingerprint"] == read_manifest(result.path)["fingerprint"]
+    assert (
+        logged.tags["skipped"] == "false"
+        and logged.tags["fingerprint"] == read_manifest(result.path)["fingerprint"]
+    )
     assert logged.tags["input.translate"] and logged.tags["input.download"]
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "score")}
-    assert {"score/manifest.json", "score/scores.json", "score/sentences.tsv", "score/bleu_by_length.png"} <= artifacts
+    assert {
+        "score/manifest.json",
+        "score/scores.json",
+        "score/sentences.tsv",
+        "score/bleu_by_length.png",
+    } <= artifacts

@@ -33,8 +33,11 @@ def store_run(tmp_path_factory, s3_server, harness, ray_local):
     prefix = f"flows/{secrets.token_hex(4)}"
     config = tiny_config(
         base,
-        **{"mlflow.tracking_uri": f"sqlite:///{base}/mlflow.db", "storage.cache_dir": str(base / "node-cache"),
-           "storage.endpoint": s3_server.endpoint},
+        **{
+            "mlflow.tracking_uri": f"sqlite:///{base}/mlflow.db",
+            "storage.cache_dir": str(base / "node-cache"),
+            "storage.endpoint": s3_server.endpoint,
+        },
     )
     config["workdir"] = f"s3://tfm/{prefix}/{{name}}"
     path = base / "tiny.yaml"
@@ -64,7 +67,9 @@ def test_every_stage_lands_in_the_bucket_and_a_rerun_skips_them_all(store_run):
     assert store.read_manifest("train")["files"]["final/model.pt"]["bytes"] > 0
     import pyarrow.fs as pafs
 
-    ray_files = store.filesystem.get_file_info(pafs.FileSelector(store.path("train_ray"), recursive=True))
+    ray_files = store.filesystem.get_file_info(
+        pafs.FileSelector(store.path("train_ray"), recursive=True)
+    )
     assert any(info.path.endswith("model.pt") for info in ray_files)
     assert [r.stage for r in again] == WMT14_STAGES and ran(again) == []
     assert outcomes[-2].stats["bleu_sacre"] == again[-2].stats["bleu_sacre"]
@@ -75,14 +80,20 @@ def test_nothing_is_written_outside_the_bucket_and_the_node_cache(store_run):
     outside = {f for f in written if not f.startswith("node-cache/") and not f.startswith("mlflow")}
     assert outside == set()
     # No stage's staging folder is left behind, and each stage's node copy is its manifest's.
-    assert not any((config.root / "staging").glob("*/*")) if (config.root / "staging").exists() else True
+    assert (
+        not any((config.root / "staging").glob("*/*"))
+        if (config.root / "staging").exists()
+        else True
+    )
     for name in ("shard", "tokenizer", "average"):
         manifest = config.store.read_manifest(name)
         copy = config.root / "copies" / manifest["fingerprint"] / name
         assert json.loads((copy / "manifest.json").read_text()) == manifest
 
 
-def test_status_judges_the_bucket_and_verify_reads_every_byte_back(store_run, s3_server, monkeypatch):
+def test_status_judges_the_bucket_and_verify_reads_every_byte_back(
+    store_run, s3_server, monkeypatch
+):
     from tasks.framework import runner
 
     config, _, _, _ = store_run
@@ -137,8 +148,10 @@ def test_a_missing_bucket_fails_the_first_stage_in_one_line_and_writes_nothing(
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, s3_server.env[name])
     cache = tmp_path / "cache"
-    bad = config.replace(workdir="s3://no-such-bucket-here/run",
-                         storage=config.storage.__class__(endpoint=s3_server.endpoint, cache_dir=str(cache)))
+    bad = config.replace(
+        workdir="s3://no-such-bucket-here/run",
+        storage=config.storage.__class__(endpoint=s3_server.endpoint, cache_dir=str(cache)),
+    )
     with pytest.raises(StorageError) as caught:
         run_stage(bad, "download")
     message = str(caught.value)
@@ -161,9 +174,16 @@ class StopTheStore:
         import pyarrow.fs as pafs
         from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
-        fs = pafs.S3FileSystem(access_key=self.keys[0], secret_key=self.keys[1], scheme="http",
-                               endpoint_override=self.endpoint.removeprefix("http://"), region="us-east-1")
-        for info in fs.get_file_info(pafs.FileSelector(self.prefix, recursive=True, allow_not_found=True)):
+        fs = pafs.S3FileSystem(
+            access_key=self.keys[0],
+            secret_key=self.keys[1],
+            scheme="http",
+            endpoint_override=self.endpoint.removeprefix("http://"),
+            region="us-east-1",
+        )
+        for info in fs.get_file_info(
+            pafs.FileSelector(self.prefix, recursive=True, allow_not_found=True)
+        ):
             if info.path.endswith(CHECKPOINT_MANAGER_SNAPSHOT_FILENAME):
                 with fs.open_input_stream(info.path) as f:
                     if b"step-000000003" in f.read():
@@ -200,10 +220,17 @@ def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_re
     try:
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             monkeypatch.setenv(name, server.env[name])
-        data = tiny_config(tmp_path, **{
-            "mlflow.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "storage.cache_dir": str(tmp_path / "cache"),
-            "storage.endpoint": server.endpoint, "storage.timeout_seconds": 3, "train.max_failures": 0,
-            "train.steps": 9})
+        data = tiny_config(
+            tmp_path,
+            **{
+                "mlflow.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                "storage.cache_dir": str(tmp_path / "cache"),
+                "storage.endpoint": server.endpoint,
+                "storage.timeout_seconds": 3,
+                "train.max_failures": 0,
+                "train.steps": 9,
+            },
+        )
         data["workdir"] = "s3://tfm/outage/{name}"
         (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
         config = load_config(tmp_path / "c.yaml")
@@ -211,7 +238,9 @@ def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_re
             run_stage(config, name)
         with pytest.raises(StageError) as caught:
             keys = (server.env["AWS_ACCESS_KEY_ID"], server.env["AWS_SECRET_ACCESS_KEY"])
-            stop = StopTheStore(server.proc.pid, 5, server.endpoint, keys, "tfm/outage/flowtest/train_ray")
+            stop = StopTheStore(
+                server.proc.pid, 5, server.endpoint, keys, "tfm/outage/flowtest/train_ray"
+            )
             run_stage(config, "train", callbacks=[stop])
         line = error_line(caught.value)
         assert "stage train failed" in line and "rerun the same config to resume" in line

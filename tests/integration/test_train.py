@@ -39,7 +39,6 @@ def trained_and_sockets(ray_local, tmp_path_factory):
     (its Ray, the workers' torch store and gloo pairs), seen from the main thread."""
     import psutil
 
-
     root = tmp_path_factory.mktemp("train")
     inputs = make_inputs(root)
     config = tiny_config(root, bleu_sentences=24)
@@ -53,7 +52,9 @@ def trained_and_sockets(ray_local, tmp_path_factory):
 
     patch = pytest.MonkeyPatch()
     patch.setattr(contract, "input_fingerprint", counted)
-    thread = threading.Thread(target=lambda: outcome.append(_attempt(run_stage, config, "train", inputs)))
+    thread = threading.Thread(
+        target=lambda: outcome.append(_attempt(run_stage, config, "train", inputs))
+    )
     thread.start()
     me, sockets = psutil.Process(), set()
     while thread.is_alive():
@@ -299,7 +300,9 @@ def test_rows_longer_than_the_model_or_budget_are_refused_before_ray_train(ray_l
     with pytest.raises(
         StageError, match=r"shard/train holds a row of 600 pieces but model.max_len is 512"
     ):
-        run_stage(tiny_config(tmp_path, max_tokens_per_batch=1024), "train", inputs)  # debug: max_len 512
+        run_stage(
+            tiny_config(tmp_path, max_tokens_per_batch=1024), "train", inputs
+        )  # debug: max_len 512
     inputs["shard"] = make_shards(tmp_path / "b", stats=manifest_says(200))
     with pytest.raises(
         StageError, match=r"train.max_tokens_per_batch is 128: rerun `tfm stage shard --config"
@@ -316,7 +319,6 @@ def test_rows_longer_than_the_model_or_budget_are_refused_before_ray_train(ray_l
 
 def test_gpu_requested_without_gpu_errors(ray_local, tmp_path):
     import ray
-
 
     if ray.cluster_resources().get("GPU", 0):
         pytest.skip("this machine has a GPU")
@@ -341,7 +343,6 @@ def test_progress_lines_and_the_collapse_warning_reach_the_console(ray_local, tm
     import time
 
     from mlflow.tracking import MlflowClient
-
 
     # A spread floor no encoder can reach: every validation warns.
     config = tiny_config(

@@ -85,7 +85,6 @@ def test_worker_failure_restarts_from_last_checkpoint(baseline, tracking, tmp_pa
 def test_stop_then_rerun_continues_at_the_next_batch(baseline, tracking, tmp_path, capfd):
     import time
 
-
     inputs = make_inputs(tmp_path)
     stopped = tiny_config(tmp_path, tracking, stop_after=5, **STEPS)
     out = run_stage(stopped, "train", inputs).path
@@ -142,7 +141,6 @@ class SlowRank0:
 
 def test_time_trigger_checkpoints_every_rank_on_rank_0s_clock(tracking, tmp_path):
     import ray.cloudpickle
-
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     # No step trigger; 0.6 s between checkpoints, rank 0 taking 0.25 s more a step than rank 1.

@@ -36,7 +36,12 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
         name="wmt",
         workdir=str(tmp_path),
         # The sample as a local source: train, newstest2012 as dev, newstest2014 (full) as test.
-        data=DataConfig(source="local", local_dir=str(SAMPLE), local_dev="newstest2012", local_test="newstest2014.full"),
+        data=DataConfig(
+            source="local",
+            local_dir=str(SAMPLE),
+            local_dev="newstest2012",
+            local_test="newstest2014.full",
+        ),
         clean=CleanConfig(batch_size=1000),
         tokenizer=TokenizerConfig(vocab_size=8000, sample_size=100_000, threads=2),
         shard=ShardConfig(rows_per_shard=4000, num_actors=2, batch_size=1000, cpus_per_actor=0.5),
@@ -61,7 +66,10 @@ def test_wmt_sample_through_clean_tokenizer_shard(tmp_path):
     # Every line without an UNK must round-trip exactly.
     covered = [line for line in test_lines if UNK_ID not in tok.encode(line)]
     assert all(tok.decode(tok.encode(line)) == line for line in covered)
-    print(f"WMT sample tokenizer: {len(covered)}/{len(test_lines)} test.de lines free of UNK, all round-trip")
+    print(
+        f"WMT sample tokenizer: {len(covered)}/{len(test_lines)} test.de lines free of UNK, "
+        "all round-trip"
+    )
     assert len(covered) > 0.8 * len(test_lines)
 
     shard_dir = run_stage(config, "shard", {"clean": clean_dir, "tokenizer": tok_dir}).path

@@ -35,7 +35,12 @@ def test_run_writes_manifest_with_files_and_stats(tmp_path: Path):
     calls: list[str] = []
     result = build_folder("demo", tmp_path / "demo", {"k": 1}, {}, _writer(calls))
     out = result.path
-    assert (result.stage, out, result.ran, result.stats) == ("demo", tmp_path / "demo", True, {"rows": 2})
+    assert (result.stage, out, result.ran, result.stats) == (
+        "demo",
+        tmp_path / "demo",
+        True,
+        {"rows": 2},
+    )
     assert result.reason == f"{out} does not exist"
     manifest = read_manifest(out)
     assert manifest["stage"] == "demo"
@@ -65,9 +70,13 @@ def test_rerun_skips_and_force_reruns(tmp_path: Path):
 def test_outdated_hook_reruns_an_up_to_date_output(tmp_path: Path):
     calls: list[str] = []
     build_folder("demo", tmp_path / "demo", {}, {}, _writer(calls))
-    kept = build_folder("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: None)
+    kept = build_folder(
+        "demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: None
+    )
     assert not kept.ran and len(calls) == 1
-    gone = build_folder("demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: "version gone")
+    gone = build_folder(
+        "demo", tmp_path / "demo", {}, {}, _writer(calls), outdated=lambda out: "version gone"
+    )
     assert gone.ran and gone.reason == "version gone" and len(calls) == 2
 
 
@@ -159,7 +168,9 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
     # A small file is checked by sha256, every time: same size, different bytes, found.
     original = corrupt("small.txt", 2)
     assert check(up, fp).reason == "small.txt differs from the sha256 in manifest.json"
-    with pytest.raises(StageError, match=r"input 'up' in .* is damaged: small.txt .*tfm stage up .*--force"):
+    with pytest.raises(
+        StageError, match=r"input 'up' in .* is damaged: small.txt .*tfm stage up .*--force"
+    ):
         build_folder("down", tmp_path / "down", {}, {"up": up}, _writer([]))
     (up / "small.txt").write_bytes(original)
     # A big file by size only, unless a full check is asked for (`tfm status --verify`).
@@ -168,7 +179,9 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
     assert "big.bin differs" in check(up, fp, full=True).reason
     (up / "big.bin").write_bytes(original)
     # A Parquet file by its footer and row count.
-    original = corrupt("part-00000.parquet", (up / "part-00000.parquet").stat().st_size - 6)  # footer
+    original = corrupt(
+        "part-00000.parquet", (up / "part-00000.parquet").stat().st_size - 6
+    )  # footer
     assert "part-00000.parquet is not a readable Parquet file" in check(up, fp).reason
     (up / "part-00000.parquet").write_bytes(original)
     assert check(up, fp, full=True).up_to_date

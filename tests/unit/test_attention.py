@@ -107,7 +107,6 @@ def test_distinct_key_and_value_widths_match_naive(d_k, d_v):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-
 def test_beams_sharing_keys_and_values_equal_a_copy_per_beam():
     # Beam search's layout: g consecutive query rows (a sentence's beams) share one row of keys,
     # values and mask; the plain-matmul path (additive mask) computes the same.

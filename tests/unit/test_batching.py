@@ -163,7 +163,9 @@ def test_fairseq_batches_keep_a_multiple_of_rows_and_carry_the_rest_by_hand():
     # the last four make the final batch. Equal lengths keep the seeded permutation's order.
     perm = np.random.default_rng([5]).permutation(10)
     plan = plan_batches_fairseq([5] * 10, [5] * 10, 20, seed=5, multiple=3)
-    assert sorted(map(tuple, plan)) == sorted([tuple(perm[0:3]), tuple(perm[3:6]), tuple(perm[6:10])])
+    assert sorted(map(tuple, plan)) == sorted(
+        [tuple(perm[0:3]), tuple(perm[3:6]), tuple(perm[6:10])]
+    )
 
 
 def test_fairseq_batches_are_ordered_by_source_then_target_length():

@@ -29,7 +29,8 @@ tfm tracking replay configs/quickstart.yaml
 python benchmarks/train.py --steps 10
 ```
 
-See [the results](#results), [the notebook](log/notes.md) and [the README](../README.md#a-repository).
+See [the results](#results), [the notebook](log/notes.md) and
+[the README](../README.md#a-repository).
 
 ## Results
 
@@ -51,7 +52,8 @@ def repo(tmp_path: Path) -> Path:
     (tmp_path / "docs" / "guide.md").write_text(GUIDE)
     (tmp_path / "docs" / "log").mkdir()
     (tmp_path / "docs" / "log" / "notes.md").write_text(
-        "# Notes\n\n## 2026-11-20: a run\n\n`make retired-target` ran then; [the guide](../guide.md).\n"
+        "# Notes\n\n## 2026-11-20: a run\n\n"
+        "`make retired-target` ran then; [the guide](../guide.md).\n"
     )
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "quickstart.yaml").write_text("# tuned on a laptop\nname: quickstart\n")

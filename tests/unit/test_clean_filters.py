@@ -13,9 +13,12 @@ from transformer_core.config import ConfigError
 
 
 def judge(pairs, config=CleanConfig(), contaminants=()):
-    table = filters.clean_lines([s.encode() if isinstance(s, str) else s for s, _ in pairs],
-                              [t.encode() if isinstance(t, str) else t for _, t in pairs],
-                              config, pa.array(list(contaminants), pa.string()))
+    table = filters.clean_lines(
+        [s.encode() if isinstance(s, str) else s for s, _ in pairs],
+        [t.encode() if isinstance(t, str) else t for _, t in pairs],
+        config,
+        pa.array(list(contaminants), pa.string()),
+    )
     reasons = table["reason"].to_numpy()
     if config.dedup:
         reasons = filters.mark_duplicates(reasons, table["hash"].to_numpy(), set())
@@ -27,7 +30,12 @@ GOOD = ("the small dog sleeps", "der kleine Hund schläft")
 
 def test_normalize_nfc_controls_and_whitespace():
     texts = ["cafe\u0301", " a\x00b\x7f\u200b c\t\td\u00a0e\r\n", "\ufeffHallo", "plain"]
-    assert filters.normalize_array(pa.array(texts)).to_pylist() == ["caf\u00e9", "ab c d e", "Hallo", "plain"]
+    assert filters.normalize_array(pa.array(texts)).to_pylist() == [
+        "caf\u00e9",
+        "ab c d e",
+        "Hallo",
+        "plain",
+    ]
 
 
 def test_invalid_utf8_is_counted_and_dropped():
@@ -80,7 +88,9 @@ def test_identical():
 
 
 def test_duplicates_after_normalisation_keep_the_first():
-    counts, table = judge([GOOD, ("the  small dog sleeps", "der kleine Hund schläft "), GOOD, ("x y", "z w")])
+    counts, table = judge(
+        [GOOD, ("the  small dog sleeps", "der kleine Hund schläft "), GOOD, ("x y", "z w")]
+    )
     assert counts["duplicate"] == 2 and counts["kept"] == 2
     counts, _ = judge([GOOD, GOOD], CleanConfig(dedup=False))
     assert counts["duplicate"] == 0
@@ -90,14 +100,22 @@ def test_duplicates_across_batches_share_the_seen_set():
     seen: set[int] = set()
     for expected in (0, 1):
         table = filters.clean_lines([GOOD[0].encode()], [GOOD[1].encode()], CleanConfig())
-        reasons = filters.mark_duplicates(table["reason"].to_numpy(), table["hash"].to_numpy(), seen)
+        reasons = filters.mark_duplicates(
+            table["reason"].to_numpy(), table["hash"].to_numpy(), seen
+        )
         assert filters.count_reasons(reasons)["duplicate"] == expected
 
 
 def test_decontamination_on_either_side():
     contaminants = ["a planted test sentence", "ein Testsatz"]
-    counts, _ = judge([GOOD, ("a planted test sentence", "irgendwas ganz anderes hier"), ("some other text", "ein Testsatz")],
-                      contaminants=contaminants)
+    counts, _ = judge(
+        [
+            GOOD,
+            ("a planted test sentence", "irgendwas ganz anderes hier"),
+            ("some other text", "ein Testsatz"),
+        ],
+        contaminants=contaminants,
+    )
     assert counts["contaminated"] == 2 and counts["kept"] == 1
 
 
@@ -122,7 +140,11 @@ def test_line_index_and_ranges(tmp_path, trailing_newline):
     starts, n = cleaning.line_index(path, every=4)
     assert n == 12 and len(starts) == 3
     ends = starts[1:] + [path.stat().st_size]
-    got = [line for s, e in zip(starts, ends, strict=True) for line in cleaning.read_range(str(path), s, e)]
+    got = [
+        line
+        for s, e in zip(starts, ends, strict=True)
+        for line in cleaning.read_range(str(path), s, e)
+    ]
     assert got == lines
 
 

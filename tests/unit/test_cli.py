@@ -27,8 +27,12 @@ def test_a_first_run_waits_for_prefect_to_create_its_database(tmp_path, monkeypa
     from prefect.settings import Settings
 
     monkeypatch.chdir(tmp_path)
-    for key in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_LEVEL",
-                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):
+    for key in (
+        "PREFECT_HOME",
+        "PREFECT_SERVER_ANALYTICS_ENABLED",
+        "PREFECT_LOGGING_LEVEL",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+    ):
         monkeypatch.setenv(key, "")  # recorded, so the test's end takes back what tfm sets
         monkeypatch.delenv(key)
     assert Settings().server.ephemeral.startup_timeout_seconds == 20  # Prefect's own
@@ -56,12 +60,22 @@ def test_status_of_a_fresh_config_says_missing_and_why(tmp_path, capsys):
     assert lines[1].split()[:2] == ["download", "missing"]
     assert "waits for download" in lines[2]
     assert [line.split()[0] for line in lines[1:]] == [
-        "download", "clean", "tokenizer", "shard", "train", "average", "translate", "score", "register"
+        "download",
+        "clean",
+        "tokenizer",
+        "shard",
+        "train",
+        "average",
+        "translate",
+        "score",
+        "register",
     ]
 
 
 def test_status_of_a_parsing_config_lists_the_parsing_stages(tmp_path, capsys):
-    assert main(["status", _config(tmp_path, data={"source": "treebank", "pair": "words-tree"})]) == 0
+    assert (
+        main(["status", _config(tmp_path, data={"source": "treebank", "pair": "words-tree"})]) == 0
+    )
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
     assert names[:2] == ["treebank", "linearize"] and names[-1] == "parse_score"
 
@@ -92,8 +106,13 @@ def test_any_failure_is_one_line_naming_the_stage_and_v_shows_the_traceback(tmp_
     config = _config(tmp_path)
     # A finished train folder whose checkpoint listing is not JSON: not an error written for
     # users, so its type is named, and the traceback waits for -v.
-    build_folder("train", tmp_path / "cli" / "train", {"t": 1}, {},
-                 lambda tmp: (tmp / "checkpoints.json").write_text("{not json") and {})
+    build_folder(
+        "train",
+        tmp_path / "cli" / "train",
+        {"t": 1},
+        {},
+        lambda tmp: (tmp / "checkpoints.json").write_text("{not json") and {},
+    )
     assert main(["stage", "average", "--config", config]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err

@@ -11,16 +11,31 @@ import pytest
 from tasks.framework import code_fingerprint
 from tasks.framework.code_fingerprint import PACKAGES, stage_code
 
-STAGES = ("download", "clean", "tokenizer", "shard", "train", "average", "translate", "score",
-          "register", "treebank", "linearize", "parse_score")
+STAGES = (
+    "download",
+    "clean",
+    "tokenizer",
+    "shard",
+    "train",
+    "average",
+    "translate",
+    "score",
+    "register",
+    "treebank",
+    "linearize",
+    "parse_score",
+)
 
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch) -> Path:
     """A copy of the project's packages that the fingerprints read instead of the real ones."""
     for package in PACKAGES:
-        shutil.copytree(code_fingerprint.REPO / package, tmp_path / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            code_fingerprint.REPO / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     monkeypatch.setattr(code_fingerprint, "REPO", tmp_path)
     return tmp_path
 
@@ -84,6 +99,10 @@ def test_plumbing_changes_reach_no_stage(repo: Path):
     """How stages are configured, run and logged is not what they compute: a refactor of the
     config loader, the runner or MLflow logging keeps every output (the config's values count
     themselves). Every module of the framework package is plumbing, by the layout."""
-    for plumbing in ("tasks/framework/config.py", "tasks/framework/tracking.py",
-                     "tasks/framework/contract.py", "tasks/framework/runner.py"):
+    for plumbing in (
+        "tasks/framework/config.py",
+        "tasks/framework/tracking.py",
+        "tasks/framework/contract.py",
+        "tasks/framework/runner.py",
+    ):
         assert changed_stages(repo, lambda r, p=plumbing: _add_code(r / p)) == set(), plumbing

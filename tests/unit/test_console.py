@@ -36,7 +36,12 @@ def test_the_console_shows_ours_and_errors(name, level, shown):
     [
         ("prefect.task_runs", logging.INFO, "Finished in state Completed()", False),
         ("prefect.flow_runs", logging.INFO, "Beginning flow run 'x' for flow 'pipeline'", False),
-        ("prefect.task_runs", logging.INFO, "Task run failed with ... - Retry 1/2 will start", True),
+        (
+            "prefect.task_runs",
+            logging.INFO,
+            "Task run failed with ... - Retry 1/2 will start",
+            True,
+        ),
         ("prefect.task_runs", logging.ERROR, "Finished in state Failed('...')", True),
         ("prefect.task_runs", logging.INFO, "stage clean: MLflow run 123", True),
     ],

@@ -2,8 +2,8 @@
 the worker count (dealt round-robin, uneven when the count does not divide them), so a run
 resized from one checkpoint to the next consumes the batch sequence of a fixed-size run.
 
-Without Ray (ranks are Trainers in one process); tests/integration/test_elastic_resize.py resizes real
-Ray Train worker groups."""
+Without Ray (ranks are Trainers in one process); tests/integration/test_elastic_resize.py resizes
+real Ray Train worker groups."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ ELASTIC = dict(tokens_per_step=240, max_tokens_per_batch=80, num_workers=(1, 3))
 
 
 def test_num_workers_takes_a_min_max_range_from_yaml():
-    config = config_from_dict({"name": "t", "train": {"num_workers": [1, 4], "tokens_per_step": 25000}})
+    config = config_from_dict(
+        {"name": "t", "train": {"num_workers": [1, 4], "tokens_per_step": 25000}}
+    )
     tc = config.train
     assert tc.num_workers == (1, 4) and tc.elastic and (tc.min_workers, tc.max_workers) == (1, 4)
     assert tc.batches_per_step(1) == tc.batches_per_step(4) == 7  # ceil(25000 / 4096)

@@ -31,4 +31,6 @@ def test_padding_does_not_count():
     src = torch.randint(4, 50, (1, 6))
     padded = torch.cat([src, torch.full((1, 4), PAD_ID)], dim=1)
     with torch.no_grad():
-        torch.testing.assert_close(encoder_spread(model.encode(src)), encoder_spread(model.encode(padded)))
+        torch.testing.assert_close(
+            encoder_spread(model.encode(src)), encoder_spread(model.encode(padded))
+        )

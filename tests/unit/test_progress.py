@@ -54,7 +54,10 @@ def test_translate_progress_writes_a_line_per_tenth_when_not_at_a_terminal():
     progress.close()
     lines = out.getvalue().splitlines()
     assert [line.split(" sentences")[0] for line in lines] == [
-        "translate 20/200", "translate 50/200", "translate 100/200", "translate 200/200"
+        "translate 20/200",
+        "translate 50/200",
+        "translate 100/200",
+        "translate 200/200",
     ]
     assert all("sent/s" in line and "ETA" in line for line in lines)
     assert lines[-1].endswith("ETA 00:00")
@@ -80,7 +83,9 @@ def test_the_line_of_a_validating_step_shows_that_validation():
     warning = progress.validated(10, {"val_ppl": 5.0, "val_bleu": 20.0, "val_encoder_spread": 0.01})
     lines = out.getvalue().splitlines()
     assert [line.split(" (")[0] for line in lines[:3]] == [
-        "train step 4/10", "train step 5/10", "train step 10/10"
+        "train step 4/10",
+        "train step 5/10",
+        "train step 10/10",
     ]
     assert "dev ppl" not in lines[0]
     assert "dev ppl 7.00 | dev BLEU 12.3" in lines[1]
@@ -95,5 +100,6 @@ def test_a_held_line_is_not_lost_when_its_validation_says_nothing():
     progress.validated(5, {})  # nothing measured: the line waits for the next step
     progress.step(6, {"loss": 1.5, "lr": 1e-3})
     assert [line.split(" (")[0] for line in out.getvalue().splitlines()] == [
-        "train step 5/10", "train step 6/10"
+        "train step 5/10",
+        "train step 6/10",
     ]

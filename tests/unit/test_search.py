@@ -165,8 +165,14 @@ def _exhaustive_ranking(model, src, limit, alpha):
 
 @pytest.mark.parametrize(
     "seed,alpha,norm",
-    [(0, 0.6, "gnmt"), (1, 0.0, "gnmt"), (2, 1.0, "gnmt"), (3, 0.6, "gnmt"),
-     (2, 1.0, "fairseq"), (3, 2.0, "fairseq")],
+    [
+        (0, 0.6, "gnmt"),
+        (1, 0.0, "gnmt"),
+        (2, 1.0, "gnmt"),
+        (3, 0.6, "gnmt"),
+        (2, 1.0, "fairseq"),
+        (3, 2.0, "fairseq"),
+    ],
 )
 def test_wide_beam_finds_the_exhaustive_optimum(seed, alpha, norm):
     # Vocabulary: pad, unk, bos, eos and two words -> 3 producible words, outputs up to 3 long:

@@ -24,4 +24,7 @@ def test_present_shared_data_is_returned_in_ci_and_out(tmp_path: Path, monkeypat
     (tmp_path / "ptb_sample" / "combined").mkdir(parents=True)
     for ci in ("true", ""):
         monkeypatch.setenv("CI", ci)
-        assert require_shared_data("ptb_sample/combined", root=tmp_path) == tmp_path / "ptb_sample" / "combined"
+        assert (
+            require_shared_data("ptb_sample/combined", root=tmp_path)
+            == tmp_path / "ptb_sample" / "combined"
+        )

@@ -46,9 +46,13 @@ def test_scores_are_the_score_stages_and_only_a_real_difference_is_significant(t
     good, close = _drop_one(refs, seed=1), _drop_one(refs, seed=2)
     worse = [" ".join(line.split()[::2]) for line in refs]
     rows = significance.compare(
-        [_run(tmp_path, "a", good, refs), _run(tmp_path, "close", close, refs),
-         _run(tmp_path, "worse", worse, refs)],
-        trials=500, bootstrap=200,
+        [
+            _run(tmp_path, "a", good, refs),
+            _run(tmp_path, "close", close, refs),
+            _run(tmp_path, "worse", worse, refs),
+        ],
+        trials=500,
+        bootstrap=200,
     )
     assert [row["bleu_tok_lc"] for row in rows] == [
         round(score_texts(h, refs, "de")["bleu_tok_lc"], 2) for h in (good, close, worse)

@@ -80,9 +80,18 @@ def test_test_set_sides_follow_the_direction():
         "de": "test-full/newstest2014-deen-src.de.sgm",
         "en": "test-full/newstest2014-deen-ref.en.sgm",
     }
-    assert (en_de.name, en_de.archive, en_de.lines, en_de.format) == ("newstest2014-full", "wmt14/full", 3003, "sgm")
+    assert (en_de.name, en_de.archive, en_de.lines, en_de.format) == (
+        "newstest2014-full",
+        "wmt14/full",
+        3003,
+        "sgm",
+    )
     filtered = sources.eval_set("newstest2014", "filtered", "en-de")
-    assert (filtered.name, filtered.archive, filtered.lines) == ("newstest2014-filtered", "wmt14", 2737)
+    assert (filtered.name, filtered.archive, filtered.lines) == (
+        "newstest2014-filtered",
+        "wmt14",
+        2737,
+    )
     assert filtered.members["en"] == "test/newstest2014-deen-src.en.sgm"
     assert sources.eval_set("newstest2014", "filtered", "en-fr").lines is None  # none published
     with pytest.raises(CorpusError, match="unknown dev/test set 'newstest2015'"):
@@ -94,4 +103,7 @@ def test_test_set_sides_follow_the_direction():
 def test_dev_set_is_newstest2013_from_the_wmt13_test_release():
     dev = sources.eval_set("newstest2013", "full", "en-fr")
     assert (dev.name, dev.archive, dev.format, dev.lines) == ("newstest2013", "wmt13", "sgm", 3000)
-    assert dev.members == {"en": "test/newstest2013-src.en.sgm", "fr": "test/newstest2013-src.fr.sgm"}
+    assert dev.members == {
+        "en": "test/newstest2013-src.en.sgm",
+        "fr": "test/newstest2013-src.fr.sgm",
+    }

@@ -81,9 +81,18 @@ def reversal(n: int, seed: int):
 
 def test_training_on_bucketed_batches_gives_the_eager_losses_and_weights():
     settings = {
-        "steps": 6, "tokens_per_step": 160, "max_tokens_per_batch": 80, "warmup_steps": 10,
-        "lr_scale": 0.15, "eval_every": 100, "checkpoint_every": 0, "checkpoint_minutes": 0.0,
-        "log_every": 1, "merge_micro_batches": True, "prefetch": 0, "clip_norm": 1.0,
+        "steps": 6,
+        "tokens_per_step": 160,
+        "max_tokens_per_batch": 80,
+        "warmup_steps": 10,
+        "lr_scale": 0.15,
+        "eval_every": 100,
+        "checkpoint_every": 0,
+        "checkpoint_minutes": 0.0,
+        "log_every": 1,
+        "merge_micro_batches": True,
+        "prefetch": 0,
+        "clip_norm": 1.0,
     }
 
     def trainer(static: bool) -> Trainer:
@@ -102,7 +111,9 @@ def test_training_on_bucketed_batches_gives_the_eager_losses_and_weights():
         assert [m[key] for m in b] == pytest.approx([m[key] for m in a], rel=1e-5), key
     for name, weight in plain.module.state_dict().items():
         if not name.endswith("k_proj.bias"):  # its gradient is rounding noise (test_trainer)
-            torch.testing.assert_close(padded.module.state_dict()[name], weight, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                padded.module.state_dict()[name], weight, rtol=1e-4, atol=1e-5
+            )
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,8 @@ def test_the_codes_hold_the_merges_asked_for(capsys):
     codes = learn_codes(SENTENCES, 40).splitlines()
     assert codes[0] == "#version: 0.2" and len(codes) == 41
     assert all(len(line.split(" ")) == 2 for line in codes[1:])
-    # more merges than pairs of frequency 2: fewer codes, and subword-nmt's note stays off the console
+    # more merges than pairs of frequency 2: fewer codes, and subword-nmt's note stays off the
+    # console
     assert len(learn_codes(SENTENCES, 5000).splitlines()) < 5001
     assert capsys.readouterr().err == ""
 
@@ -59,11 +60,15 @@ def test_a_piece_never_seen_is_unknown(tmp_path):
 def test_a_vocabulary_too_small_for_the_merges_names_the_key(tmp_path):
     codes = learn_codes(SENTENCES, 40)
     segmented = Pretokenizer(("en", "de"), bpe_codes=codes).segment(SENTENCES)
-    with pytest.raises(CorpusError, match="tokenizer.vocab_size: 20 cannot hold the .* tokenizer.merges 40"):
+    with pytest.raises(
+        CorpusError, match="tokenizer.vocab_size: 20 cannot hold the .* tokenizer.merges 40"
+    ):
         train(segmented, TokenizerConfig(kind="subword-nmt", merges=40, vocab_size=20, threads=1))
 
 
-@pytest.mark.parametrize("changes", [{"kind": "subword-nmt"}, {"merges": 100}, {"kind": "subword-nmt", "merges": 0}])
+@pytest.mark.parametrize(
+    "changes", [{"kind": "subword-nmt"}, {"merges": 100}, {"kind": "subword-nmt", "merges": 0}]
+)
 def test_merges_go_with_the_kind_and_nothing_else(changes):
     with pytest.raises(ConfigError, match="merges"):
         TokenizerConfig(**changes)
@@ -80,9 +85,16 @@ def test_train_takes_the_pieces_the_merges_made_up_to_vocab_size(tmp_path):
     def config(**tokenizer):
         return config_from_dict({"name": "x", "tokenizer": {"threads": 1, **tokenizer}})
 
-    assert vocab_size(config(kind="subword-nmt", merges=40, vocab_size=400), folders, {}) == tok.vocab_size
-    with pytest.raises(StageError, match=f"tokenizer.vocab_size: the config says {tok.vocab_size - 1} but"):
-        vocab_size(config(kind="subword-nmt", merges=40, vocab_size=tok.vocab_size - 1), folders, {})
+    assert (
+        vocab_size(config(kind="subword-nmt", merges=40, vocab_size=400), folders, {})
+        == tok.vocab_size
+    )
+    with pytest.raises(
+        StageError, match=f"tokenizer.vocab_size: the config says {tok.vocab_size - 1} but"
+    ):
+        vocab_size(
+            config(kind="subword-nmt", merges=40, vocab_size=tok.vocab_size - 1), folders, {}
+        )
     with pytest.raises(StageError, match="tokenizer.vocab_size: the config says 400 but"):
         vocab_size(config(vocab_size=400), folders, {})  # sentencepiece's own BPE: exactly
 
@@ -103,7 +115,10 @@ def test_a_piece_longer_than_sentencepieces_piece_limit_keeps_its_id(tmp_path):
     codes = learn_codes(sentences, 60)
     pre = Pretokenizer(("en", "de"), bpe_codes=codes)
     assert pre.segment([long_word]) == [long_word]  # the merges made it one piece
-    built = train(pre.segment(sentences), TokenizerConfig(kind="subword-nmt", merges=60, vocab_size=400, threads=1))
+    built = train(
+        pre.segment(sentences),
+        TokenizerConfig(kind="subword-nmt", merges=60, vocab_size=400, threads=1),
+    )
     (tmp_path / "spm.model").write_bytes(built.proto)
     ids = Tokenizer(tmp_path / "spm.model", pre).encode(long_word)
     assert len(ids) == 2 and UNK_ID not in ids

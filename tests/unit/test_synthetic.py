@@ -1,4 +1,5 @@
-"""The synthetic grammar corpus: deterministic, sized, distinct splits, real agreement and reordering."""
+"""The synthetic grammar corpus: deterministic, sized, distinct splits, real agreement and
+reordering."""
 
 from __future__ import annotations
 
@@ -78,13 +79,22 @@ def test_verb_second_verb_final_and_sentence_bracket():
     finite = synthetic_finite_forms()
     assert dass and all(de.split()[-1].rstrip(".?") in finite for de in dass)
     # perfect: English "has <participle>" keeps verbs together; German puts the participle last
-    perfect = [(en, de) for en, de in pairs if " has seen " in en and "dass" not in de and "weil" not in de
-               and not de.startswith("Wenn")]
+    perfect = [
+        (en, de)
+        for en, de in pairs
+        if " has seen " in en
+        and "dass" not in de
+        and "weil" not in de
+        and not de.startswith("Wenn")
+    ]
     assert perfect and all(de.rstrip(".?").endswith("gesehen") for _, de in perfect)
     # fronted time adverb: German inverts subject and verb
     gestern = [de for en, de in pairs if en.startswith("Yesterday ")]
-    assert gestern and all(de.startswith("Gestern ") and de.split()[1] in ("hat", "haben", "habe", "hast", "ist", "sind", "bin", "bist")
-                           for de in gestern)
+    assert gestern and all(
+        de.startswith("Gestern ")
+        and de.split()[1] in ("hat", "haben", "habe", "hast", "ist", "sind", "bin", "bist")
+        for de in gestern
+    )
     # separable verbs: the prefix goes to the end of a main clause
     calls = [de for en, de in pairs if en.split()[1:2] == ["calls"] and "," not in de]
     assert calls and all(" ruft " in de and de.rstrip(".?").endswith(" an") for de in calls)
@@ -94,7 +104,11 @@ def synthetic_finite_forms() -> set[str]:
     g = grammar()
     forms = {f for v in g.verbs for f in v.forms.values()}
     forms |= {v.prefix + f for v in g.verbs for f in v.forms.values()}
-    forms |= set(synthetic_lexicon.HABEN.values()) | set(synthetic_lexicon.SEIN.values()) | set(synthetic_lexicon.WERDEN.values())
+    forms |= (
+        set(synthetic_lexicon.HABEN.values())
+        | set(synthetic_lexicon.SEIN.values())
+        | set(synthetic_lexicon.WERDEN.values())
+    )
     return forms
 
 

@@ -58,7 +58,11 @@ def test_every_parquet_part_has_an_ipc_twin_with_the_same_rows(split):
 
     folder, table = split
     parquet = sorted(folder.glob("part-*.parquet"))
-    assert [p.name for p in parquet] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert [p.name for p in parquet] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
     assert folder.parent / "arrow" / "train" == ipc_folder(str(folder))
     for path in parquet:
         twin = pyarrow.ipc.open_file(folder.parent / "arrow" / "train" / f"{path.stem}.arrow")
@@ -78,7 +82,9 @@ def test_memory_mapped_rows_equal_the_parquet_rows(split):
     src, tgt = mapped.ids(rows)
     assert [s.tolist() for s in src] == [table["src_ids"][int(i)].as_py() for i in rows]
     assert [t.tolist() for t in tgt] == [table["tgt_ids"][int(i)].as_py() for i in rows]
-    for a, b in zip(mapped.batch(rows[:40], 0, 2, 8), loaded.batch(rows[:40], 0, 2, 8), strict=True):
+    for a, b in zip(
+        mapped.batch(rows[:40], 0, 2, 8), loaded.batch(rows[:40], 0, 2, 8), strict=True
+    ):
         assert a.equal(b)
 
 

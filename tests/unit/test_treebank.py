@@ -239,8 +239,12 @@ def test_treebank_stage_reports_a_malformed_file(tmp_path):
     bad = root / "05" / "wsj_0501.mrg"
     bad.write_text("( (S (NN a)\n", encoding="utf-8")
     config = config_from_dict(
-        {"name": "w", "workdir": str(tmp_path / "run"), "parsing": {"treebank_dir": str(root)},
-         "data": {"source": "treebank", "pair": "words-tree"}}
+        {
+            "name": "w",
+            "workdir": str(tmp_path / "run"),
+            "parsing": {"treebank_dir": str(root)},
+            "data": {"source": "treebank", "pair": "words-tree"},
+        }
     )
     with pytest.raises(TreebankError, match="wsj_0501.mrg:1: unbalanced"):
         run_stage(config, "treebank", {})
