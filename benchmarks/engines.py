@@ -99,8 +99,11 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="batch 16, 12 tokens, 3 passes")
     parser.add_argument("--size", default="base", help="model preset")
-    parser.add_argument("--config", default=None,
-                        help="a run config: its model and tokenizer.vocab_size (instead of --size)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="a run config: its model and tokenizer.vocab_size (instead of --size)",
+    )
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads")
     parser.add_argument("--batch", type=int, default=None, help="sentences (default 32; 16)")

@@ -129,8 +129,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--refs", type=Path, default=None,
-                        help="references of --texts: each path's BLEU (bleu_sacre, bleu_tok_lc)")
+    parser.add_argument(
+        "--refs",
+        type=Path,
+        default=None,
+        help="references of --texts: each path's BLEU (bleu_sacre, bleu_tok_lc)",
+    )
     parser.add_argument("--lang", default="de", help="the target language, for --refs")
     args = parser.parse_args()
     for path in (args.checkpoint, args.tokenizer, args.texts, *([args.refs] if args.refs else [])):

@@ -35,8 +35,18 @@ from training.tracking_sender import Sender, TrackingOptions
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
-METRICS = ("loss", "nll", "ppl", "lr", "tokens_per_s", "target_tokens_per_s", "grad_norm",
-           "memory_gb", "epoch", "batch_index")
+METRICS = (
+    "loss",
+    "nll",
+    "ppl",
+    "lr",
+    "tokens_per_s",
+    "target_tokens_per_s",
+    "grad_norm",
+    "memory_gb",
+    "epoch",
+    "batch_index",
+)
 
 
 def step_work(size: int) -> None:
@@ -51,11 +61,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tracker_for(mode: str, folder: Path, hung_port: int, server_uri: str) -> tuple[Tracker, Sender] | None:
+def tracker_for(
+    mode: str, folder: Path, hung_port: int, server_uri: str
+) -> tuple[Tracker, Sender] | None:
     """The Tracker of ``mode`` and the sender that drains its journal to the mode's server."""
     if mode == "none":
         return None
-    uri = server_uri if mode == "up" else f"http://127.0.0.1:{free_port() if mode == 'refused' else hung_port}"
+    uri = (
+        server_uri
+        if mode == "up"
+        else f"http://127.0.0.1:{free_port() if mode == 'refused' else hung_port}"
+    )
     journal = Journal.create(folder, new_key(), uri, "bench")
     journal.append([open_record("bench", mode, {})])
     sender = Sender(TrackingOptions(drain_seconds=0.0), say=lambda line: None)
@@ -65,8 +81,9 @@ def tracker_for(mode: str, folder: Path, hung_port: int, server_uri: str) -> tup
     return Tracker(JournalRelay(str(journal.folder))), sender
 
 
-def run_mode(mode: str, steps: int, size: int, folder: Path, hung_port: int,
-             server_uri: str) -> list[float]:
+def run_mode(
+    mode: str, steps: int, size: int, folder: Path, hung_port: int, server_uri: str
+) -> list[float]:
     tracked = tracker_for(mode, folder, hung_port, server_uri)
     took = []
     for step in range(1, steps + 1):
@@ -85,9 +102,22 @@ def run_mode(mode: str, steps: int, size: int, folder: Path, hung_port: int,
 def mlflow_server(folder: Path) -> Iterator[str]:
     """``mlflow server`` on a free loopback port; its URI once it answers."""
     port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-               "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-               "--default-artifact-root", str(folder / "artifacts")]
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--default-artifact-root",
+        str(folder / "artifacts"),
+    ]
     with open(folder / "server.log", "wb") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -98,7 +128,9 @@ def mlflow_server(folder: Path) -> Iterator[str]:
                 break
             except OSError:
                 if server.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"mlflow server did not start; see {folder / 'server.log'}") from None
+                    raise SystemExit(
+                        f"mlflow server did not start; see {folder / 'server.log'}"
+                    ) from None
                 time.sleep(0.5)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -131,17 +163,24 @@ def main() -> None:
     os.environ.update(TrackingOptions().http_env())  # as a tfm command sets it for its sender
     modes = ("none", "up", "refused", "hung")
     took: dict[str, list[float]] = {m: [] for m in modes}
-    with tempfile.TemporaryDirectory() as tmp, socket.socket() as hung, \
-            mlflow_server(Path(tmp)) as server_uri:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        socket.socket() as hung,
+        mlflow_server(Path(tmp)) as server_uri,
+    ):
         hung.bind(("127.0.0.1", 0))
         hung.listen(0)  # connections queue in the backlog; none is ever accepted
         for _ in range(args.rounds):
             for mode in modes:
-                took[mode] += run_mode(mode, args.steps, args.size, Path(tmp),
-                                       hung.getsockname()[1], server_uri)
+                took[mode] += run_mode(
+                    mode, args.steps, args.size, Path(tmp), hung.getsockname()[1], server_uri
+                )
     reference = sorted(took["none"])[len(took["none"]) // 2]
-    report("Rank 0's tracking, per training step, by the server's state",
-           [summary(m, took[m], reference) for m in modes], args.json)
+    report(
+        "Rank 0's tracking, per training step, by the server's state",
+        [summary(m, took[m], reference) for m in modes],
+        args.json,
+    )
 
 
 if __name__ == "__main__":

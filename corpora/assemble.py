@@ -57,7 +57,9 @@ def from_wmt14(
         for c in sources.train_corpora(pair, corpora)
     ]
     plan.append(("dev", sources.eval_set(dev, "full", pair), _outputs(out, "dev", "", src, tgt)))
-    plan.append(("test", sources.eval_set(test, test_variant, pair), _outputs(out, "test", "", src, tgt)))
+    plan.append(
+        ("test", sources.eval_set(test, test_variant, pair), _outputs(out, "test", "", src, tgt))
+    )
     by_archive: dict[str, _Plan] = {}
     for item in plan:
         for lang in (src, tgt):
@@ -74,7 +76,9 @@ def from_wmt14(
         )
         with pinned_once_read([fetched], lock):
             corpora_stats.update(
-                _read_archive(out, fetched.path, items, (src, tgt), url=archive.url, seen=fetched.seen)
+                _read_archive(
+                    out, fetched.path, items, (src, tgt), url=archive.url, seen=fetched.seen
+                )
             )
     return _summary("wmt14", pair, corpora_stats, mirror=mirror, test_variant=test_variant)
 
@@ -108,13 +112,18 @@ def from_multi30k(
         outputs = _outputs(out, split, corpus.name, src, tgt)
         fetched = {
             lang: fetch(
-                sources.multi30k_file(member), Path(cache) / "multi30k" / member,
-                mirror=mirror, lock=lock, max_retries=max_retries,
+                sources.multi30k_file(member),
+                Path(cache) / "multi30k" / member,
+                mirror=mirror,
+                lock=lock,
+                max_retries=max_retries,
             )
             for lang, member in corpus.members.items()
         }
         with pinned_once_read(list(fetched.values()), lock):
-            writers = _copy_text({lang: f.path for lang, f in fetched.items()}, outputs, gzipped=True)
+            writers = _copy_text(
+                {lang: f.path for lang, f in fetched.items()}, outputs, gzipped=True
+            )
             lines = _check_corpus(corpus, writers)
         corpora_stats[_stat_key(split, corpus.name)] = {
             "split": split,
@@ -139,12 +148,28 @@ def from_local(
         raise CorpusError("data.local_dir is required for data.source=local")
     folder = Path(local_dir)
     src, tgt = split_pair(pair)
-    plan: list[tuple[str, str, dict[str, Path], dict[str, Path]]] = []  # split, name, inputs, outputs
+    plan: list[
+        tuple[str, str, dict[str, Path], dict[str, Path]]
+    ] = []  # split, name, inputs, outputs
     for prefix in train:
         name = Path(prefix).name
-        plan.append(("train", name, _local_inputs(folder, prefix, src, tgt), _outputs(out, "train", name, src, tgt)))
+        plan.append(
+            (
+                "train",
+                name,
+                _local_inputs(folder, prefix, src, tgt),
+                _outputs(out, "train", name, src, tgt),
+            )
+        )
     for split, prefix in (("dev", dev), ("test", test)):
-        plan.append((split, Path(prefix).name, _local_inputs(folder, prefix, src, tgt), _outputs(out, split, "", src, tgt)))
+        plan.append(
+            (
+                split,
+                Path(prefix).name,
+                _local_inputs(folder, prefix, src, tgt),
+                _outputs(out, split, "", src, tgt),
+            )
+        )
     missing = [str(p) for *_, inputs, _ in plan for p in inputs.values() if not p.is_file()]
     if missing:
         raise CorpusError(f"data.source=local: missing file(s): {', '.join(missing)}")
@@ -165,8 +190,11 @@ def from_local(
             "lines": lines,
             "files": {lang: _rel(outputs[lang], out) for lang in (src, tgt)},
             "inputs": {
-                lang: {"path": str(inputs[lang].resolve()), "bytes": seen[lang].bytes,
-                       "sha256": seen[lang].sha256}
+                lang: {
+                    "path": str(inputs[lang].resolve()),
+                    "bytes": seen[lang].bytes,
+                    "sha256": seen[lang].sha256,
+                }
                 for lang in (src, tgt)
             },
             **_fixes(writers),
@@ -293,9 +321,13 @@ def _local_inputs(folder: Path, prefix: str, src: str, tgt: str) -> dict[str, Pa
 def _check_corpus(corpus: Corpus, writers: dict[str, LineWriter]) -> int:
     """The line count of a registry corpus whose sides (named by their members) must align; a
     count other than the published one is logged, not fatal; none at all is (``_check_aligned``)."""
-    lines = _check_aligned(corpus.name, {lang: (corpus.members[lang], w) for lang, w in writers.items()})
+    lines = _check_aligned(
+        corpus.name, {lang: (corpus.members[lang], w) for lang, w in writers.items()}
+    )
     if corpus.lines is not None and lines != corpus.lines:
-        log.warning("%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines)
+        log.warning(
+            "%s has %d segments; the published count is %d", corpus.name, lines, corpus.lines
+        )
     return lines
 
 
@@ -303,15 +335,19 @@ def _check_aligned(name: str, sides: dict[str, tuple[str, LineWriter]]) -> int:
     """The common line count; a clear error naming the corpus and both counts if they differ."""
     counts = {lang: w.lines for lang, (_, w) in sides.items()}
     if len(set(counts.values())) > 1:
-        detail = ", ".join(f"{origin} ({lang}) has {counts[lang]} lines" for lang, (origin, _) in sides.items())
+        detail = ", ".join(
+            f"{origin} ({lang}) has {counts[lang]} lines" for lang, (origin, _) in sides.items()
+        )
         raise CorpusError(f"corpus {name} is misaligned: {detail}")
     lines = next(iter(counts.values()))
     empty = [origin for origin, w in sides.values() if w.lines == w.blank_lines]
     if empty:
         # An empty dev set would validate on one blank pair and an empty test set score nothing.
         verb = "holds" if len(empty) == 1 else "hold"
-        raise CorpusError(f"corpus {name} is empty: {' and '.join(empty)} {verb} no text "
-                          f"({lines} lines, all blank)")
+        raise CorpusError(
+            f"corpus {name} is empty: {' and '.join(empty)} {verb} no text "
+            f"({lines} lines, all blank)"
+        )
     return lines
 
 

@@ -21,17 +21,22 @@ def upload(store: Store, local: Path, rel: str) -> None:
     with store.errors("write"):
         target = store.path(rel)
         selector = pafs.FileSelector(target, recursive=True, allow_not_found=True)
-        there = {info.path[len(target) + 1 :]: info.size
-                 for info in store.filesystem.get_file_info(selector)
-                 if info.type == pafs.FileType.File}
+        there = {
+            info.path[len(target) + 1 :]: info.size
+            for info in store.filesystem.get_file_info(selector)
+            if info.type == pafs.FileType.File
+        }
         for path in sorted(p for p in Path(local).rglob("*") if p.is_file()):
             name = path.relative_to(local).as_posix()
             size = path.stat().st_size
             if size > SMALL_FILE and there.get(name) == size:
                 continue
-            pafs.copy_files(str(path), f"{target}/{name}",
-                            source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=store.filesystem)
+            pafs.copy_files(
+                str(path),
+                f"{target}/{name}",
+                source_filesystem=pafs.LocalFileSystem(),
+                destination_filesystem=store.filesystem,
+            )
 
 
 def download_missing(store: Store, rel: str, local: Path) -> list[str]:
@@ -39,8 +44,11 @@ def download_missing(store: Store, rel: str, local: Path) -> list[str]:
     the folders copied."""
     with store.errors("read"):
         selector = pafs.FileSelector(store.path(rel), allow_not_found=True)
-        folders = [info.base_name for info in store.filesystem.get_file_info(selector)
-                   if info.type == pafs.FileType.Directory]
+        folders = [
+            info.base_name
+            for info in store.filesystem.get_file_info(selector)
+            if info.type == pafs.FileType.Directory
+        ]
         fetched = []
         for name in sorted(folders):
             if (Path(local) / name).exists():
@@ -53,8 +61,12 @@ def download_missing(store: Store, rel: str, local: Path) -> list[str]:
                     continue
                 target = tmp / info.path[len(source) + 1 :]
                 target.parent.mkdir(parents=True, exist_ok=True)
-                pafs.copy_files(info.path, str(target), source_filesystem=store.filesystem,
-                                destination_filesystem=pafs.LocalFileSystem())
+                pafs.copy_files(
+                    info.path,
+                    str(target),
+                    source_filesystem=store.filesystem,
+                    destination_filesystem=pafs.LocalFileSystem(),
+                )
             publish(tmp, Path(local) / name)
             fetched.append(name)
         return fetched

@@ -88,14 +88,21 @@ def _print_summary(config, results) -> None:
     stats = {r.stage: r.stats for r in results}
     shown = scores(results)
     if shown:
-        print("\nscores: " + ", ".join(
-            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()
-        ))
+        print(
+            "\nscores: "
+            + ", ".join(
+                f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()
+            )
+        )
     if "register" in stats:
         print("registry: " + json.dumps(stats["register"]))
-    print(f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {redact_uri(config.tracking_uri)} --host 127.0.0.1")
+    print(
+        f"\nMLflow UI:  {sys.executable} -m mlflow ui --backend-store-uri {redact_uri(config.tracking_uri)} --host 127.0.0.1"
+    )
     print(f"Both UIs:   {PROG} ui <config> --start   (MLflow and Prefect, bound to 127.0.0.1)")
-    print(f"Run log:    {config.root / console.LOG_FILE}   (the libraries' lines; -v shows them here)")
+    print(
+        f"Run log:    {config.root / console.LOG_FILE}   (the libraries' lines; -v shows them here)"
+    )
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -130,7 +137,9 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
         config = _load(args.target, args.set)
         left = tracking_session.replay_config(config, say=lambda line: print(f"tracking: {line}"))
     else:
-        left = tracking_session.replay_workdir(args.target, say=lambda line: print(f"tracking: {line}"))
+        left = tracking_session.replay_workdir(
+            args.target, say=lambda line: print(f"tracking: {line}")
+        )
     return 1 if left else 0
 
 
@@ -151,13 +160,18 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from serving import stream
 
     if (args.model is None) == (args.checkpoint is None):
-        raise ConfigError("", "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)")
+        raise ConfigError(
+            "",
+            "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)",
+        )
     given = (("beam_size", args.beam), ("alpha", args.alpha), ("length_norm", args.length_norm))
     options = {k: v for k, v in given if v is not None}
     if args.n_best < 1:
         raise ConfigError("", f"--n-best {args.n_best} must be >= 1")
     if args.engine is not None and args.model is not None:
-        raise ConfigError("", "--engine applies to --checkpoint; a registered model decodes with its own engine")
+        raise ConfigError(
+            "", "--engine applies to --checkpoint; a registered model decodes with its own engine"
+        )
     if args.model is not None:
         tracking = args.tracking_uri
         if tracking is None and args.config:
@@ -166,7 +180,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
         predict = stream.from_registry(args.model, tracking, params={**options, **n_best})
     else:
         if args.tokenizer is None:
-            raise ConfigError("", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)")
+            raise ConfigError(
+                "", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)"
+            )
         decode = _load(args.config).decoding if args.config else None
         from serving.translator import DecodeConfig
 
@@ -185,13 +201,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     from serving.export import export, registered_files
 
     if (args.model is None) == (args.checkpoint is None):
-        raise ConfigError("", "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)")
+        raise ConfigError(
+            "",
+            "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)",
+        )
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as tmp:
         if args.model is not None:
-            tracking = args.tracking_uri or (_load(args.config).tracking_uri if args.config else None)
+            tracking = args.tracking_uri or (
+                _load(args.config).tracking_uri if args.config else None
+            )
             checkpoint, tokenizer_dir, decode = registered_files(args.model, Path(tmp), tracking)
         elif args.tokenizer is None:
-            raise ConfigError("", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)")
+            raise ConfigError(
+                "", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)"
+            )
         else:
             checkpoint, tokenizer_dir = Path(args.checkpoint), Path(args.tokenizer)
             decode = _load(args.config).decoding if args.config else None
@@ -205,27 +228,56 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _prefect_env()
     from pipelines.deploy import deploy
 
-    deploy(Path(args.config).resolve(), config, cron=args.cron, work_pool=args.work_pool, stage=args.stage)
+    deploy(
+        Path(args.config).resolve(),
+        config,
+        cron=args.cron,
+        work_pool=args.work_pool,
+        stage=args.stage,
+    )
     return 0
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
     config = _load(args.config) if args.config else None
     tracking = config.tracking_uri if config else "sqlite:///mlflow.db"
-    mlflow_cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking,
-                  "--host", args.host, "--port", str(args.mlflow_port)]
-    prefect_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", args.host,
-                   "--port", str(args.prefect_port)]
+    mlflow_cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        tracking,
+        "--host",
+        args.host,
+        "--port",
+        str(args.mlflow_port),
+    ]
+    prefect_cmd = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        args.host,
+        "--port",
+        str(args.prefect_port),
+    ]
     if not args.start:
         print("MLflow:  " + " ".join(map(redact_uri, mlflow_cmd)))
         print("Prefect: " + " ".join(prefect_cmd))
-        print(f"then open http://{args.host}:{args.mlflow_port} and http://{args.host}:{args.prefect_port}")
+        print(
+            f"then open http://{args.host}:{args.mlflow_port} and http://{args.host}:{args.prefect_port}"
+        )
         return 0
     import subprocess
 
     _prefect_env()
     procs = [subprocess.Popen(mlflow_cmd), subprocess.Popen(prefect_cmd)]
-    print(f"MLflow on http://{args.host}:{args.mlflow_port}, Prefect on http://{args.host}:{args.prefect_port}; Ctrl-C stops both")
+    print(
+        f"MLflow on http://{args.host}:{args.mlflow_port}, Prefect on http://{args.host}:{args.prefect_port}; Ctrl-C stops both"
+    )
     try:
         for p in procs:
             p.wait()
@@ -240,20 +292,33 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Attention Is All You Need, as a Prefect + Ray + MLflow pipeline.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and the libraries' own lines (Ray Data, MLflow, warnings) on the console")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging, and the libraries' own lines (Ray Data, MLflow, warnings) on the console",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
 
     def add_set(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a config value, e.g. --set train.steps=200 (repeatable)")
+        p.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a config value, e.g. --set train.steps=200 (repeatable)",
+        )
 
     p = sub.add_parser("run", help="run the whole pipeline of a config as a Prefect flow")
     p.add_argument("config", help="YAML run config, e.g. configs/quickstart.yaml")
-    p.add_argument("--force", action="append", metavar="STAGE",
-                   help="rerun STAGE and everything downstream (repeatable)")
+    p.add_argument(
+        "--force",
+        action="append",
+        metavar="STAGE",
+        help="rerun STAGE and everything downstream (repeatable)",
+    )
     add_set(p)
     p.set_defaults(func=cmd_run)
 
@@ -261,43 +326,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="stage name, e.g. download, clean, tokenizer, shard, train")
     p.add_argument("--config", required=True, help="YAML run config")
     p.add_argument("--force", action="store_true", help="rerun even if up to date")
-    p.add_argument("--accept", action="store_true",
-                   help="keep the stale output as up to date for the current config, inputs and "
-                        "code without running (after a change you know is harmless; recorded)")
+    p.add_argument(
+        "--accept",
+        action="store_true",
+        help="keep the stale output as up to date for the current config, inputs and "
+        "code without running (after a change you know is harmless; recorded)",
+    )
     add_set(p)
     p.set_defaults(func=cmd_stage)
 
     p = sub.add_parser("status", help="each stage: up to date, stale or missing, and why")
     p.add_argument("config", help="YAML run config")
-    p.add_argument("--verify", action="store_true",
-                   help="check every file's sha256 (default: sizes, Parquet footers, small files' sha256)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every file's sha256 (default: sizes, Parquet footers, small files' sha256)",
+    )
     add_set(p)
     p.set_defaults(func=cmd_status)
 
     add_set(_tracking_parser(sub))
     _translate_parser(sub)
 
-    p = sub.add_parser("export", help="a checkpoint or registered model as a CTranslate2 or Hugging Face Marian folder")
+    p = sub.add_parser(
+        "export",
+        help="a checkpoint or registered model as a CTranslate2 or Hugging Face Marian folder",
+    )
     p.add_argument("--to", required=True, choices=["ctranslate2", "marian"], help="what to write")
     p.add_argument("--out", required=True, help="the folder to write")
-    p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
+    p.add_argument(
+        "--model", help="a registered model's URI, e.g. models:/transformer-translator@champion"
+    )
     p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
     p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
-    p.add_argument("--quantization", default="float32",
-                   help="ctranslate2: float32, int8, int8_float16, bfloat16, float16, ...")
-    p.add_argument("--config", help="run config whose MLflow tracking URI to use (with "
-                   "--checkpoint, also its decoding, written into a CTranslate2 export)")
+    p.add_argument(
+        "--quantization",
+        default="float32",
+        help="ctranslate2: float32, int8, int8_float16, bfloat16, float16, ...",
+    )
+    p.add_argument(
+        "--config",
+        help="run config whose MLflow tracking URI to use (with "
+        "--checkpoint, also its decoding, written into a CTranslate2 export)",
+    )
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("deploy", help="create Prefect deployments with a schedule on a Prefect server")
+    p = sub.add_parser(
+        "deploy", help="create Prefect deployments with a schedule on a Prefect server"
+    )
     p.add_argument("config", help="YAML run config")
     p.add_argument("--cron", help='cron schedule, e.g. "0 3 * * 1"')
     p.add_argument("--work-pool", default="transformer", help="Prefect work pool")
     p.add_argument("--stage", help="deploy the single-stage flow for this stage instead")
     p.set_defaults(func=cmd_deploy)
 
-    p = sub.add_parser("ui", help="print (or --start) the local MLflow and Prefect UIs on 127.0.0.1")
+    p = sub.add_parser(
+        "ui", help="print (or --start) the local MLflow and Prefect UIs on 127.0.0.1"
+    )
     p.add_argument("config", nargs="?", help="run config whose tracking store to show")
     p.add_argument("--start", action="store_true", help="start both servers")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -310,30 +396,54 @@ def build_parser() -> argparse.ArgumentParser:
 def _translate_parser(sub: Any) -> None:
     """``tfm translate``: a registered model or a checkpoint, stdin to stdout."""
     p = sub.add_parser("translate", help="translate stdin to stdout (one line per line)")
-    p.add_argument("--model", help="a registered model's URI, e.g. models:/transformer-translator@champion")
+    p.add_argument(
+        "--model", help="a registered model's URI, e.g. models:/transformer-translator@champion"
+    )
     p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
     p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
-    p.add_argument("--config", help="run config: its MLflow tracking URI, or its decoding settings with --checkpoint")
+    p.add_argument(
+        "--config",
+        help="run config: its MLflow tracking URI, or its decoding settings with --checkpoint",
+    )
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
     p.add_argument("--beam", type=int, help="beam size (default: the model's or config's)")
-    p.add_argument("--alpha", type=float, help="length penalty exponent (default: the model's or config's)")
-    p.add_argument("--length-norm", choices=["gnmt", "fairseq"],
-                   help="the length penalty's form (default: the model's or config's)")
-    p.add_argument("--n-best", type=int, default=1,
-                   help="the N best translations per line (<= beam), as LINE ||| TEXT ||| SCORE")
-    p.add_argument("--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes")
+    p.add_argument(
+        "--alpha", type=float, help="length penalty exponent (default: the model's or config's)"
+    )
+    p.add_argument(
+        "--length-norm",
+        choices=["gnmt", "fairseq"],
+        help="the length penalty's form (default: the model's or config's)",
+    )
+    p.add_argument(
+        "--n-best",
+        type=int,
+        default=1,
+        help="the N best translations per line (<= beam), as LINE ||| TEXT ||| SCORE",
+    )
+    p.add_argument(
+        "--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes"
+    )
     p.set_defaults(func=cmd_translate)
 
 
 def _tracking_parser(sub: Any) -> argparse.ArgumentParser:
     """``tfm tracking replay WORKDIR|CONFIG``; returns the replay parser."""
-    p = sub.add_parser("tracking", help="MLflow tracking: send what an outage or a dead process left")
+    p = sub.add_parser(
+        "tracking", help="MLflow tracking: send what an outage or a dead process left"
+    )
     tsub = p.add_subparsers(dest="tracking_command", required=True, metavar="ACTION")
-    p = tsub.add_parser("replay", help="send the records a work dir's tracking journals hold "
-                                       "(kept while the MLflow server was down, or left by a "
-                                       "process that died) to the server, in order, once")
-    p.add_argument("target", metavar="WORKDIR|CONFIG",
-                   help="a work dir (a folder, or s3://... / gs://...), or a YAML run config")
+    p = tsub.add_parser(
+        "replay",
+        help="send the records a work dir's tracking journals hold "
+        "(kept while the MLflow server was down, or left by a "
+        "process that died) to the server, in order, once",
+    )
+    p.add_argument(
+        "target",
+        metavar="WORKDIR|CONFIG",
+        help="a work dir (a folder, or s3://... / gs://...), or a YAML run config",
+    )
     p.set_defaults(func=cmd_tracking_replay)
     return p
 
@@ -354,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
                 signals.exit_now(signum)
             if isinstance(exc, SystemExit):
                 raise
-            print(signals.stop_line(2), file=sys.stderr)  # a KeyboardInterrupt of its own: as Ctrl-C
+            print(
+                signals.stop_line(2), file=sys.stderr
+            )  # a KeyboardInterrupt of its own: as Ctrl-C
             return 130
         except Exception as exc:
             signum = signals.stop_signal(0.0)

@@ -55,8 +55,13 @@ def stage_task(config: RunConfig, name: str, force: bool | str, parent: str | No
         logger.info("stage %s: MLflow run journal %s", name, run.key, extra=console.RUN_LOG_ONLY)
         result = runner.run_stage(config, name, force=force)  # logs its result into that run
     logger.info(
-        "stage %s: %s in %.1fs (%s) -> %s", name, "ran" if result.ran else "skipped",
-        result.seconds, result.reason, result.path, extra=console.RUN_LOG_ONLY,
+        "stage %s: %s in %.1fs (%s) -> %s",
+        name,
+        "ran" if result.ran else "skipped",
+        result.seconds,
+        result.reason,
+        result.path,
+        extra=console.RUN_LOG_ONLY,
     )
     return result
 
@@ -75,7 +80,9 @@ def run_pipeline(
     results: list[StageResult] = []
     with tracking.pipeline_run(config, name, {"prefect.flow_run_id": str(flow_run.id)}) as parent:
         logger.info(
-            "MLflow parent run journal %s (tracking %s)", parent.key, redact_uri(config.tracking_uri)
+            "MLflow parent run journal %s (tracking %s)",
+            parent.key,
+            redact_uri(config.tracking_uri),
         )
         for spec in graph.pipeline(config):
             if only is not None and spec.name not in only:
@@ -86,7 +93,9 @@ def run_pipeline(
                 retry_delay_seconds=10,
                 retry_condition_fn=worth_retrying,
             )
-            ran = [up for up in spec.inputs.values() if any(r.ran and r.stage == up for r in results)]
+            ran = [
+                up for up in spec.inputs.values() if any(r.ran and r.stage == up for r in results)
+            ]
             if ran and spec.name not in rerun:
                 rerun[spec.name] = f"upstream {ran[0]} ran"
             result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.key)

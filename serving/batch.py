@@ -32,7 +32,14 @@ import numpy as np
 from corpora.storage import StoredFolder, fetch_all
 from serving.translator import DecodeConfig, Translator, plan_decode_batches, restore_order
 
-__all__ = ["BatchTranslator", "Decoded", "Probe", "Progress", "read_lengths", "translate_distributed"]
+__all__ = [
+    "BatchTranslator",
+    "Decoded",
+    "Probe",
+    "Progress",
+    "read_lengths",
+    "translate_distributed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +61,11 @@ def _read_ids(files: Sequence[str | Path]) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return pa.concat_tables(pq.read_table(f, columns=["src_ids"]) for f in files).column(
-        "src_ids").combine_chunks()
+    return (
+        pa.concat_tables(pq.read_table(f, columns=["src_ids"]) for f in files)
+        .column("src_ids")
+        .combine_chunks()
+    )
 
 
 class Progress:
@@ -142,7 +152,9 @@ class BatchTranslator:
             "hyp": np.asarray(hyps, dtype=object),
             "hyp_tokens": np.asarray(n_tokens, dtype=np.int64),
             "seconds": np.asarray(seconds, dtype=np.float64),
-            "probe": np.asarray([self._probe(i, h) for i, h in zip(idx, hyps, strict=True)], dtype=object),
+            "probe": np.asarray(
+                [self._probe(i, h) for i, h in zip(idx, hyps, strict=True)], dtype=object
+            ),
         }
 
     def _probe(self, row: int, hyp: str) -> bytes:
@@ -225,7 +237,9 @@ def translate_distributed(
         idx.extend(int(i) for i in out["idx"])
         hyps.extend(str(h) for h in out["hyp"])
         counts.extend(int(c) for c in out["hyp_tokens"])
-        probes.update((int(i), pickle.loads(p)) for i, p in zip(out["idx"], out["probe"], strict=True) if p)
+        probes.update(
+            (int(i), pickle.loads(p)) for i, p in zip(out["idx"], out["probe"], strict=True) if p
+        )
         busy += float(out["seconds"].sum())
     progress.close()
     # restore_order checks every row came back exactly once.
@@ -235,8 +249,12 @@ def translate_distributed(
         "batches": len(batches),
         "actor_decode_seconds": round(busy, 3),
     }
-    return Decoded(restore_order([idx], [hyps], len(lengths)), restore_order([idx], [counts], len(lengths)),
-                   info, probes)
+    return Decoded(
+        restore_order([idx], [hyps], len(lengths)),
+        restore_order([idx], [counts], len(lengths)),
+        info,
+        probes,
+    )
 
 
 def _pool_size(wanted: int) -> tuple[int, dict[str, Any]]:

@@ -87,7 +87,10 @@ class CTranslate2Engine:
         """The best output ids (no BOS/EOS) per source, with ``decode``'s beam size, alpha,
         length penalty and output limit (source length + ``max_len_offset``)."""
         found = self.hypotheses(
-            src_ids, decode.beam_size, decode.alpha, decode.max_len_offset,
+            src_ids,
+            decode.beam_size,
+            decode.alpha,
+            decode.max_len_offset,
             length_norm=decode.length_norm,
         )
         return [hyps[0].tokens for hyps in found]
@@ -97,7 +100,11 @@ class CTranslate2Engine:
     ) -> list[list[Hypothesis]]:
         """The ``n_best`` best hypotheses per source with ``decode``'s settings (as TorchEngine)."""
         return self.hypotheses(
-            src_ids, decode.beam_size, decode.alpha, decode.max_len_offset, n_best=n_best,
+            src_ids,
+            decode.beam_size,
+            decode.alpha,
+            decode.max_len_offset,
+            n_best=n_best,
             length_norm=decode.length_norm,
         )
 

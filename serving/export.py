@@ -37,7 +37,9 @@ def registered_files(
     flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
     artifacts = flavor.get("artifacts") or {}
     if ARTIFACT_WEIGHTS not in artifacts or ARTIFACT_TOKENIZER not in artifacts:
-        raise ServingError(f"model {model_uri} is not a registered translator (no weights/tokenizer)")
+        raise ServingError(
+            f"model {model_uri} is not a registered translator (no weights/tokenizer)"
+        )
     decode = DecodeConfig()
     if ARTIFACT_DECODE in artifacts:
         stored = json.loads((local / artifacts[ARTIFACT_DECODE]["path"]).read_text())

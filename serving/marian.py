@@ -337,7 +337,9 @@ def save_marian(
         _write_json(tmp / "config.json", marian_config(model))
         from safetensors.torch import save_file  # the `export` extra; writes no pickle
 
-        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / WEIGHTS_FILE, {"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in weights.items()}, tmp / WEIGHTS_FILE, {"format": "pt"}
+        )
         _write_json(tmp / "generation_config.json", generation)
         for name in ("source.spm", "target.spm"):
             shutil.copyfile(spm_model, tmp / name)

@@ -14,7 +14,14 @@ if TYPE_CHECKING:
 
     from serving.translator import DecodeConfig
 
-__all__ = ["ModelNotFoundError", "NotUtf8Error", "from_checkpoint", "from_registry", "load_translator", "translate_stream"]
+__all__ = [
+    "ModelNotFoundError",
+    "NotUtf8Error",
+    "from_checkpoint",
+    "from_registry",
+    "load_translator",
+    "translate_stream",
+]
 
 # Any: a registered model's predict answers in JSON's types, a string or a list of dicts.
 Predict = Callable[[list[str]], list[Any]]

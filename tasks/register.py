@@ -67,7 +67,8 @@ def pip_requirements(engine: str = "torch", pretokenizer: Pretokenizer | None = 
     names = REQUIREMENTS + (("ctranslate2",) if engine == "ctranslate2" else ())
     if pretokenizer is not None:
         names += (("sacremoses",) if pretokenizer.moses else ()) + (
-            ("subword-nmt",) if pretokenizer.bpe_codes else ())
+            ("subword-nmt",) if pretokenizer.bpe_codes else ()
+        )
     return [f"{name}=={metadata.version(name).split('+')[0]}" for name in names]
 
 
@@ -174,7 +175,10 @@ def register_model(
     name = config.register.model_name
     metric = config.register.metric
     # The one stage that needs the server: it waits for it (mlflow.registry_wait_seconds).
-    with tempfile.TemporaryDirectory(prefix="register-") as tmp, tracking.registry(config, STAGE) as (client, run_id):
+    with (
+        tempfile.TemporaryDirectory(prefix="register-") as tmp,
+        tracking.registry(config, STAGE) as (client, run_id),
+    ):
         staging = Path(tmp)
         artifacts = _stage_model_files(staging, weights, tokenizer_dir, config)
         info = mlflow.pyfunc.log_model(
@@ -185,7 +189,8 @@ def register_model(
             artifacts=artifacts,
             code_paths=_stage_code(staging),
             pip_requirements=pip_requirements(
-                config.decoding.engine, Pretokenizer.load(tokenizer_dir)),
+                config.decoding.engine, Pretokenizer.load(tokenizer_dir)
+            ),
             signature=signature(config.decoding),
             input_example=INPUT_EXAMPLE,
             registered_model_name=name,
@@ -262,9 +267,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     config, inputs = ctx.config, ctx.inputs
     weights = inputs["average"] / MODEL_FILE
     if not weights.is_file():
-        raise StageError(
-            f"register: no checkpoint at {weights} (run `tfm stage average` first)"
-        )
+        raise StageError(f"register: no checkpoint at {weights} (run `tfm stage average` first)")
     scores = read_scores(inputs["score"], config.register.metric)
     record = register_model(
         config, weights, inputs["tokenizer"], scores, version_tags(config, inputs, scores)
@@ -294,8 +297,12 @@ def outdated(config: RunConfig, out_dir: Path) -> str | None:
         tracking.client(config).get_model_version(record["name"], str(record["version"]))
     except MlflowException as exc:
         if exc.get_http_status_code() != 404:
-            log.warning("register: could not check %s version %s (%s): kept as it is",
-                        record["name"], record["version"], redact_text(str(exc).splitlines()[0][:200]))
+            log.warning(
+                "register: could not check %s version %s (%s): kept as it is",
+                record["name"],
+                record["version"],
+                redact_text(str(exc).splitlines()[0][:200]),
+            )
             return None
         return f"{record['name']} version {record['version']} is not in {redact_uri(config.tracking_uri)}"
     return None

@@ -152,8 +152,10 @@ def longest_row(split_stats: Mapping[str, Any], metas: Sequence[Any]) -> int | N
 def check_lengths(config: RunConfig, folder: Path, longest: int | None) -> None:
     """The longest row must fit the model's positions and one micro-batch's token budget: the
     batch planner refuses a longer row, and Ray Train would only retry it until it gave up."""
-    limits = (("model.max_len", config.model.max_len),
-              ("train.max_tokens_per_batch", config.train.max_tokens_per_batch))
+    limits = (
+        ("model.max_len", config.model.max_len),
+        ("train.max_tokens_per_batch", config.train.max_tokens_per_batch),
+    )
     for key, limit in limits:
         if longest is not None and longest > limit:
             raise StageError(
@@ -246,7 +248,9 @@ def _train(ctx: BuildContext, callbacks: Sequence[Callback]) -> dict[str, Any]:
         params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}
         # What training reads (seed, model, train), not the whole config again: a flow's parent
         # run holds that as params, and config.json (below) holds it for this run.
-        record = new_params(run.journal, {**redacted(flatten(stage_config(config))), **job.scaling(), **params})
+        record = new_params(
+            run.journal, {**redacted(flatten(stage_config(config))), **job.scaling(), **params}
+        )
         if record is not None:
             run.append([record])
         run.log_artifact(tmp / "config.json")
@@ -259,8 +263,12 @@ def _train(ctx: BuildContext, callbacks: Sequence[Callback]) -> dict[str, Any]:
         for path in ([curve] if curve else []) + [tmp / CHECKPOINTS_JSON]:
             run.log_artifact(path)
         tracking.drain(run)  # while the server answers: its curves are there when the stage ends
-    return {**counts, **outcome.stats, "mlflow_run_id": run.run_id,
-            "tracking_uri": redact_uri(config.tracking_uri)}
+    return {
+        **counts,
+        **outcome.stats,
+        "mlflow_run_id": run.run_id,
+        "tracking_uri": redact_uri(config.tracking_uri),
+    }
 
 
 def make_job(

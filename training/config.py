@@ -182,7 +182,9 @@ class TrainConfig:
         if self.min_workers < 1:
             raise ConfigError("num_workers", f"{self.num_workers} must be >= 1")
         if self.min_workers > self.max_workers:
-            raise ConfigError("num_workers", f"[{self.min_workers}, {self.max_workers}]: min exceeds max")
+            raise ConfigError(
+                "num_workers", f"[{self.min_workers}, {self.max_workers}]: min exceeds max"
+            )
         if self.elastic and self.max_workers > self.step_batches:
             raise ConfigError(
                 "num_workers",

@@ -72,7 +72,9 @@ def run_job(job: TrainJob, out: Path) -> TrainOutcome:
         ) from exc
     assert isinstance(result, Result)  # V2's; Ray annotates fit with ray.train's V1-or-V2 name
     summary = result.return_value or {}
-    exported = export(result, out, job.storage_fs(job.best_path) if job.train.bleu_sentences else None)
+    exported = export(
+        result, out, job.storage_fs(job.best_path) if job.train.bleu_sentences else None
+    )
     tc, last = job.train, exported["step"]
     scaling = job.scaling()
     stats = {

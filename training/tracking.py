@@ -57,8 +57,10 @@ class Tracker:
     def _say(self, exc: BaseException) -> None:
         if not self._failed:
             self._failed = True
-            self.out.write(f"tracking: records of this training are lost ({type(exc).__name__}: "
-                           f"{exc}); training goes on\n")
+            self.out.write(
+                f"tracking: records of this training are lost ({type(exc).__name__}: "
+                f"{exc}); training goes on\n"
+            )
             self.out.flush()
 
 
@@ -158,7 +160,9 @@ def learning_curve(journal: Journal, path: Path) -> Path | None:
             if key in series:
                 ms = series[key]
                 marker = "." if len(ms) < 50 else None
-                lines += ax.plot([x_of(p) for p in ms], [p[2] for p in ms], label=label, marker=marker)
+                lines += ax.plot(
+                    [x_of(p) for p in ms], [p[2] for p in ms], label=label, marker=marker
+                )
         ax.set_xlabel(x_label)
         ax.set_ylabel("label-smoothed loss per token")
         ax.grid(alpha=0.3)

@@ -91,23 +91,43 @@ def new_key() -> str:
 # ----------------------------------------------------------------------------- records
 
 
-def open_record(experiment: str, name: str, tags: Mapping[str, str], *, parent: str | None = None,
-                artifact_location: str | None = None) -> Record:
+def open_record(
+    experiment: str,
+    name: str,
+    tags: Mapping[str, str],
+    *,
+    parent: str | None = None,
+    artifact_location: str | None = None,
+) -> Record:
     """Open the run: create it (in ``experiment``, under the run of journal ``parent``), or set
     it running again when it exists (a resumed training)."""
-    return {"kind": "open", "t": now_ms(), "experiment": experiment, "name": name,
-            "tags": dict(tags), "parent": parent, "artifact_location": artifact_location}
+    return {
+        "kind": "open",
+        "t": now_ms(),
+        "experiment": experiment,
+        "name": name,
+        "tags": dict(tags),
+        "parent": parent,
+        "artifact_location": artifact_location,
+    }
 
 
-def log_record(*, metrics: Mapping[str, float | None] | None = None, step: int = 0,
-               params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
-               links: Mapping[str, str] | None = None) -> Record:
+def log_record(
+    *,
+    metrics: Mapping[str, float | None] | None = None,
+    step: int = 0,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    links: Mapping[str, str] | None = None,
+) -> Record:
     """Metrics at ``step`` (stamped now: the stamp is what keeps a resent metric once), params,
     tags, and ``links``: tags whose value is the MLflow id of another journal's run."""
     t = now_ms()
     record: Record = {"kind": "log", "t": t}
     if metrics:
-        record["metrics"] = [[k, float(v), t, int(step)] for k, v in metrics.items() if v is not None]
+        record["metrics"] = [
+            [k, float(v), t, int(step)] for k, v in metrics.items() if v is not None
+        ]
     if params:
         record["params"] = [[k, str(v)[:6000]] for k, v in params.items()]
     if tags:
@@ -162,8 +182,12 @@ class Journal:
         journal = cls(Path(root) / JOURNALS / key)
         if not (journal.folder / META).exists():
             journal.folder.mkdir(parents=True, exist_ok=True)
-            meta = {"key": key, "tracking_uri": tracking_uri, "experiment": experiment,
-                    "created": now_ms()}
+            meta = {
+                "key": key,
+                "tracking_uri": tracking_uri,
+                "experiment": experiment,
+                "created": now_ms(),
+            }
             _write_atomic(journal.folder / META, json.dumps(meta, sort_keys=True))
         return journal
 

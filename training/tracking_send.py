@@ -36,19 +36,31 @@ def first_group(read: Sequence[tuple[Record, int]]) -> list[tuple[Record, int]]:
     for record, end in read:
         if record["kind"] != "log":
             return group or [(record, end)]
-        sizes = [len(record.get("metrics", ())), len(record.get("params", ())),
-                 len(record.get("tags", ())) + len(record.get("links", ()))]
+        sizes = [
+            len(record.get("metrics", ())),
+            len(record.get("params", ())),
+            len(record.get("tags", ())) + len(record.get("links", ())),
+        ]
         total = [c + s for c, s in zip(counts, sizes, strict=True)]
-        if group and (total[0] > MAX_METRICS or total[1] > MAX_PARAMS or total[2] > MAX_TAGS
-                      or sum(total) > MAX_ENTITIES):
+        if group and (
+            total[0] > MAX_METRICS
+            or total[1] > MAX_PARAMS
+            or total[2] > MAX_TAGS
+            or sum(total) > MAX_ENTITIES
+        ):
             break
         group.append((record, end))
         counts = total
     return group
 
 
-def send(client: MlflowClient, journal: Journal, state: SendState, records: Sequence[Record],
-         resolve: Resolve) -> None:
+def send(
+    client: MlflowClient,
+    journal: Journal,
+    state: SendState,
+    records: Sequence[Record],
+    resolve: Resolve,
+) -> None:
     """The MLflow calls of one group (``first_group``); ``state`` gains the run's id when the
     group opens it. Raises what MLflow raised, or ``Blocked``."""
     kind = records[0]["kind"]
@@ -97,14 +109,18 @@ def _log(client: MlflowClient, run_id: str, records: Sequence[Record], resolve: 
     client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
 
 
-def _open(client: MlflowClient, journal: Journal, state: SendState, record: Record,
-          resolve: Resolve) -> None:
+def _open(
+    client: MlflowClient, journal: Journal, state: SendState, record: Record, resolve: Resolve
+) -> None:
     if state.experiment_id is None:
-        state.experiment_id = _experiment(client, record["experiment"], record.get("artifact_location"))
+        state.experiment_id = _experiment(
+            client, record["experiment"], record.get("artifact_location")
+        )
     run_id = state.run_id
     if run_id is None:
-        found = client.search_runs([state.experiment_id], f"tags.`{KEY_TAG}` = '{journal.key}'",
-                                   max_results=1)
+        found = client.search_runs(
+            [state.experiment_id], f"tags.`{KEY_TAG}` = '{journal.key}'", max_results=1
+        )
         run_id = found[0].info.run_id if found else None
     if run_id is not None:
         client.update_run(run_id, status="RUNNING")  # a training resumed, or a retried open
@@ -116,8 +132,9 @@ def _open(client: MlflowClient, journal: Journal, state: SendState, record: Reco
         if parent is None:
             raise Blocked(record["parent"])
         tags["mlflow.parentRunId"] = parent
-    run = client.create_run(state.experiment_id, start_time=record["t"], tags=tags,
-                            run_name=record["name"])
+    run = client.create_run(
+        state.experiment_id, start_time=record["t"], tags=tags, run_name=record["name"]
+    )
     state.run_id = run.info.run_id
 
 

@@ -94,9 +94,12 @@ class Sender:
     """Drains watched journals to their servers: a thread (``start``), or the caller's thread
     (``deliver_now``: ``tfm tracking replay``)."""
 
-    def __init__(self, options: TrackingOptions | None = None,
-                 say: Callable[[str], object] | None = None,
-                 client_for: Callable[[str], MlflowClient] | None = None):
+    def __init__(
+        self,
+        options: TrackingOptions | None = None,
+        say: Callable[[str], object] | None = None,
+        client_for: Callable[[str], MlflowClient] | None = None,
+    ):
         self.options = options or TrackingOptions()
         self.say = say if say is not None else (lambda line: log.warning("tracking: %s", line))
         self.client_for = client_for or _mlflow_client
@@ -151,7 +154,9 @@ class Sender:
         it refused counts as had: it is kept aside, not sent again)."""
         return journal.state().sent >= (journal.size() if upto is None else upto)
 
-    def flush(self, journals: Iterable[Journal], timeout: float, *, while_down: bool = False) -> bool:
+    def flush(
+        self, journals: Iterable[Journal], timeout: float, *, while_down: bool = False
+    ) -> bool:
         """Wait up to ``timeout`` seconds until the servers have every record of ``journals``
         appended so far; unless ``while_down``, no longer than a try made meanwhile that a
         server did not answer. Returns whether they have."""
@@ -235,7 +240,9 @@ class Sender:
                 while True:
                     # While the server does not answer, a try is one record, not a batch.
                     single = w.uri in self._retry_at or state.sent < one_by_one
-                    group = first_group(list(journal.read(state.sent, limit=1 if single else MAX_METRICS)))
+                    group = first_group(
+                        list(journal.read(state.sent, limit=1 if single else MAX_METRICS))
+                    )
                     if not group:
                         return progressed
                     records = [r for r, _ in group]
@@ -263,23 +270,29 @@ class Sender:
                     progressed = True
             finally:
                 if refused:
-                    self.say(f"the MLflow server at {redact_uri(w.uri)} refused {len(refused)} "
-                             f"record(s) of journal {journal.key} ({reason(refused[-1][1])}); "
-                             f"kept in {journal.folder / REJECTED}")
+                    self.say(
+                        f"the MLflow server at {redact_uri(w.uri)} refused {len(refused)} "
+                        f"record(s) of journal {journal.key} ({reason(refused[-1][1])}); "
+                        f"kept in {journal.folder / REJECTED}"
+                    )
 
     def _outage(self, w: _Watched, exc: BaseException) -> None:
         self._failures += 1
         if w.uri not in self._retry_at:
-            self.say(f"the MLflow server is unreachable at {redact_uri(w.uri)} ({reason(exc)}); "
-                     f"records are kept in {w.journal.folder.parent} and sent in order when it "
-                     "answers; the stages go on")
+            self.say(
+                f"the MLflow server is unreachable at {redact_uri(w.uri)} ({reason(exc)}); "
+                f"records are kept in {w.journal.folder.parent} and sent in order when it "
+                "answers; the stages go on"
+            )
         self._retry_at[w.uri] = time.monotonic() + self.options.probe_seconds
         self._keep(w)
 
     def _answered(self, uri: str) -> None:
         if self._retry_at.pop(uri, None) is not None:
-            self.say(f"the MLflow server answers again at {redact_uri(uri)}; the records kept "
-                     "meanwhile are being sent in order")
+            self.say(
+                f"the MLflow server answers again at {redact_uri(uri)}; the records kept "
+                "meanwhile are being sent in order"
+            )
 
     def _keep(self, w: _Watched, force: bool = False) -> None:
         if w.keep is None or (not force and time.monotonic() - w.kept < KEEP_SECONDS):
@@ -288,7 +301,9 @@ class Sender:
         try:
             w.keep(w.journal)
         except Exception as exc:  # noqa: BLE001 - the local journal still holds everything
-            log.warning("tracking: could not keep %s in the work dir (%s)", w.journal.folder, reason(exc))
+            log.warning(
+                "tracking: could not keep %s in the work dir (%s)", w.journal.folder, reason(exc)
+            )
 
     def _client(self, uri: str) -> MlflowClient:
         if uri not in self._clients:

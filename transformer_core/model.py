@@ -341,7 +341,10 @@ class Transformer(nn.Module):
         return Memory(states=x, src_pad=src_pad)
 
     def decode(
-        self, tgt_in: Tensor, memory: Memory | None, project: bool = True,
+        self,
+        tgt_in: Tensor,
+        memory: Memory | None,
+        project: bool = True,
         state: DecoderState | None = None,
     ) -> Tensor:
         """Decoder input ids (B, T), the whole target prefix -> logits (B, T, V); without

@@ -44,9 +44,24 @@ from transformer_core.config import ConfigError, ModelConfig
 from transformer_core.search_settings import beam_fields
 
 __all__ = [
-    "ConfigError", "RunConfig", "load_config", "config_from_dict", "to_dict", "flatten", "fingerprint",
-    "DataConfig", "CleanConfig", "TokenizerConfig", "ShardConfig", "TrainConfig", "AverageConfig",
-    "DecodeConfig", "RegisterConfig", "MlflowConfig", "RayConfig", "ParsingConfig",
+    "ConfigError",
+    "RunConfig",
+    "load_config",
+    "config_from_dict",
+    "to_dict",
+    "flatten",
+    "fingerprint",
+    "DataConfig",
+    "CleanConfig",
+    "TokenizerConfig",
+    "ShardConfig",
+    "TrainConfig",
+    "AverageConfig",
+    "DecodeConfig",
+    "RegisterConfig",
+    "MlflowConfig",
+    "RayConfig",
+    "ParsingConfig",
 ]
 
 TRACKING_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI") or None
@@ -67,7 +82,9 @@ def workdir_of(template: str | Path, name: str) -> Workdir:
     if is_remote(text):
         return text.rstrip("/")
     if "://" in text:
-        raise ConfigError("workdir", f"{text!r}: use a local path, s3://bucket/prefix or gs://bucket/prefix")
+        raise ConfigError(
+            "workdir", f"{text!r}: use a local path, s3://bucket/prefix or gs://bucket/prefix"
+        )
     return str(Path(text).resolve())
 
 
@@ -148,7 +165,9 @@ class RunConfig:
         staging) under ``storage.cache_dir``."""
         if not is_remote(self.workdir):
             return Path(self.workdir)
-        return self.storage.cache_root() / "runs" / f"{self.name}-{node_folder_suffix(self.workdir)}"
+        return (
+            self.storage.cache_root() / "runs" / f"{self.name}-{node_folder_suffix(self.workdir)}"
+        )
 
     @property
     def store(self) -> Store:
@@ -188,7 +207,6 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-
 # ----------------------------------------------------------------------------- loading
 
 
@@ -210,7 +228,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         return config_from_dict(data)
     except ConfigError as exc:  # hand-written: only the loader knows which values --set gave
         overrides = overrides or {}
-        given = next((k for k in overrides if exc.key == k or exc.key.startswith((f"{k}.", f"{k}["))), None)
+        given = next(
+            (k for k in overrides if exc.key == k or exc.key.startswith((f"{k}.", f"{k}["))), None
+        )
         where = f"from --set {given}={overrides[given]!r}" if given else f"in {path}"
         raise ConfigError(exc.key, f"{exc.message} ({where})") from None
 

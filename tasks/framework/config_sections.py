@@ -25,7 +25,15 @@ from parsing.linearize import Form
 from transformer_core.config import ConfigError
 from transformer_core.search_settings import BeamSettings
 
-__all__ = ["DataConfig", "AverageConfig", "RegisterConfig", "MlflowConfig", "RayConfig", "ParsingConfig"]
+__all__ = [
+    "DataConfig",
+    "AverageConfig",
+    "RegisterConfig",
+    "MlflowConfig",
+    "RayConfig",
+    "ParsingConfig",
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
@@ -74,7 +82,10 @@ class DataConfig:
         except ValueError as exc:
             raise ConfigError("pair", str(exc)) from None
         if self.source == "treebank" and self.pair != "words-tree":
-            raise ConfigError("pair", f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)")
+            raise ConfigError(
+                "pair",
+                f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)",
+            )
         # Sources without named sets (local, synthetic, treebank) keep WMT14's names, as before.
         # Resolved here, not in each reader, so every stage and fingerprint sees the same names.
         dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
@@ -85,23 +96,30 @@ class DataConfig:
         if self.source == "multi30k":
             self._check_multi30k()
         elif self.source == "synthetic" and self.pair not in SYNTHETIC_PAIRS:
-            raise ConfigError("pair", f"{self.pair!r}: the synthetic corpus is English-German "
-                                      f"({' or '.join(SYNTHETIC_PAIRS)})")
+            raise ConfigError(
+                "pair",
+                f"{self.pair!r}: the synthetic corpus is English-German "
+                f"({' or '.join(SYNTHETIC_PAIRS)})",
+            )
         elif self.source == "wmt14":
             try:
                 train_corpora(self.pair, self.corpora)
             except CorpusError as exc:
-                raise ConfigError("corpora" if "unknown corpus" in str(exc) else "pair", str(exc)) from None
+                raise ConfigError(
+                    "corpora" if "unknown corpus" in str(exc) else "pair", str(exc)
+                ) from None
 
     def _check_multi30k(self) -> None:
         """The pair's languages and the dev and test sets must be Multi30k's."""
         if self.corpora:
             raise ConfigError(
-                "corpora", f"{list(self.corpora)}: Multi30k has one training corpus; leave data.corpora empty"
+                "corpora",
+                f"{list(self.corpora)}: Multi30k has one training corpus; leave data.corpora empty",
             )
         if self.test_variant != "full":
             raise ConfigError(
-                "test_variant", f"{self.test_variant!r} is a newstest2014 release; Multi30k test sets have one (full)"
+                "test_variant",
+                f"{self.test_variant!r} is a newstest2014 release; Multi30k test sets have one (full)",
             )
         try:
             multi30k_train(self.pair)

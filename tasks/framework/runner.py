@@ -97,8 +97,9 @@ def run_stage(
             ctx = BuildContext(config, folders, input_fps, tmp, dict(sources))
             return stage.build(ctx, **options)
 
-        result = _run(wd, name, name, ident, st, stage.inputs, inputs, input_fps, build, started,
-                      force=force)
+        result = _run(
+            wd, name, name, ident, st, stage.inputs, inputs, input_fps, build, started, force=force
+        )
     except Exception as exc:
         exc.add_note(f"stage {name} failed")
         raise
@@ -110,7 +111,9 @@ def accept_stage(config: RunConfig, name: str) -> StageResult:
     """Keep stage ``name``'s output for the current config, inputs and code without running it
     (``contract.accept``: recorded in its manifest)."""
     stage, wd = spec(config, name), open_workdir(config)
-    return wd.accept(name, name, lambda: identity(config, stage, wd.input_fingerprints(stage.inputs)))
+    return wd.accept(
+        name, name, lambda: identity(config, stage, wd.input_fingerprints(stage.inputs))
+    )
 
 
 def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]:
@@ -159,9 +162,20 @@ def build_folder(
     input_fps = wd.input_fingerprints(roles, inputs)
     ident = stage_identity(stage, config, input_fps)
     st = wd.verify(out_dir.name, ident, outdated=None if force else outdated)
-    return _run(wd, stage, out_dir.name, ident, st, roles, inputs, input_fps,
-                lambda tmp, _folders, _sources: build(tmp), started, force=force,
-                hash_files=hash_files)
+    return _run(
+        wd,
+        stage,
+        out_dir.name,
+        ident,
+        st,
+        roles,
+        inputs,
+        input_fps,
+        lambda tmp, _folders, _sources: build(tmp),
+        started,
+        force=force,
+        hash_files=hash_files,
+    )
 
 
 def _run(
@@ -186,15 +200,29 @@ def _run(
     if status.up_to_date and not force:
         log.info("stage %s: up to date, skipped (%s)", stage, wd.locate(name))
         manifest = wd.manifest(name) or {}
-        return StageResult(stage, wd.skipped(name, manifest), False, status.reason,
-                           manifest.get("stats", {}), time.time() - started)
+        return StageResult(
+            stage,
+            wd.skipped(name, manifest),
+            False,
+            status.reason,
+            manifest.get("stats", {}),
+            time.time() - started,
+        )
     log.info("stage %s: running (%s)", stage, reason)
     tmp = wd.staging(name)
     try:
         # Read only when building: a skipped stage on an object store downloads nothing.
         folders, sources = wd.input_folders(inputs, input_fps, given)
-        stats = _write_manifest(tmp, stage, ident, wd.input_places(inputs, folders), input_fps,
-                                started, build(tmp, folders, sources), hash_files=hash_files)
+        stats = _write_manifest(
+            tmp,
+            stage,
+            ident,
+            wd.input_places(inputs, folders),
+            input_fps,
+            started,
+            build(tmp, folders, sources),
+            hash_files=hash_files,
+        )
         out = wd.publish(name, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

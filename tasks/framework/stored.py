@@ -62,8 +62,14 @@ class StoreWorkDir:
     def exists(self, name: str) -> bool:
         return self.store.exists(name)
 
-    def verify(self, name: str, identity: Mapping[str, Any], *, full: bool = False,
-               outdated: Callable[[Path], str | None] | None = None) -> Status:
+    def verify(
+        self,
+        name: str,
+        identity: Mapping[str, Any],
+        *,
+        full: bool = False,
+        outdated: Callable[[Path], str | None] | None = None,
+    ) -> Status:
         """``contract.freshness`` for the store's folder: its manifest against ``identity``, the
         files the store lists against their sizes (every sha256 read back with ``full``), then
         the stage's ``outdated`` rule on this node's copy."""
@@ -73,14 +79,18 @@ class StoreWorkDir:
             if store.exists(name):
                 return Status("stale", f"{self.locate(name)} has no readable {MANIFEST}")
             return Status("missing", f"{self.locate(name)} does not exist")
-        status = judge(manifest, identity,
-                       lambda: store.verify(name, manifest) if full else store.missing(name, manifest))
+        status = judge(
+            manifest,
+            identity,
+            lambda: store.verify(name, manifest) if full else store.missing(name, manifest),
+        )
         if status.up_to_date and outdated is not None and (why := outdated(self.local_copy(name))):
             return Status("stale", why)
         return status
 
-    def input_fingerprints(self, inputs: Mapping[str, str],
-                           given: Mapping[str, Path] | None = None) -> dict[str, str]:
+    def input_fingerprints(
+        self, inputs: Mapping[str, str], given: Mapping[str, Path] | None = None
+    ) -> dict[str, str]:
         """The fingerprints of the finished input folders; a clear error for one that is
         missing or incomplete (``contract.input_fingerprint`` for the store)."""
         if given is not None:
@@ -89,26 +99,37 @@ class StoreWorkDir:
         for role, name in inputs.items():
             manifest = self.store.read_manifest(name)
             if manifest is None:
-                raise StageError(f"input {role!r} is missing: {self.locate(name)} has no {MANIFEST} "
-                                 f"(run `tfm stage {name}` first)")
+                raise StageError(
+                    f"input {role!r} is missing: {self.locate(name)} has no {MANIFEST} "
+                    f"(run `tfm stage {name}` first)"
+                )
             problem = self.store.missing(name, manifest)
             if problem is not None:
-                raise StageError(f"input {role!r} is damaged: {problem} "
-                                 f"(rebuild it: `tfm stage {name} --config <config> --force`)")
+                raise StageError(
+                    f"input {role!r} is damaged: {problem} "
+                    f"(rebuild it: `tfm stage {name} --config <config> --force`)"
+                )
             fps[role] = manifest["fingerprint"]
         return fps
 
-    def input_folders(self, inputs: Mapping[str, str], fps: Mapping[str, str],
-                      given: Mapping[str, Path] | None = None,
-                      ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
+    def input_folders(
+        self,
+        inputs: Mapping[str, str],
+        fps: Mapping[str, str],
+        given: Mapping[str, Path] | None = None,
+    ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
         """This node's copies (a copy already here for that fingerprint is used without asking
         the store), and the store's folders, each as a Ray worker is handed it: each node copies
         it once, to the path this node's copy has."""
-        sources = {role: StoredFolder(self.store, name, str(self.copies), fps[role])
-                   for role, name in inputs.items()}
+        sources = {
+            role: StoredFolder(self.store, name, str(self.copies), fps[role])
+            for role, name in inputs.items()
+        }
         return {role: folder.local() for role, folder in sources.items()}, sources
 
-    def input_places(self, inputs: Mapping[str, str], folders: Mapping[str, Path]) -> dict[str, str]:
+    def input_places(
+        self, inputs: Mapping[str, str], folders: Mapping[str, Path]
+    ) -> dict[str, str]:
         return {role: self.locate(name) for role, name in inputs.items()}
 
     def staging(self, name: str) -> Path:
@@ -141,23 +162,35 @@ class StoreWorkDir:
         write_json_atomic(out / MANIFEST, manifest)
         return out
 
-    def accept(self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]) -> StageResult:
+    def accept(
+        self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]
+    ) -> StageResult:
         """Every file's sha256 read back, then the manifest replaced (one object: readers see
         the old one or the new one)."""
         started, store = time.time(), self.store
         manifest = store.read_manifest(name)
         if manifest is None:
-            raise StageError(f"{self.locate(name)} holds no finished output to accept (no {MANIFEST})")
+            raise StageError(
+                f"{self.locate(name)} holds no finished output to accept (no {MANIFEST})"
+            )
         problem = store.verify(name, manifest)
         if problem is not None:
-            raise StageError(f"{self.locate(name)} cannot be accepted: {problem}; rerun the stage instead")
+            raise StageError(
+                f"{self.locate(name)} cannot be accepted: {problem}; rerun the stage instead"
+            )
         identity = dict(current())
         status = judge(manifest, identity, lambda: None)
         if not status.up_to_date:
             store.write_manifest(name, accepted(manifest, identity, status.reason, started))
             status = Status("up to date", f"accepted: {status.reason}")
-        return StageResult(stage, self.local_copy(name), False, status.reason,
-                           manifest.get("stats", {}), time.time() - started)
+        return StageResult(
+            stage,
+            self.local_copy(name),
+            False,
+            status.reason,
+            manifest.get("stats", {}),
+            time.time() - started,
+        )
 
     def local_copy(self, name: str) -> Path:
         """This node's copy of folder ``name`` (fetched now if it has none)."""

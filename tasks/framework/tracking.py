@@ -82,8 +82,12 @@ class Run:
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = list(params.items())
-        self.append([log_record(params=dict(items[i : i + PARAMS_PER_RECORD]))
-                     for i in range(0, len(items), PARAMS_PER_RECORD)])
+        self.append(
+            [
+                log_record(params=dict(items[i : i + PARAMS_PER_RECORD]))
+                for i in range(0, len(items), PARAMS_PER_RECORD)
+            ]
+        )
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.append([log_record(tags=tags)])
@@ -106,8 +110,14 @@ def current() -> Run | None:
     return _current.get()
 
 
-def open_run(config: RunConfig, name: str, tags: Mapping[str, str], *, parent: str | None = None,
-             key: str | None = None) -> Run:
+def open_run(
+    config: RunConfig,
+    name: str,
+    tags: Mapping[str, str],
+    *,
+    parent: str | None = None,
+    key: str | None = None,
+) -> Run:
     """A new run (or ``key``'s again: a resumed training), under journal ``parent``'s run."""
     uri, experiment = config.tracking_uri, config.mlflow.experiment
     found = session.sender(config)
@@ -151,14 +161,23 @@ def pipeline_run(config: RunConfig, pipeline: str, tags: Mapping[str, str]) -> I
 
 
 @contextlib.contextmanager
-def stage_run(config: RunConfig, stage: str, *, parent: str | None = None,
-              tags: Mapping[str, str] | None = None) -> Iterator[Run]:
+def stage_run(
+    config: RunConfig,
+    stage: str,
+    *,
+    parent: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Iterator[Run]:
     """A run for one stage, under journal ``parent``'s run or else the current run, if any
     (``parent`` is for a stage run in another thread than its flow's)."""
     outer = current()
     parent = parent or (outer.key if outer else None)
-    run = open_run(config, f"{config.name}/{stage}",
-                   {"stage": stage, "pipeline.run": config.name, **(tags or {})}, parent=parent)
+    run = open_run(
+        config,
+        f"{config.name}/{stage}",
+        {"stage": stage, "pipeline.run": config.name, **(tags or {})},
+        parent=parent,
+    )
     with _lifetime(run, outermost=parent is None):
         yield run
 
@@ -192,8 +211,9 @@ def training_run(config: RunConfig, stage: str, run_dir: tuple[Any, str]) -> Ite
             yield run
         return
     with active_or_stage_run(config, stage) as run:
-        _write_record(fs, record_path, {"tracking_uri": redact_uri(config.tracking_uri),
-                                        "journal": run.key})
+        _write_record(
+            fs, record_path, {"tracking_uri": redact_uri(config.tracking_uri), "journal": run.key}
+        )
         yield run
 
 
@@ -238,8 +258,11 @@ def log_stage_result(result: StageResult) -> None:
     if run is None:
         return
     manifest = json.loads((result.path / MANIFEST).read_text(encoding="utf-8"))
-    tags = {"skipped": str(not result.ran).lower(), "reason": result.reason[:5000],
-            "fingerprint": manifest["fingerprint"]}
+    tags = {
+        "skipped": str(not result.ran).lower(),
+        "reason": result.reason[:5000],
+        "fingerprint": manifest["fingerprint"],
+    }
     tags.update({f"input.{role}": info["fingerprint"] for role, info in manifest["inputs"].items()})
     metrics: dict[str, float] = {}
     for key, value in flatten(result.stats).items():
@@ -251,10 +274,15 @@ def log_stage_result(result: StageResult) -> None:
         elif isinstance(value, str):
             tags[f"stats.{key}"] = value[:5000]
     logged = run.journal.metric_keys()
-    run.append([log_record(metrics={k: v for k, v in metrics.items() if k not in logged},
-                           tags=tags)])
+    run.append(
+        [log_record(metrics={k: v for k, v in metrics.items() if k not in logged}, tags=tags)]
+    )
     for path in sorted(result.path.iterdir()):
-        if path.is_file() and path.suffix in LOGGED_SUFFIXES and path.stat().st_size <= LOGGED_MAX_BYTES:
+        if (
+            path.is_file()
+            and path.suffix in LOGGED_SUFFIXES
+            and path.stat().st_size <= LOGGED_MAX_BYTES
+        ):
             run.log_artifact(path, artifact_path=result.stage)
 
 
@@ -280,13 +308,18 @@ def registry(config: RunConfig, stage: str) -> Iterator[tuple[MlflowClient, str]
     with active_or_stage_run(config, stage) as run:
         wait, uri = config.mlflow.registry_wait_seconds, config.tracking_uri
         if not run.sender.flush([run.journal], min(wait, 5.0), while_down=True):
-            log.warning("%s: the MLflow server at %s does not answer; waiting up to %.0f s for it "
-                        "(mlflow.registry_wait_seconds): the registry needs it", stage,
-                        redact_uri(uri), wait)
+            log.warning(
+                "%s: the MLflow server at %s does not answer; waiting up to %.0f s for it "
+                "(mlflow.registry_wait_seconds): the registry needs it",
+                stage,
+                redact_uri(uri),
+                wait,
+            )
             if not run.sender.flush([run.journal], wait, while_down=True) or run.run_id is None:
                 raise StageError(
                     f"{stage}: the MLflow server at {redact_uri(uri)} did not answer in {wait:.0f} s; "
-                    "rerun when it answers (the stages before it are kept, not run again)")
+                    "rerun when it answers (the stages before it are kept, not run again)"
+                )
         run_id = run.run_id
         assert run_id is not None  # delivered: the server created the run
         mlflow.set_tracking_uri(uri)

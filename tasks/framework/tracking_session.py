@@ -27,9 +27,13 @@ _WATCHED_ROOTS: set[Path] = set()
 def options(config: RunConfig) -> TrackingOptions:
     """The run config's tracking knobs (its ``mlflow`` section)."""
     m = config.mlflow
-    return TrackingOptions(http_retries=m.http_retries, http_backoff=m.http_backoff,
-                           http_timeout=m.http_timeout, drain_seconds=m.drain_seconds,
-                           probe_seconds=m.probe_seconds)
+    return TrackingOptions(
+        http_retries=m.http_retries,
+        http_backoff=m.http_backoff,
+        http_timeout=m.http_timeout,
+        drain_seconds=m.drain_seconds,
+        probe_seconds=m.probe_seconds,
+    )
 
 
 def budget(config: RunConfig) -> None:
@@ -84,7 +88,11 @@ def finish(config: RunConfig, wait: bool = True) -> int:
         log.warning(
             "tracking: %d record(s) for the MLflow server at %s are kept in %s; the next `tfm run` "
             "or `tfm stage` of this work dir sends them, or `tfm tracking replay %s` now",
-            left, redact_uri(config.tracking_uri), config.root / JOURNALS, config.workdir)
+            left,
+            redact_uri(config.tracking_uri),
+            config.root / JOURNALS,
+            config.workdir,
+        )
     return left
 
 
@@ -126,8 +134,10 @@ def replay(root: Path, wd: WorkDir, config: RunConfig | None, say: Callable[[str
             say(f"{journal.folder} is being sent by another process; left to it")
         if rest:
             replayer.keep_pending()
-            say(f"{rest} of {n} record(s) left in {root / JOURNALS}; run `tfm tracking replay` again "
-                f"when the MLflow server at {redact_uri(uri)} answers")
+            say(
+                f"{rest} of {n} record(s) left in {root / JOURNALS}; run `tfm tracking replay` again "
+                f"when the MLflow server at {redact_uri(uri)} answers"
+            )
         else:
             say(f"sent {n} record(s) of {len(group)} run(s) to {redact_uri(uri)}")
     return left

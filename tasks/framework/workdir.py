@@ -54,30 +54,41 @@ class WorkDir(Protocol):
         """Folder ``name``'s manifest, or None (none, or unreadable)."""
         ...
 
-    def exists(self, name: str) -> bool:
-        ...
+    def exists(self, name: str) -> bool: ...
 
-    def verify(self, name: str, identity: Mapping[str, Any], *, full: bool = False,
-               outdated: Outdated | None = None) -> Status:
+    def verify(
+        self,
+        name: str,
+        identity: Mapping[str, Any],
+        *,
+        full: bool = False,
+        outdated: Outdated | None = None,
+    ) -> Status:
         """Whether folder ``name`` is up to date for ``identity`` (``contract.judge``: its
         manifest, its files' sizes, every file's sha256 with ``full``), then ``outdated``."""
         ...
 
-    def input_fingerprints(self, inputs: Mapping[str, str],
-                           given: Mapping[str, Path] | None = None) -> dict[str, str]:
+    def input_fingerprints(
+        self, inputs: Mapping[str, str], given: Mapping[str, Path] | None = None
+    ) -> dict[str, str]:
         """Role -> fingerprint of the finished input folders (``inputs``: role -> folder name;
         ``given``: folders by hand, where a work dir allows it); a clear error for one that is
         missing or damaged."""
         ...
 
-    def input_folders(self, inputs: Mapping[str, str], fps: Mapping[str, str],
-                      given: Mapping[str, Path] | None = None,
-                      ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
+    def input_folders(
+        self,
+        inputs: Mapping[str, str],
+        fps: Mapping[str, str],
+        given: Mapping[str, Path] | None = None,
+    ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
         """The local folders a build reads by role, and the store's folders a Ray worker on
         another node is handed (none for a local work dir)."""
         ...
 
-    def input_places(self, inputs: Mapping[str, str], folders: Mapping[str, Path]) -> dict[str, str]:
+    def input_places(
+        self, inputs: Mapping[str, str], folders: Mapping[str, Path]
+    ) -> dict[str, str]:
         """How the manifest names each input (a resolved path, or a URI)."""
         ...
 
@@ -94,7 +105,9 @@ class WorkDir(Protocol):
         """The local folder a skipped stage's result names (its manifest at least)."""
         ...
 
-    def accept(self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]) -> StageResult:
+    def accept(
+        self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]
+    ) -> StageResult:
         """``contract.accept`` for folder ``name``: kept as up to date for ``current()``."""
         ...
 
@@ -128,7 +141,10 @@ def workdirs_at(target: str) -> list[WorkDir]:
     settings = StoreSettings()
     runs, where = settings.cache_root() / "runs", node_folder_suffix(workdir)
     store = open_store(workdir, settings)
-    return [StoreWorkDir(store, root) for root in sorted(runs.glob(f"*-{where}")) or [runs / f"replay-{where}"]]
+    return [
+        StoreWorkDir(store, root)
+        for root in sorted(runs.glob(f"*-{where}")) or [runs / f"replay-{where}"]
+    ]
 
 
 class LocalWorkDir:
@@ -154,11 +170,19 @@ class LocalWorkDir:
     def exists(self, name: str) -> bool:
         return (self.root / name).exists()
 
-    def verify(self, name: str, identity: Mapping[str, Any], *, full: bool = False,
-               outdated: Outdated | None = None) -> Status:
+    def verify(
+        self,
+        name: str,
+        identity: Mapping[str, Any],
+        *,
+        full: bool = False,
+        outdated: Outdated | None = None,
+    ) -> Status:
         return freshness(self.root / name, identity, outdated=outdated, full=full)
 
-    def _folders(self, inputs: Mapping[str, str], given: Mapping[str, Path] | None) -> dict[str, Path]:
+    def _folders(
+        self, inputs: Mapping[str, str], given: Mapping[str, Path] | None
+    ) -> dict[str, Path]:
         if given is None:
             return {role: self.root / up for role, up in inputs.items()}
         for role in inputs:
@@ -166,16 +190,22 @@ class LocalWorkDir:
                 raise StageError(f"the input {role!r} is not given")
         return {role: Path(given[role]) for role in inputs}
 
-    def input_fingerprints(self, inputs: Mapping[str, str],
-                           given: Mapping[str, Path] | None = None) -> dict[str, str]:
+    def input_fingerprints(
+        self, inputs: Mapping[str, str], given: Mapping[str, Path] | None = None
+    ) -> dict[str, str]:
         return input_fingerprints(self._folders(inputs, given))
 
-    def input_folders(self, inputs: Mapping[str, str], fps: Mapping[str, str],
-                      given: Mapping[str, Path] | None = None,
-                      ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
+    def input_folders(
+        self,
+        inputs: Mapping[str, str],
+        fps: Mapping[str, str],
+        given: Mapping[str, Path] | None = None,
+    ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
         return self._folders(inputs, given), {}
 
-    def input_places(self, inputs: Mapping[str, str], folders: Mapping[str, Path]) -> dict[str, str]:
+    def input_places(
+        self, inputs: Mapping[str, str], folders: Mapping[str, Path]
+    ) -> dict[str, str]:
         return {role: str(Path(folders[role]).resolve()) for role in inputs}
 
     def staging(self, name: str) -> Path:
@@ -193,7 +223,9 @@ class LocalWorkDir:
     def skipped(self, name: str, manifest: Mapping[str, Any]) -> Path:
         return self.root / name
 
-    def accept(self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]) -> StageResult:
+    def accept(
+        self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]
+    ) -> StageResult:
         return accept(stage, self.root / name, current)
 
     def keep(self, local: Path, rel: str) -> None:

@@ -50,7 +50,9 @@ def checkpoint_copy(tmp_path, tiny_model) -> Path:
         pytest.param(4, 50, "fairseq", marks=pytest.mark.slow),
     ],
 )
-def test_translations_equal_torch(tiny_model, tiny_tokenizer, export, beam_size, offset, norm) -> None:
+def test_translations_equal_torch(
+    tiny_model, tiny_tokenizer, export, beam_size, offset, norm
+) -> None:
     """Greedy and beam search, with a loose and a tight output limit and either length penalty:
     >= 99% identical (measured on 2026-11-23: greedy 300/300, beam 299/300: one near-tie where
     the beams part)."""
@@ -108,15 +110,16 @@ def test_int8_translations_stay_close(tiny_model, tiny_tokenizer, export) -> Non
     int8 = loaded.translate(TEXTS)
     fp32 = translate(tiny_model, tiny_tokenizer, DecodeConfig(engine="ctranslate2"), export)
     similarity = [
-        SequenceMatcher(None, a.split(), b.split()).ratio()
-        for a, b in zip(int8, fp32, strict=True)
+        SequenceMatcher(None, a.split(), b.split()).ratio() for a, b in zip(int8, fp32, strict=True)
     ]
     assert sum(similarity) / len(similarity) > 0.5
 
 
 def test_quantized_exports_of_the_checkpoint_load(tiny_model, tiny_tokenizer, tmp_path) -> None:
     for quantization in ("int8", "int8_float16", "bfloat16", "float16"):
-        out = ct2_export.export_ctranslate2(tiny_model, tiny_tokenizer, tmp_path / quantization, quantization)
+        out = ct2_export.export_ctranslate2(
+            tiny_model, tiny_tokenizer, tmp_path / quantization, quantization
+        )
         engine = ct2.CTranslate2Engine(out)
         assert len(engine.search([[5, 6, 7, 3]], DecodeConfig())) == 1
 
@@ -135,7 +138,9 @@ def test_the_export_is_reused_and_redone_for_another_checkpoint(
     assert time.perf_counter() - started < 1.0
     assert (out / "model.bin").stat().st_mtime_ns == stamp  # reused, not written again
     # Other decoding settings: the same weights, export.json says the new settings.
-    ct2_export.export_ctranslate2(checkpoint_copy, tiny_tokenizer, out, decode=DecodeConfig(beam_size=5))
+    ct2_export.export_ctranslate2(
+        checkpoint_copy, tiny_tokenizer, out, decode=DecodeConfig(beam_size=5)
+    )
     assert ct2_export.read_info(out)["translate_batch"]["beam_size"] == 5
     assert (out / "model.bin").stat().st_mtime_ns == stamp
 
@@ -181,7 +186,9 @@ def test_another_expected_config_is_refused(tiny_model, tiny_tokenizer, export) 
         )
 
 
-def test_a_batch_actor_loads_the_engine_once(checkpoint_copy, tiny_tokenizer, monkeypatch, tmp_path) -> None:
+def test_a_batch_actor_loads_the_engine_once(
+    checkpoint_copy, tiny_tokenizer, monkeypatch, tmp_path
+) -> None:
     """What each Ray Data actor does (serving.batch.BatchTranslator), run here without Ray."""
     import numpy as np
 
@@ -196,7 +203,9 @@ def test_a_batch_actor_loads_the_engine_once(checkpoint_copy, tiny_tokenizer, mo
 
     monkeypatch.setattr(ct2.CTranslate2Engine, "__init__", counted)
     decode = DecodeConfig(engine="ctranslate2", max_len_offset=6)
-    source = [str(f) for f in encoded_split(tmp_path / "test", TEXTS[:3], tiny_tokenizer, rows_per_file=2)]
+    source = [
+        str(f) for f in encoded_split(tmp_path / "test", TEXTS[:3], tiny_tokenizer, rows_per_file=2)
+    ]
     actor = BatchTranslator(str(checkpoint_copy), str(tiny_tokenizer), decode.__dict__, source)
     for rows in ([0, 1], [2]):
         out = actor({"idx": np.array([np.array(rows)], dtype=object)})

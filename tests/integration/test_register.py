@@ -150,7 +150,10 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     # and (the tiny model being what it is) at least one of them changes some translation.
     changed = False
     for params in (
-        {"max_len_offset": 1}, {"beam_size": 1}, {"alpha": 0.0}, {"length_norm": "fairseq"},
+        {"max_len_offset": 1},
+        {"beam_size": 1},
+        {"alpha": 0.0},
+        {"length_norm": "fairseq"},
         {"max_len_offset": 0},
     ):
         here = translate_here(inputs, TEXTS, DecodeConfig(**{**asdict(config.decode), **params}))
@@ -169,8 +172,14 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
         assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
     # The model carries the serving code, the model library and parsing (for tree-constrained
     # decoding), nothing else of this project.
-    local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl")))
-    assert sorted(p.name for p in (local / "code").iterdir()) == ["parsing", "serving", "transformer_core"]
+    local = Path(
+        mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl"))
+    )
+    assert sorted(p.name for p in (local / "code").iterdir()) == [
+        "parsing",
+        "serving",
+        "transformer_core",
+    ]
     # Nothing is unpickled on load: the version is code (models from code) and artifacts.
     mlmodel = (local / "MLmodel").read_text()
     assert "model_code_path" in mlmodel and not list(local.rglob("*.pkl"))
@@ -221,9 +230,17 @@ def test_pip_requirements_are_pinned_and_installable() -> None:
     assert all("==" in r and "+" not in r for r in reqs)
     from corpora.pretokenize import Pretokenizer
 
-    moses_bpe = Pretokenizer(("en", "de"), moses=True, lowercase=True, bpe_codes="#version: 0.2\na b\n")
+    moses_bpe = Pretokenizer(
+        ("en", "de"), moses=True, lowercase=True, bpe_codes="#version: 0.2\na b\n"
+    )
     reqs = register.pip_requirements("torch", moses_bpe)
-    assert [r.split("==")[0] for r in reqs] == ["torch", "sentencepiece", "numpy", "sacremoses", "subword-nmt"]
+    assert [r.split("==")[0] for r in reqs] == [
+        "torch",
+        "sentencepiece",
+        "numpy",
+        "sacremoses",
+        "subword-nmt",
+    ]
 
 
 def test_unknown_model_uri_is_a_clear_error(setup) -> None:
@@ -242,7 +259,9 @@ def test_missing_metric_is_a_clear_error(setup, tmp_path) -> None:
         lambda tmp: (tmp / "scores.json").write_text(json.dumps({"chrf": 1.0})) and {},
     )
     with pytest.raises(StageError, match=r"scores\.json has no numeric 'bleu_sacre'"):
-        run_stage(config.replace(workdir=str(tmp_path / "run")), "register", {**inputs, "score": score})
+        run_stage(
+            config.replace(workdir=str(tmp_path / "run")), "register", {**inputs, "score": score}
+        )
 
 
 def test_decide_champion_rules() -> None:
@@ -359,7 +378,9 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
             data=json.dumps({"inputs": TEXTS, "params": {"max_len_offset": 1}}).encode(),
             headers={"Content-Type": "application/json"},
         )
-        assert json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"] == short
+        assert (
+            json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"] == short
+        )
         # ... the beam size too: three hypotheses each from a beam of three.
         wide = Translator.load(
             inputs["average"], inputs["tokenizer"], dataclasses.replace(config.decode, beam_size=3)
@@ -392,14 +413,20 @@ def test_a_ctranslate2_version_carries_its_export_and_serves_from_it(setup, tmp_
     config, inputs, _ = setup
     decode = DecodeConfig(max_len_offset=6, engine="ctranslate2")
     config = config.replace(
-        workdir=str(tmp_path / "run"), decode=decode, register=RegisterConfig(model_name="ct2-translator")
+        workdir=str(tmp_path / "run"),
+        decode=decode,
+        register=RegisterConfig(model_name="ct2-translator"),
     )
     record = _register(config, inputs, tmp_path, bleu=1.0)
-    local = Path(mlflow.artifacts.download_artifacts(record["model_uri"], dst_path=str(tmp_path / "dl")))
+    local = Path(
+        mlflow.artifacts.download_artifacts(record["model_uri"], dst_path=str(tmp_path / "dl"))
+    )
     assert (local / "artifacts" / "ctranslate2" / "model.bin").is_file()
     assert "ctranslate2==" in (local / "requirements.txt").read_text()
     model = mlflow.pyfunc.load_model(record["model_uri"])
-    reference = Translator.load(inputs["average"], inputs["tokenizer"], decode, export_dir=tmp_path / "ref")
+    reference = Translator.load(
+        inputs["average"], inputs["tokenizer"], decode, export_dir=tmp_path / "ref"
+    )
     assert model.predict(TEXTS) == reference.translate(TEXTS)
 
     # `tfm export` of that version, and of the checkpoint as a Hugging Face Marian folder.
@@ -407,10 +434,32 @@ def test_a_ctranslate2_version_carries_its_export_and_serves_from_it(setup, tmp_
 
     uri, tracking = record["model_uri"], config.tracking_uri
     out = tmp_path / "exported-ct2"
-    assert main(["export", "--to", "ctranslate2", "--model", uri, "--tracking-uri", tracking, "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--to",
+                "ctranslate2",
+                "--model",
+                uri,
+                "--tracking-uri",
+                tracking,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     exported = Translator.load(inputs["average"], inputs["tokenizer"], decode, export_dir=out)
     assert exported.translate(TEXTS) == reference.translate(TEXTS)
     marian = tmp_path / "exported-marian"
-    args = ["--checkpoint", str(inputs["average"]), "--tokenizer", str(inputs["tokenizer"]), "--out", str(marian)]
+    args = [
+        "--checkpoint",
+        str(inputs["average"]),
+        "--tokenizer",
+        str(inputs["tokenizer"]),
+        "--out",
+        str(marian),
+    ]
     assert main(["export", "--to", "marian", *args]) == 0
     assert json.loads((marian / "config.json").read_text())["model_type"] == "marian"

@@ -27,10 +27,17 @@ OUTAGE = {"http_retries": 0, "http_timeout": 3, "probe_seconds": 0.5, "drain_sec
 
 
 def flow_config(tmp_path: Path, server: MlflowServer, name: str, **more) -> str:
-    overrides = {"mlflow.tracking_uri": server.uri, "mlflow.experiment": name,
-                 **{f"mlflow.{k}": v for k, v in OUTAGE.items()},
-                 "train.steps": STEPS, "train.log_every": 1, "train.eval_every": 10,
-                 "train.checkpoint_every": 10, "register.model_name": name, **more}
+    overrides = {
+        "mlflow.tracking_uri": server.uri,
+        "mlflow.experiment": name,
+        **{f"mlflow.{k}": v for k, v in OUTAGE.items()},
+        "train.steps": STEPS,
+        "train.log_every": 1,
+        "train.eval_every": 10,
+        "train.checkpoint_every": 10,
+        "register.model_name": name,
+        **more,
+    }
     return write_config(tmp_path / f"{name}.yaml", tiny_config(tmp_path, **overrides))
 
 
@@ -45,8 +52,11 @@ class Said(logging.Handler):
         self.lines.append(record.getMessage())
 
     def tracking(self) -> list[str]:
-        return ["down" if "is unreachable" in line else "back" for line in self.lines
-                if "is unreachable" in line or "answers again" in line]
+        return [
+            "down" if "is unreachable" in line else "back"
+            for line in self.lines
+            if "is unreachable" in line or "answers again" in line
+        ]
 
 
 @contextlib.contextmanager
@@ -97,12 +107,18 @@ def check_mlflow(config, server: MlflowServer, flows: int) -> dict:
     client = MlflowClient(tracking_uri=server.uri, registry_uri=server.uri)
     experiment = client.get_experiment_by_name(config.mlflow.experiment)
     runs = client.search_runs([experiment.experiment_id], max_results=500)
-    parents = sorted((r for r in runs if r.data.tags.get("pipeline") == "wmt14"),
-                     key=lambda r: r.info.start_time)
+    parents = sorted(
+        (r for r in runs if r.data.tags.get("pipeline") == "wmt14"), key=lambda r: r.info.start_time
+    )
     assert len(parents) == flows
-    children = {p.info.run_id: {r.data.tags["stage"]: r for r in runs
-                                if r.data.tags.get("mlflow.parentRunId") == p.info.run_id}
-                for p in parents}
+    children = {
+        p.info.run_id: {
+            r.data.tags["stage"]: r
+            for r in runs
+            if r.data.tags.get("mlflow.parentRunId") == p.info.run_id
+        }
+        for p in parents
+    }
     first = children[parents[0].info.run_id]
     assert sorted(first) == sorted(WMT14_STAGES)
     assert len(parents[0].data.params) > 50  # the whole config
@@ -111,7 +127,9 @@ def check_mlflow(config, server: MlflowServer, flows: int) -> dict:
             continue
         assert run.info.status == "FINISHED", stage
         assert run.data.tags["fingerprint"] and run.data.tags["skipped"] == "false", stage
-        assert f"{stage}/manifest.json" in {a.path for a in client.list_artifacts(run.info.run_id, stage)}
+        assert f"{stage}/manifest.json" in {
+            a.path for a in client.list_artifacts(run.info.run_id, stage)
+        }
     train = first["train"].info.run_id
     for key in ("loss", "lr"):
         history = sorted(client.get_metric_history(train, key), key=lambda m: (m.timestamp, m.step))
@@ -121,14 +139,17 @@ def check_mlflow(config, server: MlflowServer, flows: int) -> dict:
     champion = client.get_model_version_by_alias(config.register.model_name, "champion")
     registered = [c["register"] for c in children.values() if "register" in c]
     assert champion.run_id == registered[-1].info.run_id
-    left = [j.folder for j in journals(config.root) if j.pending() or (j.folder / REJECTED).exists()]
+    left = [
+        j.folder for j in journals(config.root) if j.pending() or (j.folder / REJECTED).exists()
+    ]
     assert left == []
     return {"parents": parents, "children": children}
 
 
 @pytest.mark.timeout(1800)
 def test_a_flow_started_while_the_server_is_down_runs_and_mlflow_gets_everything_once(
-        tmp_path, harness, ray_local):
+    tmp_path, harness, ray_local
+):
     """The server is down when the flow starts and is started mid-training."""
     from pipelines.flows import Loaded, pipeline_flow
     from tasks.framework.config import load_config
@@ -152,7 +173,8 @@ def test_a_flow_started_while_the_server_is_down_runs_and_mlflow_gets_everything
 
 @pytest.mark.timeout(1800)
 def test_a_server_killed_between_two_stages_fails_only_register_and_a_rerun_registers(
-        tmp_path, harness, ray_local):
+    tmp_path, harness, ray_local
+):
     """The server dies after clean and stays down: every stage through score runs and register
     fails in one line naming it; once it is back, the journals reach it and a rerun registers
     without running any other stage."""

@@ -18,8 +18,9 @@ from training.tracking_sender import Sender, TrackingOptions
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # One try, no backoff, a 3-s answer: the sender sees the outage in seconds.
-BUDGET = TrackingOptions(http_retries=1, http_backoff=0, http_timeout=3, drain_seconds=60,
-                         probe_seconds=0.5)
+BUDGET = TrackingOptions(
+    http_retries=1, http_backoff=0, http_timeout=3, drain_seconds=60, probe_seconds=0.5
+)
 
 
 @pytest.fixture

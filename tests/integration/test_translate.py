@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 TEST_SOURCE = tiny_sentences(40, seed=1)
 """The test split: 40 sentences, over three Parquet parts (16 rows each)."""
 
+
 def make_shard(root: Path, test_src: list[str], tokenizer_dir: Path, name: str = "shard") -> Path:
     """A shard folder whose test split encodes ``test_src`` as the shard stage does."""
 
@@ -121,7 +122,10 @@ def test_an_empty_line_is_an_empty_translation(inputs, tmp_path, monkeypatch, en
     assert translator.translate_nbest(["", "the cat"], 2)[0] == [("", 0.0)]
     source = [str(f) for f in encoded_split(tmp_path / "test", texts, inputs["tokenizer"])]
     actor = BatchTranslator(
-        str(inputs["average"]), str(inputs["tokenizer"]), decode.__dict__, source,
+        str(inputs["average"]),
+        str(inputs["tokenizer"]),
+        decode.__dict__,
+        source,
         export_dir=str(tmp_path / "ct2"),
     )
     out = actor({"idx": np.array([np.arange(len(texts))], dtype=object)})
@@ -136,7 +140,9 @@ def test_empty_test_set_is_a_clear_error(ray_local, inputs, tmp_path) -> None:
 
 
 def test_missing_test_split_is_a_clear_error(inputs, tmp_path) -> None:
-    no_test = finished_folder(tmp_path / "shard_no_test", "shard", {"name": "no test"}, lambda tmp: {})
+    no_test = finished_folder(
+        tmp_path / "shard_no_test", "shard", {"name": "no test"}, lambda tmp: {}
+    )
     with pytest.raises(CorpusError, match=r"no part-\*\.parquet files in .*shard_no_test/test"):
         run_stage(run_config(tmp_path), "translate", {**inputs, "shard": no_test})
 
@@ -169,7 +175,9 @@ def test_bfloat16_decoding_agrees_with_float32(inputs) -> None:
     assert agree >= 0.6 * len(texts)
 
 
-def test_tfm_translate_from_a_checkpoint_stops_at_a_line_that_is_not_utf8(inputs, monkeypatch, capsys):
+def test_tfm_translate_from_a_checkpoint_stops_at_a_line_that_is_not_utf8(
+    inputs, monkeypatch, capsys
+):
     import io
     import sys
 
@@ -177,8 +185,16 @@ def test_tfm_translate_from_a_checkpoint_stops_at_a_line_that_is_not_utf8(inputs
 
     lines = [b"the cat", b"a big red house", b"bad \xff byte", b"dog"]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n".join(lines) + b"\n")))
-    args = ["--checkpoint", str(inputs["average"]), "--tokenizer", str(inputs["tokenizer"]), "--beam", "2",
-            "--length-norm", "fairseq"]
+    args = [
+        "--checkpoint",
+        str(inputs["average"]),
+        "--tokenizer",
+        str(inputs["tokenizer"]),
+        "--beam",
+        "2",
+        "--length-norm",
+        "fairseq",
+    ]
     assert main(["translate", *args]) == 1
     out, err = capsys.readouterr()
     # The lines before the bad one are translated (beam 2, fairseq's penalty, as asked), then one

@@ -128,8 +128,12 @@ def test_a_work_dir_on_an_object_store_loads_and_keeps_its_local_files_in_the_no
     tmp_path: Path, monkeypatch
 ):
     monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", None)
-    data = {"name": "r", "workdir": "s3://bucket/team/{name}/", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"},
-            "storage": {"endpoint": "http://127.0.0.1:8333", "cache_dir": str(tmp_path)}}
+    data = {
+        "name": "r",
+        "workdir": "s3://bucket/team/{name}/",
+        "mlflow": {"tracking_uri": "http://127.0.0.1:5000"},
+        "storage": {"endpoint": "http://127.0.0.1:8333", "cache_dir": str(tmp_path)},
+    }
     config = config_from_dict(data)
     assert config.workdir == "s3://bucket/team/r"
     assert config.store.remote and config.store.base == "bucket/team/r"
@@ -144,13 +148,30 @@ def test_a_work_dir_on_an_object_store_loads_and_keeps_its_local_files_in_the_no
 @pytest.mark.parametrize(
     ("data", "key", "words"),
     [
-        ({"workdir": "s3://bucket/run"}, "mlflow.tracking_uri", "MLflow's SQLite database cannot live"),
+        (
+            {"workdir": "s3://bucket/run"},
+            "mlflow.tracking_uri",
+            "MLflow's SQLite database cannot live",
+        ),
         ({"workdir": "ftp://host/run"}, "workdir", "use a local path, s3://bucket/prefix"),
         ({"workdir": "s3:///run"}, "workdir", "no bucket"),
-        ({"workdir": "s3://AKIAX:hunter22@bucket/run", "mlflow": {"tracking_uri": "http://h:5000"}},
-         "workdir", "put credentials in environment variables"),
-        ({"workdir": "s3://bucket/run", "mlflow": {"tracking_uri": "http://h:5000"},
-          "storage": {"access_key_env": "TFM_TEST_UNSET_KEY"}}, "workdir", "$TFM_TEST_UNSET_KEY"),
+        (
+            {
+                "workdir": "s3://AKIAX:hunter22@bucket/run",
+                "mlflow": {"tracking_uri": "http://h:5000"},
+            },
+            "workdir",
+            "put credentials in environment variables",
+        ),
+        (
+            {
+                "workdir": "s3://bucket/run",
+                "mlflow": {"tracking_uri": "http://h:5000"},
+                "storage": {"access_key_env": "TFM_TEST_UNSET_KEY"},
+            },
+            "workdir",
+            "$TFM_TEST_UNSET_KEY",
+        ),
     ],
 )
 def test_a_store_work_dir_that_cannot_work_fails_at_load_in_one_line(
@@ -205,7 +226,10 @@ def test_register_metric_is_one_that_the_score_stage_writes():
     from evaluation.bleu import METRICS
 
     for metric in METRICS:  # each metric of scores.json can decide the champion
-        assert config_from_dict({"name": "r", "register": {"metric": metric}}).register.metric == metric
+        assert (
+            config_from_dict({"name": "r", "register": {"metric": metric}}).register.metric
+            == metric
+        )
     # A misspelt metric fails when the config loads, not at register after hours of training.
     with pytest.raises(ConfigError, match="'bleu' is not one of") as err:
         config_from_dict({"name": "r", "register": {"metric": "bleu"}})
@@ -218,10 +242,15 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         load_config(path, {"train.steps": "many"})
     with pytest.raises(ConfigError, match=rf"\(in {path}\)"):
         load_config(_write(tmp_path, {"name": "x", "train": {"steps": "many"}}), {"seed": 3})
-    with pytest.raises(ConfigError, match=r"^train.stepz: unknown key .*\(from --set train.stepz=3\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^train.stepz: unknown key .*\(from --set train.stepz=3\)$"
+    ):
         load_config(_write(tmp_path, {"name": "x"}), {"train.stepz": 3})
     # An item of a list given by --set (its key ends in [i]) is blamed on --set too.
-    with pytest.raises(ConfigError, match=r"^parsing.dev_files\[0\]: .*\(from --set parsing.dev_files=\['/abs'\]\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^parsing.dev_files\[0\]: .*\(from --set parsing.dev_files=\['/abs'\]\)$",
+    ):
         load_config(_write(tmp_path, {"name": "x"}), {"parsing.dev_files": ["/abs"]})
 
 
@@ -236,22 +265,42 @@ def test_a_bad_override_is_blamed_on_set_not_on_the_file(tmp_path: Path):
         ({"register": {"model_name": 5}}, "register.model_name: 5 must be a string"),
         ({"data": {"corpora": "europarl-v7"}}, "data.corpora: 'europarl-v7' must be a list"),
         ({"data": {"corpora": ["europarl-v7", 2]}}, "data.corpora[1]: 2 must be a string"),
-        ({"train": {"adam_betas": [0.9, 0.98, 0.9]}}, "train.adam_betas: [0.9, 0.98, 0.9] must have 2 items"),
-        ({"train": {"num_workers": "x"}}, "train.num_workers: 'x' must be an integer; 'x' must be a list"),
-        ({"tokenizer": {"kind": "chars"}}, "tokenizer.kind: 'chars' is not one of 'bpe', 'wordpiece'"),
-        ({"decode": {"length_norm": "t2t"}}, "decode.length_norm: 't2t' is not one of 'gnmt', 'fairseq'"),
+        (
+            {"train": {"adam_betas": [0.9, 0.98, 0.9]}},
+            "train.adam_betas: [0.9, 0.98, 0.9] must have 2 items",
+        ),
+        (
+            {"train": {"num_workers": "x"}},
+            "train.num_workers: 'x' must be an integer; 'x' must be a list",
+        ),
+        (
+            {"tokenizer": {"kind": "chars"}},
+            "tokenizer.kind: 'chars' is not one of 'bpe', 'wordpiece'",
+        ),
+        (
+            {"decode": {"length_norm": "t2t"}},
+            "decode.length_norm: 't2t' is not one of 'gnmt', 'fairseq'",
+        ),
         ({"train": 5}, "train: must be a mapping, got int"),
         ({"train": {"stepz": 3}}, "train.stepz: unknown key (known: steps, tokens_per_step, "),
         ({"model": {"nheads": 8}}, "model.nheads: unknown key (known: preset, n_layers, "),
-        ({"model": {"preset": "debug", "d_k": 0}}, "model.d_k: 0 must be a positive integer or null"),
+        (
+            {"model": {"preset": "debug", "d_k": 0}},
+            "model.d_k: 0 must be a positive integer or null",
+        ),
         # The stage-only sections' ranges are constraints on the fields (Ge(1)), said the same way.
         ({"average": {"last": 0}}, "average.last: 0 must be >= 1"),
         ({"mlflow": {"drain_seconds": -1}}, "mlflow.drain_seconds: -1 must be >= 0"),
         ({"parsing": {"evalb_max_error": -1}}, "parsing.evalb_max_error: -1 must be >= 0 or null"),
-        ({"parsing": {"dev_files": ["22/*.mrg", "../x"]}},
-         "parsing.dev_files[1]: '../x' must be a glob relative to treebank_dir"),
+        (
+            {"parsing": {"dev_files": ["22/*.mrg", "../x"]}},
+            "parsing.dev_files[1]: '../x' must be a glob relative to treebank_dir",
+        ),
         # YAML reads an unquoted date as a date, which JSON (and so no setting) holds.
-        ({"data": {"dev": datetime.date(2013, 1, 1)}}, "data.dev: datetime.date(2013, 1, 1) is a YAML date"),
+        (
+            {"data": {"dev": datetime.date(2013, 1, 1)}},
+            "data.dev: datetime.date(2013, 1, 1) is a YAML date",
+        ),
     ],
 )
 def test_a_bad_value_says_what_was_expected_in_one_line(tmp_path: Path, data: dict, message: str):
@@ -263,7 +312,10 @@ def test_a_bad_value_says_what_was_expected_in_one_line(tmp_path: Path, data: di
 
 
 def test_of_several_bad_keys_the_first_written_is_reported():
-    for train, key in [({"stepz": 1, "steps": "many"}, "train.stepz"), ({"steps": "many", "stepz": 1}, "train.steps")]:
+    for train, key in [
+        ({"stepz": 1, "steps": "many"}, "train.stepz"),
+        ({"steps": "many", "stepz": 1}, "train.steps"),
+    ]:
         with pytest.raises(ConfigError) as err:
             config_from_dict({"name": "x", "train": train})
         assert err.value.key == key

@@ -65,7 +65,9 @@ def test_beam_outputs_mostly_equal_ours_on_random_weights(tmp_path: Path) -> Non
 
 
 def test_n_best_is_sorted_by_the_gnmt_score(tmp_path: Path) -> None:
-    engine = ct2.CTranslate2Engine(ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))
+    engine = ct2.CTranslate2Engine(
+        ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m")
+    )
     found = engine.hypotheses(sources(8), beam_size=4, alpha=0.6, max_len_offset=5, n_best=4)
     for hyps in found:
         assert len(hyps) == 4
@@ -85,14 +87,18 @@ def test_n_best_lists_mostly_equal_ours(tmp_path: Path) -> None:
     decode = DecodeConfig(max_len_offset=5)
     ours = TorchEngine(model).nbest(src_ids, decode, 3)
     theirs = engine.nbest(src_ids, decode, 3)
-    same = [[h.tokens for h in a] == [h.tokens for h in b] for a, b in zip(ours, theirs, strict=True)]
+    same = [
+        [h.tokens for h in a] == [h.tokens for h in b] for a, b in zip(ours, theirs, strict=True)
+    ]
     assert all(len(hyps) == 3 for hyps in ours + theirs)
     assert sum(same) >= 0.75 * len(same)  # random weights: see the beam test above
 
 
 def test_fixed_length_outputs(tmp_path: Path) -> None:
     """min_len = max_len: every output has that length (the benchmark relies on it)."""
-    engine = ct2.CTranslate2Engine(ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m"))
+    engine = ct2.CTranslate2Engine(
+        ct2_export.save_model(tiny_model(seed=3), PIECES, tmp_path / "m")
+    )
     found = engine.hypotheses(sources(8), beam_size=4, max_len=7, min_len=7)
     assert {len(hyps[0].tokens) for hyps in found} == {7}
 
@@ -136,7 +142,10 @@ def test_the_exports_options_say_the_settings(tmp_path: Path) -> None:
     out = ct2_export.save_model(tiny_model(), PIECES, tmp_path / "m", decode=decode)
     info = ct2_export.read_info(out)
     assert info["decoding"] == {
-        "beam_size": 5, "alpha": 1.3, "length_norm": "gnmt", "max_len_offset": 30
+        "beam_size": 5,
+        "alpha": 1.3,
+        "length_norm": "gnmt",
+        "max_len_offset": 30,
     }
     options = info["translate_batch"]
     assert options["beam_size"] == 5 and options["max_decoding_length"] == 64  # the model's max_len

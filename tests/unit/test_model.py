@@ -129,7 +129,9 @@ def test_fairseq_initialisation_matches_fairseq_09s_formulas():
     model = tiny_model(d_ff=96, init="fairseq")
     D, d_ff, pad = model.config.d_model, model.config.d_ff, model.config.pad_id
     for layer in (*model.encoder_layers, *model.decoder_layers):
-        attentions = [layer.self_attn] + ([layer.cross_attn] if hasattr(layer, "cross_attn") else [])
+        attentions = [layer.self_attn] + (
+            [layer.cross_attn] if hasattr(layer, "cross_attn") else []
+        )
         expected = [(layer.ffn.w1, 1.0, D, d_ff), (layer.ffn.w2, 1.0, d_ff, D)]
         for attn in attentions:
             expected += [(p, 2**-0.5, D, D) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]

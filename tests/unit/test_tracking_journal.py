@@ -72,8 +72,17 @@ class Lines(list):
 
 def make_journal(root, uri, experiment, name="run", parent=None) -> Journal:
     journal = Journal.create(root, new_key(), uri, experiment)
-    journal.append([open_record(experiment, name, {"stage": name}, parent=parent,
-                                artifact_location=(root / "artifacts").as_uri())])
+    journal.append(
+        [
+            open_record(
+                experiment,
+                name,
+                {"stage": name},
+                parent=parent,
+                artifact_location=(root / "artifacts").as_uri(),
+            )
+        ]
+    )
     return journal
 
 
@@ -87,8 +96,10 @@ def steps(journal: Journal, uri: str, key: str = "loss") -> list[int]:
 
 def log_steps(journal: Journal, numbers, sync: bool = False) -> None:
     for step in numbers:
-        journal.append([log_record(metrics={"loss": 10.0 - step / 10, "lr": step * 1e-4}, step=step)],
-                       sync=sync)
+        journal.append(
+            [log_record(metrics={"loss": 10.0 - step / 10, "lr": step * 1e-4}, step=step)],
+            sync=sync,
+        )
         time.sleep(0.001)  # distinct timestamps, as steps are in training
 
 
@@ -97,7 +108,9 @@ def test_every_record_reaches_the_store_in_order_and_once(sqlite_uri, tmp_path):
 
     journal = make_journal(tmp_path, sqlite_uri, "in-order")
     log_steps(journal, range(1, 1201))  # more than one log_batch holds
-    journal.append([log_record(params={"d_model": 64}, tags={"phase": "a"}), status_record("FINISHED")])
+    journal.append(
+        [log_record(params={"d_model": 64}, tags={"phase": "a"}), status_record("FINISHED")]
+    )
     lines = Lines()
     sender = Sender(FAST, say=lines)
     sender.watch(journal, sqlite_uri)
@@ -111,7 +124,9 @@ def test_every_record_reaches_the_store_in_order_and_once(sqlite_uri, tmp_path):
     assert journal.state().sent == journal.size() and lines == []  # nothing said: all went well
 
 
-def test_an_outage_keeps_everything_in_the_journal_then_sends_it_in_order_once(sqlite_uri, tmp_path):
+def test_an_outage_keeps_everything_in_the_journal_then_sends_it_in_order_once(
+    sqlite_uri, tmp_path
+):
     journal = make_journal(tmp_path, sqlite_uri, "outage")
     switch, lines = Switch(sqlite_uri), Lines()
     sender = Sender(FAST, say=lines, client_for=lambda uri: switch)
@@ -239,8 +254,12 @@ def test_a_rank_appends_from_many_threads_and_never_waits_on_the_server(tmp_path
     tracker = Tracker(journal)
     started = time.monotonic()
     tracker.param("n_parameters", 123)
-    threads = [threading.Thread(target=lambda k=k: [tracker.metrics({f"m{k}": 1.0}, s) for s in range(200)])
-               for k in range(4)]
+    threads = [
+        threading.Thread(
+            target=lambda k=k: [tracker.metrics({f"m{k}": 1.0}, s) for s in range(200)]
+        )
+        for k in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -251,7 +270,9 @@ def test_a_rank_appends_from_many_threads_and_never_waits_on_the_server(tmp_path
     records = list(journal.records())
     assert len(records) == 802 and records[0]["params"] == [["n_parameters", "123"]]
     for k in range(4):
-        assert [r["metrics"][0][3] for r in records if r.get("metrics", [[""]])[0][0] == f"m{k}"] == list(range(200))
+        assert [
+            r["metrics"][0][3] for r in records if r.get("metrics", [[""]])[0][0] == f"m{k}"
+        ] == list(range(200))
 
 
 def test_other_ranks_log_nothing(tmp_path):
@@ -267,7 +288,9 @@ def test_new_params_logs_what_is_new_and_tags_what_changed(tmp_path):
     journal.append([new_params(journal, {"steps": 100, "d_model": 64})])
     assert new_params(journal, {"steps": 100, "d_model": 64}) is None
     record = new_params(journal, {"steps": 200, "d_model": 64, "seed": 1})
-    assert record["params"] == [["seed", "1"]] and record["tags"] == [["param_changed.steps", "200"]]
+    assert record["params"] == [["seed", "1"]] and record["tags"] == [
+        ["param_changed.steps", "200"]
+    ]
 
 
 def dead_uri() -> str:
@@ -300,15 +323,24 @@ def test_tfm_tracking_replay_keeps_the_journal_while_the_server_is_down(tmp_path
     journal = make_journal(tmp_path / "work", dead_uri(), "down")
     journal.append([log_record(tags={"skipped": "false"})])
     path = tmp_path / "run.yaml"
-    path.write_text(json.dumps({"name": "r", "workdir": str(tmp_path / "work"),
-                                "mlflow": {"http_retries": 0, "http_timeout": 2}}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "r",
+                "workdir": str(tmp_path / "work"),
+                "mlflow": {"http_retries": 0, "http_timeout": 2},
+            }
+        )
+    )
     assert main(["tracking", "replay", str(path)]) == 1
     out = capsys.readouterr().out
     assert "is unreachable" in out and "2 of 2 record(s) left" in out
     assert journal.count() == 2
 
 
-def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_keeps_its_records(tmp_path, caplog):
+def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_keeps_its_records(
+    tmp_path, caplog
+):
     """A stage run (as `tfm stage` opens it) against a server that does not answer: the stage
     and its end take no longer than one try, the console says so once, and the journal holds
     the run's opening, the stage's result, its files and its end, in that order."""
@@ -316,14 +348,24 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_keeps_its_recor
     from tasks.framework.config import config_from_dict
     from tasks.framework.runner import build_folder
 
-    config = config_from_dict({"name": "r", "workdir": str(tmp_path / "work"),
-                               "mlflow": {"tracking_uri": dead_uri(), "http_retries": 0,
-                                          "http_timeout": 2, "drain_seconds": 30}})
+    config = config_from_dict(
+        {
+            "name": "r",
+            "workdir": str(tmp_path / "work"),
+            "mlflow": {
+                "tracking_uri": dead_uri(),
+                "http_retries": 0,
+                "http_timeout": 2,
+                "drain_seconds": 30,
+            },
+        }
+    )
     caplog.set_level("WARNING")
     started = time.monotonic()
     with tracking.stage_run(config, "clean") as run:
-        result = build_folder("clean", config.root / "clean", {"k": 1}, {},
-                              lambda tmp: {"kept": 5, "note": "x"})
+        result = build_folder(
+            "clean", config.root / "clean", {"k": 1}, {}, lambda tmp: {"kept": 5, "note": "x"}
+        )
         tracking.log_stage_result(result)
     assert time.monotonic() - started < 20  # not drain_seconds: the server is known down
     kinds = [r["kind"] for r in run.journal.records()]
