@@ -4,10 +4,12 @@ connections (stopped) or hangs (accepts, never answers), against no tracking at 
 Each mode runs the same steps: a fixed torch workload on one thread (a stand-in for a step of
 the cluster tests' tiny model), then ``Tracker.metrics`` with one step's metrics, as the worker
 logs them: appended to the run's journal, which a sender thread of the same process drains to
-the server (in training, the driver's sender: another process). The modes are interleaved in rounds, so a busy machine skews them alike. The server:
-``up`` is ``mlflow server`` on loopback (SQLite, in a temporary folder; on this machine, so it
-takes CPU a remote server would not); ``refused`` a loopback port nothing listens on; ``hung`` a loopback socket that listens and never accepts, so every call
-waits out its timeout. MLflow's HTTP budget is the pipeline's default (``TrackingOptions``).
+the server (in training, the driver's sender: another process). The modes are interleaved in
+rounds, so a busy machine skews them alike. The server: ``up`` is ``mlflow server`` on loopback
+(SQLite, in a temporary folder; on this machine, so it takes CPU a remote server would not);
+``refused`` a loopback port nothing listens on; ``hung`` a loopback socket that listens and never
+accepts, so every call waits out its timeout. MLflow's HTTP budget is the pipeline's default
+(``TrackingOptions``).
 
     python benchmarks/tracking_outage.py [--steps 200] [--rounds 2] [--json out.json]
 """

@@ -176,7 +176,8 @@ def from_local(
     train_names = [name for split, name, *_ in plan if split == "train"]
     if len(set(train_names)) != len(train_names) or {"dev", "test"} & set(train_names):
         raise CorpusError(
-            f"data.local_train: corpus names must be distinct and not dev or test: {', '.join(train_names)}"
+            "data.local_train: corpus names must be distinct and not dev or test: "
+            + ", ".join(train_names)
         )
 
     corpora_stats: dict[str, Any] = {}

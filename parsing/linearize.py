@@ -53,8 +53,8 @@ PHRASE_LABELS = frozenset(
 )
 """Penn Treebank phrase labels: in the t2t form, these tokens open a constituent."""
 POS_TAGS = frozenset(
-    "CC CD DT EX FW IN JJ JJR JJS LS MD NN NNS NNP NNPS PDT POS PRP PRP$ RB RBR RBS RP SYM TO "
-    "UH VB VBD VBG VBN VBP VBZ WDT WP WP$ WRB # $ . , : `` '' -LRB- -RRB- -LCB- -RCB- -NONE-".split()
+    "CC CD DT EX FW IN JJ JJR JJS LS MD NN NNS NNP NNPS PDT POS PRP PRP$ RB RBR RBS RP SYM TO UH "
+    "VB VBD VBG VBN VBP VBZ WDT WP WP$ WRB # $ . , : `` '' -LRB- -RRB- -LCB- -RCB- -NONE-".split()
 )
 """Penn Treebank POS tags: in the t2t form, these tokens are leaves."""
 _PUNCT_TAGS = {

@@ -74,12 +74,14 @@ def export(
 
 def _check_marian_tokenizer(tokenizer_dir: Path) -> None:
     """MarianTokenizer applies the sentencepiece model only: a folder that also lowercases or
-    Moses-tokenizes (``corpora.pretokenize``) would be served different text than it was trained on."""
+    Moses-tokenizes (``corpora.pretokenize``) would be served different text than it was trained
+    on."""
     from serving.tokenizer import load
 
     pretokenizer = load(Path(tokenizer_dir)).pretokenizer
     if pretokenizer:
         raise ServingError(
-            f"{tokenizer_dir} pretokenizes its text ({pretokenizer.description}), which MarianTokenizer "
-            "cannot: export --target ctranslate2, or serve the registered MLflow model"
+            f"{tokenizer_dir} pretokenizes its text ({pretokenizer.description}), "
+            "which MarianTokenizer cannot: export --target ctranslate2, "
+            "or serve the registered MLflow model"
         )

@@ -3,14 +3,14 @@
 In: ``average``, ``tokenizer``, ``score``. Out: ``registered.json`` (model name, version,
 aliases, the champion decision). Each registration logs the model (``serving.pyfunc``: weights,
 tokenizer, model and decoding configs as artifacts), creates a registry version with lineage
-tags (every upstream stage's fingerprint and code fingerprint, the run config, the git commit) and its scores, and
-points the ``candidate`` alias at it; ``champion`` moves as ``evaluation.champion`` decides, and
-the log and ``registered.json`` say why.
+tags (every upstream stage's fingerprint and code fingerprint, the run config, the git commit)
+and its scores, and points the ``candidate`` alias at it; ``champion`` moves as
+``evaluation.champion`` decides, and the log and ``registered.json`` say why.
 
 The pyfunc carries its own code (``code_paths``: copies of ``serving``, ``transformer_core`` and
-``parsing``, nothing else) rather than a pip requirement on this project: the project is not on a package
-index, so an environment built from the model's requirements (``mlflow models serve`` with
-virtualenv or conda) could not install it, and the copy pins the exact code that wrote the
+``parsing``, nothing else) rather than a pip requirement on this project: the project is not on a
+package index, so an environment built from the model's requirements (``mlflow models serve``
+with virtualenv or conda) could not install it, and the copy pins the exact code that wrote the
 weights. Its ``pip_requirements`` pin what that code imports (torch, sentencepiece, numpy) to
 the installed versions; MLflow adds itself. Served with ``mlflow models serve -m
 models:/<name>@champion``, it answers ``{"inputs": ["sentence", ...]}``.
@@ -166,7 +166,8 @@ def register_model(
     scores: Mapping[str, Any],
     tags: Mapping[str, str],
 ) -> dict[str, Any]:
-    """Log the pyfunc, create a registry version, set aliases; returns what registered.json holds."""
+    """Log the pyfunc, create a registry version, set aliases; returns what registered.json
+    holds."""
     import mlflow
 
     import serving
@@ -304,5 +305,6 @@ def outdated(config: RunConfig, out_dir: Path) -> str | None:
                 redact_text(str(exc).splitlines()[0][:200]),
             )
             return None
-        return f"{record['name']} version {record['version']} is not in {redact_uri(config.tracking_uri)}"
+        where = redact_uri(config.tracking_uri)
+        return f"{record['name']} version {record['version']} is not in {where}"
     return None

@@ -102,7 +102,8 @@ def build(ctx: BuildContext, *, callbacks: Sequence[Callback] = ()) -> dict[str,
 
 
 def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int]:
-    """Row counts and the vocabulary size; a StageError naming the path or key if anything is off."""
+    """Row counts and the vocabulary size; a StageError naming the path or key if anything is
+    off."""
     import pyarrow.parquet as pq
 
     shard = Path(inputs["shard"])
@@ -134,7 +135,8 @@ def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int
 
 def longest_row(split_stats: Mapping[str, Any], metas: Sequence[Any]) -> int | None:
     """Pieces in a split's longest row (either side): the shard manifest's ``max_src_len`` and
-    ``max_tgt_len``, else the Parquet statistics of ``src_len``/``tgt_len``; None if neither says."""
+    ``max_tgt_len``, else the Parquet statistics of ``src_len``/``tgt_len``; None if neither
+    says."""
     if "max_src_len" in split_stats and "max_tgt_len" in split_stats:
         return max(int(split_stats["max_src_len"]), int(split_stats["max_tgt_len"]))
     longest = 0

@@ -200,7 +200,8 @@ def export(result: Result, out: Path, best: tuple[Any, str] | None = None) -> di
 
 
 def export_best(best: tuple[Any, str], out: Path) -> dict[str, Any]:
-    """``best`` (a filesystem and the path in it) copied to ``out/best/model.pt``; its listing entry."""
+    """``best`` (a filesystem and the path in it) copied to ``out/best/model.pt``; its listing
+    entry."""
     import pyarrow.fs as pafs
 
     fs, path = best

@@ -178,7 +178,8 @@ class Journal:
 
     @classmethod
     def create(cls, root: Path, key: str, tracking_uri: str, experiment: str) -> Journal:
-        """The journal ``key`` under ``root`` (its ``tracking`` folder), made with its meta if new."""
+        """The journal ``key`` under ``root`` (its ``tracking`` folder), made with its meta if
+        new."""
         journal = cls(Path(root) / JOURNALS / key)
         if not (journal.folder / META).exists():
             journal.folder.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,8 @@ class TrainJob:
         return str(self.shard_source.local()) if self.shard_source else self.shard_dir
 
     def tokenizer(self) -> str | None:
-        """The sentencepiece model this process reads: in this node's copy, or ``tokenizer_file``."""
+        """The sentencepiece model this process reads: in this node's copy, or
+        ``tokenizer_file``."""
         if self.tokenizer_source is not None:
             return str(self.tokenizer_source.local() / "spm.model")
         return self.tokenizer_file

@@ -37,8 +37,8 @@ from transformer_core.config import ModelConfig
 from transformer_core.model import Transformer, count_parameters
 
 JOB_KEY = "job"
-"""``train_loop_config``'s one key, holding the run's ``training.train_job.TrainJob`` (Ray Train's run
-state wants a dict there)."""
+"""``train_loop_config``'s one key, holding the run's ``training.train_job.TrainJob`` (Ray
+Train's run state wants a dict there)."""
 SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 
 

@@ -30,7 +30,8 @@ from transformer_core.init import Parts, initialise
 
 
 def sinusoids(max_len: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)); (max_len, D)."""
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d));
+    (max_len, D)."""
     position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (max_len, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(D/2),)
     angle = position / torch.pow(10000.0, two_i / d_model)  # (max_len, ceil(D/2))
@@ -92,7 +93,8 @@ class MultiHeadAttention(nn.Module):
             y = _matmul_attention(q, k, v, mask)  # (B/g, nh, g*T, hv)
         else:
             dropout_p = self.attention_dropout if self.training else 0.0
-            # softmax(q k^T / sqrt(d_k)) v: SDPA's default scale is 1/sqrt(q.size(-1)) = 1/sqrt(d_k).
+            # softmax(q k^T / sqrt(d_k)) v: SDPA's default scale is
+            # 1/sqrt(q.size(-1)) = 1/sqrt(d_k).
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
             )  # (B/g, nh, g*T, hv)

@@ -265,7 +265,8 @@ def to_dict(obj: Any) -> Any:
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """A config or nested dict as dotted keys: ``{"train": {"steps": 1}}`` -> ``{"train.steps": 1}``."""
+    """A config or nested dict as dotted keys:
+    ``{"train": {"steps": 1}}`` -> ``{"train.steps": 1}``."""
     data = to_dict(data)
     if not isinstance(data, dict):
         return {prefix: data}

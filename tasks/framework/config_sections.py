@@ -40,19 +40,25 @@ class DataConfig:
     """Where the parallel corpus comes from (download stage)."""
 
     source: Literal["synthetic", "wmt14", "multi30k", "local", "treebank"] = "synthetic"
-    """synthetic: the offline grammar corpus; wmt14: statmt.org or a mirror; multi30k: Multi30k task 1; local: files on disk; treebank: PTB files."""
+    """synthetic: the offline grammar corpus; wmt14: statmt.org or a mirror; multi30k: Multi30k
+    task 1; local: files on disk; treebank: PTB files."""
     pair: str = "en-de"
     """Language pair as src-tgt, e.g. en-de or en-fr (multi30k: two of en, de, fr, cs)."""
     corpora: tuple[str, ...] = ()
-    """Training corpora names from the source registry; empty means the registry's default set (multi30k: leave empty)."""
+    """Training corpora names from the source registry; empty means the registry's default set
+    (multi30k: leave empty)."""
     dev: str | None = None
-    """Development set name; null means the source's standard: newstest2013 (wmt14), val (multi30k)."""
+    """Development set name; null means the source's standard: newstest2013 (wmt14), val
+    (multi30k)."""
     test: str | None = None
-    """Test set name; null means the source's standard: newstest2014 (wmt14; release: test_variant), test_2016_flickr (multi30k)."""
+    """Test set name; null means the source's standard: newstest2014 (wmt14; release: test_variant),
+    test_2016_flickr (multi30k)."""
     test_variant: Literal["full", "filtered"] = "full"
-    """newstest2014 release: full (3,003 segments) or filtered (2,737); Multi30k test sets have one (full)."""
+    """newstest2014 release: full (3,003 segments) or filtered (2,737); Multi30k test sets have one
+    (full)."""
     mirror: str | None = None
-    """A file:// folder or http(s):// base replacing statmt.org (multi30k: the repository root); offline clusters, tests."""
+    """A file:// folder or http(s):// base replacing statmt.org (multi30k: the repository root);
+    offline clusters, tests."""
     local_dir: str | None = None
     """For source=local: a folder with train/dev/test .<lang> files (or treebank files)."""
     max_retries: Annotated[int, Ge(1)] = 5
@@ -60,9 +66,11 @@ class DataConfig:
     cache_dir: str | None = None
     """Where downloaded archives are kept between runs; null means <workdir>/cache/downloads."""
     lock_file: str | None = None
-    """JSON file pinning each download's sha256 and size when first seen; null means <workdir>/downloads.lock.json."""
+    """JSON file pinning each download's sha256 and size when first seen; null means
+    <workdir>/downloads.lock.json."""
     local_train: tuple[str, ...] = ("train",)
-    """For source=local: training file prefixes in local_dir (each <prefix>.<lang>; the prefix names the corpus)."""
+    """For source=local: training file prefixes in local_dir (each <prefix>.<lang>; the prefix names
+    the corpus)."""
     local_dev: str = "dev"
     """For source=local: dev file prefix in local_dir (<prefix>.<lang>)."""
     local_test: str = "test"
@@ -119,7 +127,8 @@ class DataConfig:
         if self.test_variant != "full":
             raise ConfigError(
                 "test_variant",
-                f"{self.test_variant!r} is a newstest2014 release; Multi30k test sets have one (full)",
+                f"{self.test_variant!r} is a newstest2014 release; "
+                "Multi30k test sets have one (full)",
             )
         try:
             multi30k_train(self.pair)
@@ -171,11 +180,13 @@ class MlflowConfig:
     """Experiment tracking."""
 
     tracking_uri: str | None = None
-    """Tracking server; null means MLFLOW_TRACKING_URI if set, else sqlite:///<workdir>/mlflow.db."""
+    """Tracking server; null means MLFLOW_TRACKING_URI if set, else
+    sqlite:///<workdir>/mlflow.db."""
     experiment: str = "transformer"
     """Experiment name."""
     http_retries: Annotated[int, Ge(0)] = 2
-    """MLflow HTTP retries per call of the tracking sender and of register (MLflow's default, 7, waits up to 254 s)."""
+    """MLflow HTTP retries per call of the tracking sender and of register (MLflow's default, 7,
+    waits up to 254 s)."""
     http_backoff: Annotated[int, Ge(0)] = 1
     """MLflow HTTP backoff factor for those calls (MLflow's default: 2)."""
     http_timeout: Annotated[int, Ge(1)] = 10
@@ -183,9 +194,11 @@ class MlflowConfig:
     probe_seconds: Annotated[float, Gt(0)] = 2.0
     """While the server does not answer, seconds between two tries of the tracking sender."""
     drain_seconds: Annotated[float, Ge(0)] = 60.0
-    """At the end of training and of a command, seconds to wait for the tracking journals to reach a server that answers (the rest is sent by the next command, or `tfm tracking replay`)."""
+    """At the end of training and of a command, seconds to wait for the tracking journals to reach a
+    server that answers (the rest is sent by the next command, or `tfm tracking replay`)."""
     registry_wait_seconds: Annotated[float, Ge(0)] = 300.0
-    """How long register waits for a server that does not answer before it fails (the other stages never wait; docs/training.md, "When the tracking server is down")."""
+    """How long register waits for a server that does not answer before it fails (the other stages
+    never wait; docs/training.md, "When the tracking server is down")."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,7 +210,8 @@ class RayConfig:
     num_cpus: int | None = None
     """CPUs for a local Ray (null: all)."""
     dashboard: bool = True
-    """Start the dashboard with a local Ray (on 127.0.0.1): Ray Train's cleanup uses its State API."""
+    """Start the dashboard with a local Ray (on 127.0.0.1): Ray Train's cleanup uses its State
+    API."""
     loopback: bool = True
     """A local Ray binds every port it opens to 127.0.0.1; false: to the machine's address."""
 
@@ -232,10 +246,13 @@ class ParsingConfig(BeamSettings):
     test_files: tuple[RelativeGlob, ...] = ("23/*.mrg",)
     """Glob patterns for test trees (default: WSJ section 23)."""
     form: Form = "t2t"
-    """Target form: t2t (tags kept, closing brackets labelled, as the paper), vinyals (tags as XX) or words (each word written before its tag)."""
+    """Target form: t2t (tags kept, closing brackets labelled, as the paper), vinyals (tags as XX)
+    or words (each word written before its tag)."""
     constrained: bool = False
-    """Beam search keeps every hypothesis a well-formed tree with one POS slot per word (needs tokenizer.target_symbols)."""
+    """Beam search keeps every hypothesis a well-formed tree with one POS slot per word (needs
+    tokenizer.target_symbols)."""
     evalb_max_error: Annotated[int, Ge(0)] | None = 10
-    """EVALB's MAX_ERROR: parse_score fails, as EVALB gives up, at error sentence number this + 2; null scores them all."""
+    """EVALB's MAX_ERROR: parse_score fails, as EVALB gives up, at error sentence number this + 2;
+    null scores them all."""
     silver_corpus: str | None = None
     """Semi-supervised setting: a file of extra (silver) trees added to the training split."""

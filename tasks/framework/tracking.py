@@ -317,8 +317,9 @@ def registry(config: RunConfig, stage: str) -> Iterator[tuple[MlflowClient, str]
             )
             if not run.sender.flush([run.journal], wait, while_down=True) or run.run_id is None:
                 raise StageError(
-                    f"{stage}: the MLflow server at {redact_uri(uri)} did not answer in {wait:.0f} s; "
-                    "rerun when it answers (the stages before it are kept, not run again)"
+                    f"{stage}: the MLflow server at {redact_uri(uri)} "
+                    f"did not answer in {wait:.0f} s; rerun when it answers "
+                    "(the stages before it are kept, not run again)"
                 )
         run_id = run.run_id
         assert run_id is not None  # delivered: the server created the run

@@ -135,7 +135,8 @@ def replay(root: Path, wd: WorkDir, config: RunConfig | None, say: Callable[[str
         if rest:
             replayer.keep_pending()
             say(
-                f"{rest} of {n} record(s) left in {root / JOURNALS}; run `tfm tracking replay` again "
+                f"{rest} of {n} record(s) left in {root / JOURNALS}; "
+                "run `tfm tracking replay` again "
                 f"when the MLflow server at {redact_uri(uri)} answers"
             )
         else:

@@ -116,7 +116,8 @@ class WorkDir(Protocol):
         ...
 
     def kept(self, rel: str, local: Path) -> list[str]:
-        """Fetch the folders under ``rel`` that ``local`` lacks (what ``keep`` put there); their names."""
+        """Fetch the folders under ``rel`` that ``local`` lacks (what ``keep`` put there);
+        their names."""
         ...
 
 

@@ -305,7 +305,8 @@ def test_decide_champion_rules() -> None:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
-    """`mlflow models serve` (local env) on the registered model: {"inputs": [...]} -> predictions."""
+    """`mlflow models serve` (local env) on the registered model:
+    {"inputs": [...]} -> predictions."""
     import signal
     import socket
     import time

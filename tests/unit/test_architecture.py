@@ -147,7 +147,8 @@ def test_production_functions_and_modules_stay_small(path: Path):
 
 def test_no_benchmark_script_shadows_a_package():
     """``python benchmarks/x.py`` puts benchmarks/ first on sys.path: a benchmarks/parsing.py
-    made ``import parsing`` find the script, and every benchmark that imports the translator failed."""
+    made ``import parsing`` find the script, and every benchmark that imports the translator
+    failed."""
     root = Path(__file__).resolve().parents[2]
     packages = {p.parent.name for p in root.glob("*/__init__.py")}
     scripts = {p.stem for p in (root / "benchmarks").glob("*.py")}
