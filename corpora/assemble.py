@@ -177,7 +177,7 @@ def from_local(
     if len(set(train_names)) != len(train_names) or {"dev", "test"} & set(train_names):
         raise CorpusError(
             "data.local_train: corpus names must be distinct and not dev or test: "
-            + ", ".join(train_names)
+            f"{', '.join(train_names)}"
         )
 
     corpora_stats: dict[str, Any] = {}

@@ -305,6 +305,8 @@ def outdated(config: RunConfig, out_dir: Path) -> str | None:
                 redact_text(str(exc).splitlines()[0][:200]),
             )
             return None
-        where = redact_uri(config.tracking_uri)
-        return f"{record['name']} version {record['version']} is not in {where}"
+        return (
+            f"{record['name']} version {record['version']} "
+            f"is not in {redact_uri(config.tracking_uri)}"
+        )
     return None
