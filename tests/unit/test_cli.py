@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.cli import _prefect_env, build_parser, main
+from pipelines.cli import build_parser, main
+from pipelines.commands import _prefect_env
 
 COMMANDS = ["version", "run", "stage", "status", "tracking", "translate", "export", "deploy", "ui"]
 

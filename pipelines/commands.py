@@ -1,0 +1,282 @@
+"""What each ``tfm`` command does; ``pipelines.cli`` parses the command line and reports errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from corpora.redact import redact_uri, redacted
+from pipelines import console
+from tasks.framework.config import ConfigError, RunConfig, load_config
+
+PROG = "tfm"
+_MODEL_OR_CHECKPOINT = (
+    "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)"
+)
+
+
+def _prefect_env() -> None:
+    """A project-local PREFECT_HOME and an ephemeral API unless the user set up a server."""
+    os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    # Prefect waits 20 s for its ephemeral server; a fresh PREFECT_HOME's database migrations
+    # alone take about that on 2 cores, so a first `tfm run` failed before any stage ran.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+
+
+def _overrides(items: list[str] | None) -> dict[str, Any]:
+    """``--set key.path=value`` pairs; values are parsed as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    parsed: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(item, "an override must look like key.path=value")
+        key, value = item.split("=", 1)
+        parsed[key] = yaml.safe_load(value)
+    return parsed
+
+
+def _load(path: str, overrides: list[str] | None = None) -> RunConfig:
+    """The command's config, loaded and validated once; what runs next is handed this."""
+    return load_config(path, _overrides(overrides))
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    from tasks.framework.contract import code_version
+
+    print(f"{PROG} {code_version()}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.set)
+    console.log_to(config.root, args.verbose)
+    _prefect_env()
+    from pipelines import watchdog
+    from pipelines.flows import Loaded, pipeline_flow
+
+    watchdog.start()  # Prefect's server and a local Ray end with this process, however it ends
+
+    results = pipeline_flow(
+        config_path=str(Path(args.config).resolve()),
+        force=list(args.force or []),
+        # Prefect records these on its server; the flow runs ``loaded``, so the record needs no
+        # password a --set gave (a mirror's).
+        overrides=redacted(_overrides(args.set)),
+        loaded=Loaded(config),  # the flow runs this config; the path and overrides name it
+    )
+    _print_summary(config, results)
+    return 0
+
+
+def _print_summary(config, results) -> None:
+    from tasks.framework.runner import place
+
+    print(f"\n{'stage':<12} {'result':<22} {'seconds':>8}  folder")
+    for r in results:
+        result = "ran" if r.ran else "up to date (skipped)"
+        print(f"{r.stage:<12} {result:<22} {r.seconds:>8.1f}  {place(config, r.stage)}")
+    from pipelines.flows import scores
+
+    stats = {r.stage: r.stats for r in results}
+    shown = scores(results)
+    if shown:
+        print(
+            "\nscores: "
+            + ", ".join(
+                f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()
+            )
+        )
+    if "register" in stats:
+        print("registry: " + json.dumps(stats["register"]))
+    print(
+        f"\nMLflow UI:  {sys.executable} -m mlflow ui"
+        f" --backend-store-uri {redact_uri(config.tracking_uri)} --host 127.0.0.1"
+    )
+    print(f"Both UIs:   {PROG} ui <config> --start   (MLflow and Prefect, bound to 127.0.0.1)")
+    print(
+        f"Run log:    {config.root / console.LOG_FILE}   (the libraries' lines; -v shows them here)"
+    )
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.set)
+    console.log_to(config.root, args.verbose)
+    from pipelines import watchdog
+    from tasks.framework import graph, runner, tracking
+
+    graph.spec(config, args.name)
+    if args.accept:
+        if args.force:
+            raise ConfigError("", "--accept keeps the output as it is; --force reruns it: give one")
+        result = runner.accept_stage(config, args.name)
+        print(f"{result.stage}: {result.reason}")
+        print(runner.place(config, args.name))
+        return 0
+    watchdog.start()  # a local Ray ends with this process, however it ends
+    with tracking.stage_run(config, args.name):
+        result = runner.run_stage(config, args.name, force=args.force)  # logs its result there
+    print(f"{result.stage}: {'ran' if result.ran else 'up to date, skipped'} ({result.reason})")
+    print(runner.place(config, args.name))
+    return 0
+
+
+def cmd_tracking_replay(args: argparse.Namespace) -> int:
+    """Send what the work dir's tracking journals hold to their MLflow servers; exit 1 if some
+    is left (a server does not answer)."""
+    from tasks.framework import tracking_session
+
+    target = Path(args.target)
+    if target.suffix in (".yaml", ".yml") and target.is_file():
+        config = _load(args.target, args.set)
+        left = tracking_session.replay_config(config, say=lambda line: print(f"tracking: {line}"))
+    else:
+        left = tracking_session.replay_workdir(
+            args.target, say=lambda line: print(f"tracking: {line}")
+        )
+    return 1 if left else 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.set)
+    from tasks.framework import runner
+
+    rows = runner.status(config, full=args.verify)
+    print(f"{'stage':<12} {'state':<11} why")
+    for name, st in rows:
+        print(f"{name:<12} {st.state:<11} {st.reason}")
+    return 0
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from serving import stream
+
+    if (args.model is None) == (args.checkpoint is None):
+        raise ConfigError("", _MODEL_OR_CHECKPOINT)
+    given = (("beam_size", args.beam), ("alpha", args.alpha), ("length_norm", args.length_norm))
+    options = {k: v for k, v in given if v is not None}
+    if args.n_best < 1:
+        raise ConfigError("", f"--n-best {args.n_best} must be >= 1")
+    if args.engine is not None and args.model is not None:
+        raise ConfigError(
+            "", "--engine applies to --checkpoint; a registered model decodes with its own engine"
+        )
+    if args.model is not None:
+        tracking = args.tracking_uri
+        if tracking is None and args.config:
+            tracking = _load(args.config).tracking_uri
+        n_best = {"n_best": args.n_best} if args.n_best > 1 else {}
+        predict = stream.from_registry(args.model, tracking, params={**options, **n_best})
+    else:
+        if args.tokenizer is None:
+            raise ConfigError(
+                "", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)"
+            )
+        decode = _load(args.config).decoding if args.config else None
+        from serving.translator import DecodeConfig
+
+        engine = {"engine": args.engine} if args.engine else {}
+        decode = dataclasses.replace(decode or DecodeConfig(), **options, **engine)
+        predict = stream.from_checkpoint(
+            Path(args.checkpoint), Path(args.tokenizer), decode, n_best=args.n_best
+        )
+    stream.translate_stream(predict, sys.stdin.buffer, sys.stdout)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from serving.export import export, registered_files
+
+    if (args.model is None) == (args.checkpoint is None):
+        raise ConfigError("", _MODEL_OR_CHECKPOINT)
+    with tempfile.TemporaryDirectory(prefix="tfm-export-") as tmp:
+        if args.model is not None:
+            tracking = args.tracking_uri or (
+                _load(args.config).tracking_uri if args.config else None
+            )
+            checkpoint, tokenizer_dir, decode = registered_files(args.model, Path(tmp), tracking)
+        elif args.tokenizer is None:
+            raise ConfigError(
+                "", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)"
+            )
+        else:
+            checkpoint, tokenizer_dir = Path(args.checkpoint), Path(args.tokenizer)
+            decode = _load(args.config).decoding if args.config else None
+        out = export(args.to, checkpoint, tokenizer_dir, Path(args.out), args.quantization, decode)
+    print(out)
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    _prefect_env()
+    from pipelines.deploy import deploy
+
+    deploy(
+        Path(args.config).resolve(),
+        config,
+        cron=args.cron,
+        work_pool=args.work_pool,
+        stage=args.stage,
+    )
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    config = _load(args.config) if args.config else None
+    tracking = config.tracking_uri if config else "sqlite:///mlflow.db"
+    mlflow_cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        tracking,
+        "--host",
+        args.host,
+        "--port",
+        str(args.mlflow_port),
+    ]
+    prefect_cmd = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        args.host,
+        "--port",
+        str(args.prefect_port),
+    ]
+    if not args.start:
+        print("MLflow:  " + " ".join(map(redact_uri, mlflow_cmd)))
+        print("Prefect: " + " ".join(prefect_cmd))
+        print(
+            f"then open http://{args.host}:{args.mlflow_port} and http://{args.host}:{args.prefect_port}"
+        )
+        return 0
+    import subprocess
+
+    _prefect_env()
+    procs = [subprocess.Popen(mlflow_cmd), subprocess.Popen(prefect_cmd)]
+    print(
+        f"MLflow on http://{args.host}:{args.mlflow_port},"
+        f" Prefect on http://{args.host}:{args.prefect_port}; Ctrl-C stops both"
+    )
+    try:
+        for p in procs:
+            p.wait()
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+    return 0
