@@ -96,6 +96,7 @@ test-gpu:
 # .ci/check_docs.py: the guides' links, images, make targets, tfm subcommands and scripts exist,
 # and no path of one machine is in docs/, README.md or configs/.
 lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pyrefly check --python-interpreter-path $(PY) --summary=none
