@@ -143,28 +143,29 @@ def test_missing_hypothesis_file(tmp_path):
         run_stage(_config(tmp_path), "score", inputs)
 
 
-def test_the_result_reaches_the_active_mlflow_run_once(tmp_path):
+def test_the_result_reaches_the_stage_run_in_mlflow_once(tmp_path):
     mlflow = pytest.importorskip("mlflow")
+    from tasks.framework import tracking
+
     config = _config(tmp_path)
-    mlflow.set_tracking_uri(config.tracking_uri)
-    mlflow.set_experiment("score-test")
-    with mlflow.start_run() as run:
-        # The stage itself logs nothing: the runner logs its result into the active run, once.
+    with tracking.stage_run(config, "score") as run:
+        # The stage itself logs nothing: the runner logs its result into the stage's run, once.
         result = run_stage(config, "score", _inputs(tmp_path))
+    assert tracking.drain(run) and run.run_id is not None  # the journal reached the server
     scores = json.loads((result.path / "scores.json").read_text(encoding="utf-8"))
-    logged = mlflow.get_run(run.info.run_id).data
+    client = mlflow.MlflowClient(config.tracking_uri)
+    logged = client.get_run(run.run_id).data
     for key in ("bleu_sacre", "bleu_tok_compound", "chrf"):
         assert logged.metrics[key] == pytest.approx(scores[key])
     assert logged.metrics["test_segments"] == 4
-    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "bleu_sacre")
-    assert len(history) == 1
+    assert len(client.get_metric_history(run.run_id, "bleu_sacre")) == 1
     assert logged.tags["stats.test_set"] == "newstest2014"
     assert (
         logged.tags["skipped"] == "false"
         and logged.tags["fingerprint"] == read_manifest(result.path)["fingerprint"]
     )
     assert logged.tags["input.translate"] and logged.tags["input.download"]
-    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "score")}
+    artifacts = {a.path for a in client.list_artifacts(run.run_id, "score")}
     assert {
         "score/manifest.json",
         "score/scores.json",
