@@ -17,12 +17,13 @@ VOCAB = 12  # 4 special ids + 8 symbols
 SEED = 3
 
 
-def reversal(n: int, seed: int) -> TokenData:
-    """``n`` rows of src = symbols + EOS, tgt = the symbols reversed + EOS (CSR layout)."""
+def reversal(n: int, seed: int, longest: int = 8) -> TokenData:
+    """``n`` rows of src = 3 to ``longest`` symbols + EOS, tgt = the symbols reversed + EOS (CSR
+    layout)."""
     rng = np.random.default_rng(seed)
     src, tgt = [], []
     for _ in range(n):
-        symbols = rng.integers(4, VOCAB, size=int(rng.integers(3, 9)))
+        symbols = rng.integers(4, VOCAB, size=int(rng.integers(3, longest + 1)))
         src.append(np.r_[symbols, EOS_ID])
         tgt.append(np.r_[symbols[::-1], EOS_ID])
     sides = []

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.flow_configs import WMT14_STAGES
 from helpers.netns_cluster import (
     SCRIPT,
     TESTS,
@@ -60,17 +61,7 @@ KILL_AFTER = 50  # the worker host dies once Ray Train has registered this step'
 KILL_AT = 60  # ... with its last rank stopped after this step, waiting for it (the next is 75)
 HOSTS = ("services", "head", "w1", "w2")
 SERVICE_PORTS = {5000: "tfm-mlflow", 4200: "tfm-prefect", 5432: "postgres"}
-STAGES = [
-    "download",
-    "clean",
-    "tokenizer",
-    "shard",
-    "train",
-    "average",
-    "translate",
-    "score",
-    "register",
-]
+STAGES = WMT14_STAGES
 MODEL_NAME = "cluster-translator"
 EXPERIMENT = "cluster-scenario"
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.flow_configs import WMT14_STAGES
 
 from pipelines.cli import build_parser, main
 from pipelines.commands import _prefect_env
@@ -60,17 +61,7 @@ def test_status_of_a_fresh_config_says_missing_and_why(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:2] == ["download", "missing"]
     assert "waits for download" in lines[2]
-    assert [line.split()[0] for line in lines[1:]] == [
-        "download",
-        "clean",
-        "tokenizer",
-        "shard",
-        "train",
-        "average",
-        "translate",
-        "score",
-        "register",
-    ]
+    assert [line.split()[0] for line in lines[1:]] == WMT14_STAGES
 
 
 def test_status_of_a_parsing_config_lists_the_parsing_stages(tmp_path, capsys):

@@ -3,9 +3,9 @@ on padded batches training as on the batches themselves (the CUDA graphs are in 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from helpers.trainer import VOCAB, reversal
 
 from training.config import TrainConfig
 from training.static_shapes import bucket, pad_to_bucket
@@ -14,8 +14,6 @@ from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, presets
 from transformer_core.batching import collate
 from transformer_core.config import ConfigError
 from transformer_core.loss import label_smoothed_nll
-
-VOCAB = 12
 
 
 def test_buckets_are_multiples_of_eight_with_at_most_an_eighth_added():
@@ -63,22 +61,6 @@ def test_padding_keeps_the_rows_and_adds_rows_that_add_nothing_to_the_loss():
         torch.testing.assert_close(padded, plain, rtol=1e-4, atol=1e-5)  # summation order
 
 
-def reversal(n: int, seed: int):
-    from training.data import TokenData
-
-    rng = np.random.default_rng(seed)
-    src, tgt = [], []
-    for _ in range(n):
-        symbols = rng.integers(4, VOCAB, size=int(rng.integers(3, 12)))
-        src.append(np.r_[symbols, EOS_ID])
-        tgt.append(np.r_[symbols[::-1], EOS_ID])
-    sides = []
-    for rows in (src, tgt):
-        offsets = np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int64)
-        sides += [np.concatenate(rows).astype(np.uint16), offsets]
-    return TokenData(*sides)
-
-
 def test_training_on_bucketed_batches_gives_the_eager_losses_and_weights():
     settings = {
         "steps": 6,
@@ -99,7 +81,9 @@ def test_training_on_bucketed_batches_gives_the_eager_losses_and_weights():
         torch.manual_seed(3)
         module = Transformer(presets.debug().replace(max_len=32, dropout=0.0), VOCAB)
         config = TrainConfig(**settings, static_shapes=static)
-        return Trainer(module, config, reversal(120, 1), reversal(16, 2), seed=3)
+        return Trainer(
+            module, config, reversal(120, 1, longest=11), reversal(16, 2, longest=11), seed=3
+        )
 
     plain, padded = trainer(False), trainer(True)
     shapes = {tuple(t.shape) for t in padded.prefetcher.next()[1][0]}
