@@ -87,6 +87,11 @@ def ours(what: str, args: list[str], threads: int, log: Path) -> dict[str, Any]:
     return json.loads(line.removeprefix("PEERS-RESULT ")) | {"wall_s": seconds}
 
 
+def recipe(args) -> Recipe:
+    """The recipe every toolkit trains with; ``--warmup`` reaches the same peak sooner."""
+    return Recipe(threads=args.threads, warmup=args.warmup or Recipe.warmup)
+
+
 def guarded(what: str, function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """``function(*args)``, or ``problem`` in one line when it raised (a log that did not hold
     what its parser looks for): one toolkit's failure leaves the others' rows."""
@@ -114,7 +119,7 @@ def train_fairseq(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dic
         data_bin,
         save,
         Shape(),
-        Recipe(threads=args.threads),
+        recipe(args),
         args.updates,
         args.log_every,
         languages=corpus.languages,
@@ -137,7 +142,7 @@ def train_eole(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dict[s
         corpus.text,
         corpus.languages,
         Shape(),
-        Recipe(threads=args.threads),
+        recipe(args),
         args.updates,
         args.log_every,
     )
@@ -161,6 +166,8 @@ def train_ours(kind: str, corpus: peers_data.Corpus, out: Path, args) -> dict[st
     folder = out / f"ours-{kind}"
     shutil.rmtree(folder, ignore_errors=True)
     extra = ["--threads", str(args.threads)] if kind == "plain" else []
+    if args.warmup:
+        extra += ["--warmup", str(args.warmup)]
     argv = [
         str(corpus.workdir),
         str(folder),
@@ -334,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
         default=10,
         help="updates a logging interval; the first is the warm-up",
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="updates to the recipe's peak learning rate (default the recipe's 2,000); shorter "
+        "for models that translate after a few hundred updates, for the decoding comparison",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--no-install", action="store_true", help="use the peers' environments as they are"
@@ -413,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "updates": args.updates,
         "warmup_updates": args.log_every,
+        "lr_warmup_updates": recipe(args).warmup,
         "train_pairs": corpus.pairs.get("train"),
         "train": train,
         "decode": decode,

@@ -30,14 +30,21 @@ sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "multi30k_en_de_tiny.yaml"
 
 
-def recipe_config(workdir: Path, updates: int, log_every: int):
+def recipe_config(workdir: Path, updates: int, log_every: int, warmup: int | None = None):
     """The recipe's config in ``workdir``, trained for ``updates`` updates: logged every
-    ``log_every``, validated and checkpointed only at the end, no dev BLEU."""
+    ``log_every``, validated and checkpointed only at the end, no dev BLEU. ``warmup``: the
+    peak learning rate reached after that many updates instead of the recipe's (the same peak:
+    the schedule's scale grows with the square root of the warm-up)."""
     from tasks.framework.config import load_config
 
     config = load_config(CONFIG, {"workdir": str(workdir)})
+    schedule = {}
+    if warmup is not None:
+        scale = config.train.lr_scale * (warmup / config.train.warmup_steps) ** 0.5
+        schedule = {"warmup_steps": warmup, "lr_scale": scale}
     train = dataclasses.replace(
         config.train,
+        **schedule,
         steps=updates,
         log_every=log_every,
         eval_every=updates,
@@ -54,12 +61,14 @@ def vocab_size(workdir: Path) -> int:
     return int(manifest["stats"]["vocab_size"])
 
 
-def train_ray(workdir: Path, out: Path, updates: int, log_every: int) -> dict:
+def train_ray(
+    workdir: Path, out: Path, updates: int, log_every: int, warmup: int | None = None
+) -> dict:
     """The train stage's Ray Train job for ``updates`` updates; its rank-0 summary."""
     from tasks.framework.runtime import ensure_ray
     from training.job import TrainJob, run_job
 
-    config = recipe_config(workdir, updates, log_every)
+    config = recipe_config(workdir, updates, log_every, warmup)
     ensure_ray(config.ray)
     with tempfile.TemporaryDirectory(prefix="peers-ray-") as storage:
         job = TrainJob(
@@ -79,7 +88,9 @@ def train_ray(workdir: Path, out: Path, updates: int, log_every: int) -> dict:
     }
 
 
-def train_plain(workdir: Path, out: Path, updates: int, log_every: int, threads: int) -> dict:
+def train_plain(
+    workdir: Path, out: Path, updates: int, log_every: int, threads: int, warmup: int | None = None
+) -> dict:
     """The same Trainer in this process, one worker on ``threads`` threads (two batches an
     update accumulated); the final weights saved as a checkpoint."""
     import torch
@@ -91,7 +102,7 @@ def train_plain(workdir: Path, out: Path, updates: int, log_every: int, threads:
     from transformer_core.model import Transformer
 
     set_threads(threads)
-    config = recipe_config(workdir, updates, log_every)
+    config = recipe_config(workdir, updates, log_every, warmup)
     train = dataclasses.replace(config.train, num_workers=1, torch_threads=threads)
     vocab = vocab_size(workdir)
     shard = workdir / "shard"
@@ -150,15 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", type=Path, help="ray/plain: output folder; decode: checkpoint")
     parser.add_argument("--updates", type=int, default=40)
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engine", default="torch")
     parser.add_argument("--source", type=Path)
     parser.add_argument("--beam", type=int, default=5)
     args = parser.parse_args(argv)
     if args.what == "ray":
-        result = train_ray(args.workdir, args.path, args.updates, args.log_every)
+        result = train_ray(args.workdir, args.path, args.updates, args.log_every, args.warmup)
     elif args.what == "plain":
-        result = train_plain(args.workdir, args.path, args.updates, args.log_every, args.threads)
+        result = train_plain(
+            args.workdir, args.path, args.updates, args.log_every, args.threads, args.warmup
+        )
     else:
         result = decode(args.workdir, args.path, args.engine, args.source, args.beam)
     print("PEERS-RESULT " + json.dumps(result), flush=True)

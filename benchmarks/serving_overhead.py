@@ -18,7 +18,7 @@ A trained model: by default the quickstart's (``make demo``) and its test set; w
 each path's BLEU too (the export's options against the pipeline's: docs/translation.md).
 
     python benchmarks/serving_overhead.py [--compute-type int8] [--threads 2] [--passes 5]
-    python benchmarks/serving_overhead.py --checkpoint RUN/average --tokenizer RUN/tokenizer \
+    python benchmarks/serving_overhead.py --checkpoint RUN/average --tokenizer RUN/tokenizer \\
         --texts RUN/clean/test.en --refs RUN/clean/test.de --compute-type float32 --passes 1
 """
 

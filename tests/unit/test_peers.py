@@ -3,6 +3,7 @@ say the recipe, and their logs are read into the figures the table shows."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -193,3 +194,24 @@ def test_a_gpu_peer_without_its_wheels_is_one_line(tmp_path):
         == f"eole: no wheels folder {tmp_path / 'missing'} (gpu_peers.py wheels makes it)"
     )
     assert not (tmp_path / "envs").exists()  # nothing made before the check
+
+
+def test_a_shorter_warm_up_reaches_the_recipe_s_peak_in_every_toolkit(tmp_path):
+    """``--warmup``: fairseq and eole get it as their warm-up; ours scales the schedule so that
+    its peak learning rate is still the recipe's (fairseq's --lr), only sooner."""
+    import peers_ours
+
+    from transformer_core.schedule import learning_rate
+
+    recipe = peers.recipe(argparse.Namespace(threads=2, warmup=300))
+    assert (recipe.warmup, recipe.lr) == (300, Recipe().lr)
+    ours = peers_ours.recipe_config(tmp_path, 600, 50, warmup=300)
+    d_model, train = ours.model.d_model, ours.train
+    assert train.warmup_steps == 300
+    peak = learning_rate(300, d_model, 300, train.lr_scale)
+    assert peak == pytest.approx(recipe.lr, rel=0.01)
+    assert learning_rate(301, d_model, 300, train.lr_scale) < peak
+    default = peers_ours.recipe_config(tmp_path, 600, 50).train
+    assert learning_rate(default.warmup_steps, d_model, default.warmup_steps, default.lr_scale) == (
+        pytest.approx(peak, rel=1e-6)
+    )
