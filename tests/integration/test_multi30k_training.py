@@ -19,19 +19,20 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.shared_data("multi30k/data/task1/raw"),
     pytest.mark.usefixtures("ray_local"),
-    # Its time budget: under 600 s alone on 2 cores (CI); 700 s beside another training run.
+    # Its time budget: 107 s alone on 2 idle cores; 400 s under CI's heaviest load.
     pytest.mark.timeout(900),
 ]
 
-# Measured with these settings (the 4-layer d_model 128 recipe, seed 1234, 2 CPU threads,
-# 2026-11-25, batches filled to the token budget): dev BLEU 2.0, 5.6, 11.0 and val_encoder_spread
-# 0.66, 0.84, 0.90 at steps 100, 200, 300 (per-length batches, 2026-11-24: 1.4, 4.9, 8.0 and
-# 0.48, 0.80, 0.85; the 3-layer d_model 256 recipe, 2026-11-23: 1.6, 2.6, 8.5 and 0.24, 0.59, 0.69).
-# The collapsed encoder of docs/training.md had spread 0.06 at step 50 and 100, and
-# 0.0007 at 300, with a dev perplexity stuck near 150: it scores ~0-2 however long it trains.
-# Two validations (150, 300) are enough for "rises above the floor" and cost one less dev pass.
+# Measured with these settings (the laptop recipe: 4 layers, d_model 128, two 1-thread workers of
+# 1,024 tokens a step, seed 1234, 2026-11-28): dev BLEU 5.5, 19.7 and val_encoder_spread 0.81,
+# 0.90 at steps 150 and 300, in 107 s on the idle 2-core VM (one worker of 2,048 tokens,
+# 2026-11-25: 2.0, 5.6, 11.0 and 0.66, 0.84, 0.90 at steps 100, 200, 300). The collapsed encoder
+# of docs/training.md had spread 0.06 at step 50 and 100, and 0.0007 at 300, with a dev
+# perplexity stuck near 150: it scores ~0-2 however long it trains. The floor keeps a margin
+# under the measured 19.7 for another machine's arithmetic. Two validations (150, 300) are
+# enough for "rises above the floor" and cost one less dev pass.
 STEPS, EVERY = 300, 150
-BLEU_FLOOR = 5.0
+BLEU_FLOOR = 12.0
 SPREAD_FLOOR = 0.15
 
 
