@@ -3,8 +3,10 @@ its config and commands, built from the shared shape and recipe, and what its lo
 
 Training is ``eole train`` on the same BPE text with one shared vocabulary (``eole
 build_vocab``), batches of ``max_tokens`` tokens accumulated ``update_freq`` times, Adam, the
-recipe's schedule (eole's ``rsqrt`` after a linear warm-up: ``lr x min(step / warmup, sqrt(warmup /
-step))``, the inverse-sqrt curve with ``learning_rate`` its peak), label smoothing and clipping.
+recipe's schedule, label smoothing and clipping. The schedule is eole's ``noam`` (the paper's:
+``learning_rate x d_model^-0.5 x min(step^-0.5, step x warmup^-1.5)``) with ``learning_rate``
+scaled so that its peak, at ``warmup``, is the recipe's ``lr``: eole's ``rsqrt`` is
+``learning_rate / sqrt(max(step, warmup))``, no warm-up and a peak of ``lr / sqrt(warmup)``.
 eole's transformer is pre-norm (its decoder has no post-norm layer style); the shape, biases and
 shared embeddings match. Its ``Step N/M; ...`` lines report, per interval, the target tokens a
 batch (``bsz: src/tgt/sents``), the sentences and target tokens a second; the first interval is
@@ -61,8 +63,8 @@ def config(
         "adam_beta1": recipe.adam_betas[0],
         "adam_beta2": recipe.adam_betas[1],
         "adam_eps": recipe.adam_eps,
-        "learning_rate": recipe.lr,
-        "decay_method": "rsqrt",
+        "learning_rate": recipe.lr * (shape.d_model * recipe.warmup) ** 0.5,
+        "decay_method": "noam",
         "warmup_steps": recipe.warmup,
         "max_grad_norm": recipe.clip_norm,
         "label_smoothing": recipe.label_smoothing,

@@ -19,12 +19,14 @@ each path's BLEU too (the export's options against the pipeline's: docs/translat
 
     python benchmarks/serving_overhead.py [--compute-type int8] [--threads 2] [--passes 5]
     python benchmarks/serving_overhead.py --checkpoint RUN/average --tokenizer RUN/tokenizer \\
-        --texts RUN/clean/test.en --refs RUN/clean/test.de --compute-type float32 --passes 1
+        --texts RUN/clean/test.en --refs RUN/clean/test.de --compute-type float32 --passes 1 \\
+        --config CONFIG   # the run's own decoding (beam, alpha), as its pipeline scored it
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -37,6 +39,7 @@ from serving import pyfunc
 from serving.ct2_export import export_ctranslate2, read_info
 from serving.ct2_options import ct2_exponent
 from serving.translator import DecodeConfig
+from tasks.framework.config import load_config
 from transformer_core import checkpoint
 from transformer_core.search_settings import penalty_exponent
 
@@ -136,14 +139,22 @@ def main() -> None:
         help="references of --texts: each path's BLEU (bleu_sacre, bleu_tok_lc)",
     )
     parser.add_argument("--lang", default="de", help="the target language, for --refs")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a run config whose decode section (beam, alpha, length penalty, output limit) "
+        "every path uses, as its pipeline decodes; default: DecodeConfig's defaults",
+    )
     args = parser.parse_args()
     for path in (args.checkpoint, args.tokenizer, args.texts, *([args.refs] if args.refs else [])):
         if not path.exists():
             sys.exit(f"serving_overhead: {path} not found (run `make demo` first, or pass paths)")
     texts = args.texts.read_text(encoding="utf-8").splitlines()[: args.lines]
     refs = args.refs.read_text(encoding="utf-8").splitlines()[: args.lines] if args.refs else None
-    decode = DecodeConfig(
-        engine="ctranslate2", compute_type=args.compute_type, threads=args.threads
+    own = load_config(args.config).decoding if args.config else DecodeConfig()
+    decode = dataclasses.replace(
+        own, engine="ctranslate2", compute_type=args.compute_type, threads=args.threads
     )
     with tempfile.TemporaryDirectory() as tmp:
         ours, export = registered(Path(tmp), args.checkpoint, args.tokenizer, decode)

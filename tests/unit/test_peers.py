@@ -20,6 +20,7 @@ from peers_env import Peer, Recipe, Shape  # noqa: E402
 
 from training.data import TokenData  # noqa: E402
 from transformer_core import presets  # noqa: E402
+from transformer_core.schedule import learning_rate  # noqa: E402
 
 PEER = Peer("fairseq", Path("venv"))
 
@@ -137,6 +138,14 @@ def test_eole_config_is_the_recipe(tmp_path):
         4,
     )
     assert model["share_embeddings"] and body["share_vocab"]
+    # eole's noam is the paper's curve times learning_rate: its peak, at the warm-up's last
+    # update, is the recipe's lr (fairseq's --lr), and it decays after
+    assert training["decay_method"] == "noam" and training["warmup_steps"] == Recipe().warmup
+    peak = learning_rate(Recipe().warmup, 128, Recipe().warmup, training["learning_rate"])
+    assert peak == pytest.approx(Recipe().lr)
+    assert learning_rate(4 * Recipe().warmup, 128, Recipe().warmup, training["learning_rate"]) == (
+        pytest.approx(Recipe().lr / 2)
+    )
     gpu = peers_eole.config(
         tmp_path, tmp_path, ("en", "de"), Shape(), Recipe(), 30, 10, gpu=True, bf16=True
     )
@@ -200,8 +209,6 @@ def test_a_shorter_warm_up_reaches_the_recipe_s_peak_in_every_toolkit(tmp_path):
     """``--warmup``: fairseq and eole get it as their warm-up; ours scales the schedule so that
     its peak learning rate is still the recipe's (fairseq's --lr), only sooner."""
     import peers_ours
-
-    from transformer_core.schedule import learning_rate
 
     recipe = peers.recipe(argparse.Namespace(threads=2, warmup=300))
     assert (recipe.warmup, recipe.lr) == (300, Recipe().lr)
