@@ -61,7 +61,6 @@ KILL_AFTER = 50  # the worker host dies once Ray Train has registered this step'
 KILL_AT = 60  # ... with its last rank stopped after this step, waiting for it (the next is 75)
 HOSTS = ("services", "head", "w1", "w2")
 SERVICE_PORTS = {5000: "tfm-mlflow", 4200: "tfm-prefect", 5432: "postgres"}
-STAGES = WMT14_STAGES
 MODEL_NAME = "cluster-translator"
 EXPERIMENT = "cluster-scenario"
 
@@ -380,7 +379,7 @@ def test_a_deployed_flow_on_a_cluster_of_hosts_survives_a_dead_host(cluster: Clu
         for r in runs
         if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id
     }
-    assert sorted(children) == sorted(STAGES)
+    assert sorted(children) == sorted(WMT14_STAGES)
     train_run = children["train"]
     assert train_run.info.artifact_uri.startswith("mlflow-artifacts:")
     uploaded = {a.path for a in client.list_artifacts(train_run.info.run_id)}
@@ -607,7 +606,9 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     assert run.wait(timeout=900) == 0, log_path.read_text()[-4000:]
 
     # Every stage's folder is in the bucket, complete; training resumed from its checkpoint there.
-    manifests = {stage: stored_json(fs, f"{prefix}/{stage}/manifest.json") for stage in STAGES}
+    manifests = {
+        stage: stored_json(fs, f"{prefix}/{stage}/manifest.json") for stage in WMT14_STAGES
+    }
     assert all(manifests.values()), [s for s, m in manifests.items() if not m]
     train = manifests["train"]["stats"]
     assert train["step"] == STEPS and train["world_size"] == 2
@@ -632,7 +633,7 @@ def test_a_flow_on_hosts_without_a_shared_disk_keeps_its_work_dir_in_the_bucket(
     skipped = [
         line.split()[0] for line in second.stdout.splitlines() if "up to date (skipped)" in line
     ]
-    assert skipped == STAGES, second.stdout[-3000:]
+    assert skipped == WMT14_STAGES, second.stdout[-3000:]
 
     # The same training, uninterrupted, with the victim back: its final weights, bit for bit.
     cluster.script("start-ray", victim)
@@ -794,7 +795,7 @@ def run_through_outage(cluster: Cluster, service: str, monkeypatch) -> dict[str,
             max_results=100,
         )
     }
-    assert sorted(children) == sorted(STAGES)
+    assert sorted(children) == sorted(WMT14_STAGES)
     assert all(r.info.status == "FINISHED" for r in [parent, *children.values()])
     train_id = children["train"].info.run_id
     for key in ("loss", "lr", "target_tokens_per_s"):  # every step's metrics, once each, in order
