@@ -9,16 +9,19 @@ sacreBLEU's paired test against the first run (approximate randomisation by defa
 so a rerun prints the same figures.
 
     python benchmarks/significance.py runs/base [runs/other runs/third ...] \\
-        [--test ar|bs] [--trials N] [--bootstrap 1000] [--json out.json]
+        [--test ar|bs] [--trials N] [--bootstrap 1000] [--reference 41.02] [--json out.json]
 
 The runs must have translated the same references (checked line by line). One run alone gets
-its figure and interval (where the runs to compare it with are gone, say).
+its figure and interval (where the runs to compare it with are gone, say). Two or more runs
+(seeds of one config, say) also get their mean and standard deviation, and with ``--reference``
+how many standard deviations a published figure lies from that mean.
 Hand-written because it is two sacreBLEU calls (``PairedTest``) over the score stage's inputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -109,6 +112,21 @@ def compare(
     return rows
 
 
+def spread(scores: list[float], reference: float | None = None) -> str:
+    """One line: the mean and sample standard deviation of two or more runs' ``bleu_tok_lc``
+    and, with ``reference``, how many of those standard deviations it lies from the mean."""
+    if len(scores) < 2:
+        raise ValueError(f"a spread needs two or more runs, got {len(scores)}")
+    mean, sd = statistics.mean(scores), statistics.stdev(scores)
+    line = f"bleu_tok_lc over {len(scores)} runs: mean {mean:.2f}, standard deviation {sd:.2f}"
+    if reference is not None:
+        if sd == 0:
+            return f"{line}; the reference {reference:g} is {reference - mean:+.2f} from it"
+        side = "above" if reference >= mean else "below"
+        line += f"; the reference {reference:g} is {abs(reference - mean) / sd:.2f} of them {side}"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("workdirs", nargs="+", type=Path, help="finished runs' work dirs")
@@ -125,10 +143,18 @@ def main(argv: list[str] | None = None) -> int:
         default=1_000,
         help="with --test ar: resamples for each run's 95%% interval",
     )
+    parser.add_argument(
+        "--reference",
+        type=float,
+        default=None,
+        help="a published figure to place against two or more runs' mean and spread",
+    )
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     rows = compare(args.workdirs, test=args.test, trials=args.trials, bootstrap=args.bootstrap)
     report(f"Test bleu_tok_lc, paired {args.test} against {args.workdirs[0]}", rows, args.json)
+    if len(rows) >= 2:
+        print(spread([row["bleu_tok_lc"] for row in rows], args.reference))
     return 0
 
 

@@ -107,3 +107,15 @@ def test_one_run_alone_gets_its_figure_and_interval(tmp_path, test):
     assert alone == paired[:1]
     assert alone[0]["bleu_tok_lc"] == round(score_texts(hyps, refs, "de")["bleu_tok_lc"], 2)
     assert alone[0][f"p_{test}_vs_first"] is None and 0 < alone[0]["ci95_half"] < 20
+
+
+def test_the_spread_of_seeds_places_a_published_figure():
+    line = significance.spread([40.0, 41.0, 42.0], reference=43.5)
+    assert line == (
+        "bleu_tok_lc over 3 runs: mean 41.00, standard deviation 1.00; "
+        "the reference 43.5 is 2.50 of them above"
+    )
+    assert significance.spread([40.0, 42.0]).endswith("mean 41.00, standard deviation 1.41")
+    assert significance.spread([40.0, 40.0], reference=39.0).endswith("is -1.00 from it")
+    with pytest.raises(ValueError, match="two or more runs"):
+        significance.spread([40.0], reference=41.0)
