@@ -2,7 +2,8 @@
 plain process, and decoding with ``tfm translate``. Run as a script, one JSON line comes out:
 
     python benchmarks/peers_ours.py ray WORKDIR OUT --updates 40 --log-every 10
-    python benchmarks/peers_ours.py plain WORKDIR OUT --updates 40 --log-every 10 --threads 2
+    python benchmarks/peers_ours.py plain WORKDIR OUT --updates 40 --log-every 10 --threads 2 \
+        [--seed N] [--set model.init=torch ...]
     python benchmarks/peers_ours.py decode WORKDIR CHECKPOINT --engine torch --source FILE
 
 ``ray`` is the train stage's own path (``training.job.run_job``: Ray Train's ``TorchTrainer``,
@@ -11,8 +12,11 @@ batches) on the shards the pipeline wrote, without MLflow, validation BLEU or ch
 before the last update. ``plain`` steps the same ``Trainer`` in this process with every update's
 two batches accumulated on ``--threads`` threads (the peers' layout); peers.py starts it with
 the workers' allocator settings. Both count target tokens over the logging intervals after the
-first (warm-up). ``decode`` times the ``tfm translate`` path's translator (``--checkpoint``,
-``--tokenizer``, the config's decoding, beam 5) over the whole test set after a warm-up call.
+first (warm-up); ``plain`` also prints and returns the training loss (label-smoothed, nats a
+target token) of every logging interval, and takes ``--seed`` and ``--set`` overrides of the
+recipe (to ask what an early learning curve depends on). ``decode`` times the ``tfm translate``
+path's translator (``--checkpoint``, ``--tokenizer``, the config's decoding, beam 5) over the
+whole test set after a warm-up call.
 """
 
 from __future__ import annotations
@@ -27,17 +31,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import parse_overrides  # noqa: E402
+
 CONFIG = ROOT / "configs" / "multi30k_en_de_tiny.yaml"
 
 
-def recipe_config(workdir: Path, updates: int, log_every: int, warmup: int | None = None):
+def recipe_config(
+    workdir: Path,
+    updates: int,
+    log_every: int,
+    warmup: int | None = None,
+    overrides: dict[str, object] | None = None,
+):
     """The recipe's config in ``workdir``, trained for ``updates`` updates: logged every
     ``log_every``, validated and checkpointed only at the end, no dev BLEU. ``warmup``: the
     peak learning rate reached after that many updates instead of the recipe's (the same peak:
-    the schedule's scale grows with the square root of the warm-up)."""
+    the schedule's scale grows with the square root of the warm-up). ``overrides``: ``--set``
+    pairs applied to the recipe first."""
     from tasks.framework.config import load_config
 
-    config = load_config(CONFIG, {"workdir": str(workdir)})
+    config = load_config(CONFIG, {**(overrides or {}), "workdir": str(workdir)})
     schedule = {}
     if warmup is not None:
         scale = config.train.lr_scale * (warmup / config.train.warmup_steps) ** 0.5
@@ -89,10 +103,17 @@ def train_ray(
 
 
 def train_plain(
-    workdir: Path, out: Path, updates: int, log_every: int, threads: int, warmup: int | None = None
+    workdir: Path,
+    out: Path,
+    updates: int,
+    log_every: int,
+    threads: int,
+    warmup: int | None = None,
+    overrides: dict[str, object] | None = None,
 ) -> dict:
     """The same Trainer in this process, one worker on ``threads`` threads (two batches an
-    update accumulated); the final weights saved as a checkpoint."""
+    update accumulated); the final weights saved as a checkpoint, the loss of every logging
+    interval printed and returned."""
     import torch
 
     from training.data import TokenData
@@ -102,7 +123,7 @@ def train_plain(
     from transformer_core.model import Transformer
 
     set_threads(threads)
-    config = recipe_config(workdir, updates, log_every, warmup)
+    config = recipe_config(workdir, updates, log_every, warmup, overrides)
     train = dataclasses.replace(config.train, num_workers=1, torch_threads=threads)
     vocab = vocab_size(workdir)
     shard = workdir / "shard"
@@ -111,9 +132,12 @@ def train_plain(
     torch.manual_seed(config.seed)
     module = Transformer(config.model, vocab)
     trainer = Trainer(module, train, data, dev, seed=config.seed)
+    losses = {}
     try:
         while trainer.step < trainer.last_step:
-            trainer.train_step()
+            if metrics := trainer.train_step():
+                losses[trainer.step] = round(metrics["loss"], 4)
+                print(f"update {trainer.step}: loss {metrics['loss']:.3f}", flush=True)
     finally:
         trainer.close()
     checkpoint = out / "final" / "model.pt"
@@ -124,6 +148,8 @@ def train_plain(
         "workers": 1,
         "threads_per_worker": torch.get_num_threads(),
         "checkpoint": str(checkpoint),
+        "seed": config.seed,
+        "losses": losses,
     }
 
 
@@ -166,12 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="torch")
     parser.add_argument("--source", type=Path)
     parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=None, help="plain: default the recipe's")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="plain: recipe overrides"
+    )
     args = parser.parse_args(argv)
+    overrides = parse_overrides(args.set) | ({} if args.seed is None else {"seed": args.seed})
     if args.what == "ray":
         result = train_ray(args.workdir, args.path, args.updates, args.log_every, args.warmup)
     elif args.what == "plain":
         result = train_plain(
-            args.workdir, args.path, args.updates, args.log_every, args.threads, args.warmup
+            args.workdir,
+            args.path,
+            args.updates,
+            args.log_every,
+            args.threads,
+            args.warmup,
+            overrides,
         )
     else:
         result = decode(args.workdir, args.path, args.engine, args.source, args.beam)

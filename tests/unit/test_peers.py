@@ -222,3 +222,18 @@ def test_a_shorter_warm_up_reaches_the_recipe_s_peak_in_every_toolkit(tmp_path):
     assert learning_rate(default.warmup_steps, d_model, default.warmup_steps, default.lr_scale) == (
         pytest.approx(peak, rel=1e-6)
     )
+
+
+def test_ours_takes_the_recipe_s_overrides_and_keeps_its_warm_up_scaling(tmp_path):
+    """``peers_ours.py plain --seed --set``: the overrides reach the config the Trainer gets;
+    the bench's own settings (steps, warm-up) still apply on top."""
+    import peers_ours
+
+    config = peers_ours.recipe_config(
+        tmp_path, 300, 50, warmup=200, overrides={"model.init": "torch", "seed": 4321}
+    )
+    recipe = peers_ours.recipe_config(tmp_path, 300, 50, warmup=200)
+    assert (config.model.init, config.seed) == ("torch", 4321)
+    assert (recipe.model.init, recipe.seed) == ("fairseq", 1234)
+    assert (config.train.steps, config.train.warmup_steps) == (300, 200)
+    assert config.train.lr_scale == recipe.train.lr_scale
