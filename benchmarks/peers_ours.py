@@ -1,7 +1,7 @@
 """Our side of ``benchmarks/peers.py``: the recipe's training as ``tfm run`` runs it and as one
 plain process, and decoding with ``tfm translate``. Run as a script, one JSON line comes out:
 
-    python benchmarks/peers_ours.py ray WORKDIR OUT --updates 40 --log-every 10
+    python benchmarks/peers_ours.py ray WORKDIR OUT --updates 40 --log-every 10 [--seed N]
     python benchmarks/peers_ours.py plain WORKDIR OUT --updates 40 --log-every 10 --threads 2 \
         [--seed N] [--set model.init=torch ...]
     python benchmarks/peers_ours.py decode WORKDIR CHECKPOINT --engine torch --source FILE
@@ -12,11 +12,11 @@ batches) on the shards the pipeline wrote, without MLflow, validation BLEU or ch
 before the last update. ``plain`` steps the same ``Trainer`` in this process with every update's
 two batches accumulated on ``--threads`` threads (the peers' layout); peers.py starts it with
 the workers' allocator settings. Both count target tokens over the logging intervals after the
-first (warm-up); ``plain`` also prints and returns the training loss (label-smoothed, nats a
-target token) of every logging interval, and takes ``--seed`` and ``--set`` overrides of the
-recipe (to ask what an early learning curve depends on). ``decode`` times the ``tfm translate``
-path's translator (``--checkpoint``, ``--tokenizer``, the config's decoding, beam 5) over the
-whole test set after a warm-up call.
+first (warm-up), and take ``--seed`` and ``--set`` overrides of the recipe (to ask what an
+early learning curve depends on); ``plain`` also prints and returns the training loss
+(label-smoothed, nats a target token) of every logging interval. ``decode`` times the
+``tfm translate`` path's translator (``--checkpoint``, ``--tokenizer``, the config's decoding,
+beam 5) over the whole test set after a warm-up call.
 """
 
 from __future__ import annotations
@@ -76,13 +76,18 @@ def vocab_size(workdir: Path) -> int:
 
 
 def train_ray(
-    workdir: Path, out: Path, updates: int, log_every: int, warmup: int | None = None
+    workdir: Path,
+    out: Path,
+    updates: int,
+    log_every: int,
+    warmup: int | None = None,
+    overrides: dict[str, object] | None = None,
 ) -> dict:
     """The train stage's Ray Train job for ``updates`` updates; its rank-0 summary."""
     from tasks.framework.runtime import ensure_ray
     from training.job import TrainJob, run_job
 
-    config = recipe_config(workdir, updates, log_every, warmup)
+    config = recipe_config(workdir, updates, log_every, warmup, overrides)
     ensure_ray(config.ray)
     with tempfile.TemporaryDirectory(prefix="peers-ray-") as storage:
         job = TrainJob(
@@ -192,14 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="torch")
     parser.add_argument("--source", type=Path)
     parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=None, help="plain: default the recipe's")
+    parser.add_argument("--seed", type=int, default=None, help="training: the recipe's if unset")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="plain: recipe overrides"
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="training: overrides"
     )
     args = parser.parse_args(argv)
     overrides = parse_overrides(args.set) | ({} if args.seed is None else {"seed": args.seed})
+    if overrides and args.what == "decode":
+        parser.error("--seed and --set are for training (ray, plain); decode reads the checkpoint")
     if args.what == "ray":
-        result = train_ray(args.workdir, args.path, args.updates, args.log_every, args.warmup)
+        result = train_ray(
+            args.workdir, args.path, args.updates, args.log_every, args.warmup, overrides
+        )
     elif args.what == "plain":
         result = train_plain(
             args.workdir,

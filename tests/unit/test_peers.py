@@ -237,3 +237,15 @@ def test_ours_takes_the_recipe_s_overrides_and_keeps_its_warm_up_scaling(tmp_pat
     assert (recipe.model.init, recipe.seed) == ("fairseq", 1234)
     assert (config.train.steps, config.train.warmup_steps) == (300, 200)
     assert config.train.lr_scale == recipe.train.lr_scale
+
+
+def test_decoding_refuses_training_overrides_in_one_line(tmp_path, capsys):
+    import peers_ours
+
+    with pytest.raises(SystemExit) as exc:
+        peers_ours.main(["decode", str(tmp_path), str(tmp_path / "model.pt"), "--seed", "3"])
+    assert exc.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(
+        "--seed and --set are for training (ray, plain); decode reads the checkpoint"
+    )
