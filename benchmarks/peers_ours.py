@@ -1,7 +1,8 @@
 """Our side of ``benchmarks/peers.py``: the recipe's training as ``tfm run`` runs it and as one
 plain process, and decoding with ``tfm translate``. Run as a script, one JSON line comes out:
 
-    python benchmarks/peers_ours.py ray WORKDIR OUT --updates 40 --log-every 10 [--seed N]
+    python benchmarks/peers_ours.py ray WORKDIR OUT --updates 40 --log-every 10 \
+        [--seed N] [--set model.init=torch ...]
     python benchmarks/peers_ours.py plain WORKDIR OUT --updates 40 --log-every 10 --threads 2 \
         [--seed N] [--set model.init=torch ...]
     python benchmarks/peers_ours.py decode WORKDIR CHECKPOINT --engine torch --source FILE
@@ -28,11 +29,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import parse_overrides  # noqa: E402
+
+if TYPE_CHECKING:
+    from tasks.framework.config import RunConfig
+    from training.config import TrainConfig
 
 CONFIG = ROOT / "configs" / "multi30k_en_de_tiny.yaml"
 
@@ -75,19 +81,11 @@ def vocab_size(workdir: Path) -> int:
     return int(manifest["stats"]["vocab_size"])
 
 
-def train_ray(
-    workdir: Path,
-    out: Path,
-    updates: int,
-    log_every: int,
-    warmup: int | None = None,
-    overrides: dict[str, object] | None = None,
-) -> dict:
-    """The train stage's Ray Train job for ``updates`` updates; its rank-0 summary."""
+def train_ray(config: RunConfig, workdir: Path, out: Path) -> dict:
+    """The train stage's Ray Train job on ``recipe_config``'s ``config``; its rank-0 summary."""
     from tasks.framework.runtime import ensure_ray
     from training.job import TrainJob, run_job
 
-    config = recipe_config(workdir, updates, log_every, warmup, overrides)
     ensure_ray(config.ray)
     with tempfile.TemporaryDirectory(prefix="peers-ray-") as storage:
         job = TrainJob(
@@ -100,25 +98,17 @@ def train_ray(
             run_name="bench-peers",
         )
         summary = run_job(job, out).summary
-    return rates(summary["timed_target_tokens"], summary["timed_seconds"], updates, log_every) | {
+    return rates(summary["timed_target_tokens"], summary["timed_seconds"], config.train) | {
         "workers": summary["world_size"],
         "threads_per_worker": summary["torch_threads"],
         "checkpoint": str(out / "final" / "model.pt"),
     }
 
 
-def train_plain(
-    workdir: Path,
-    out: Path,
-    updates: int,
-    log_every: int,
-    threads: int,
-    warmup: int | None = None,
-    overrides: dict[str, object] | None = None,
-) -> dict:
-    """The same Trainer in this process, one worker on ``threads`` threads (two batches an
-    update accumulated); the final weights saved as a checkpoint, the loss of every logging
-    interval printed and returned."""
+def train_plain(config: RunConfig, workdir: Path, out: Path, threads: int) -> dict:
+    """The same Trainer on ``recipe_config``'s ``config`` in this process, one worker on
+    ``threads`` threads (two batches an update accumulated); the final weights saved as a
+    checkpoint, the loss of every logging interval printed and returned."""
     import torch
 
     from training.data import TokenData
@@ -128,7 +118,6 @@ def train_plain(
     from transformer_core.model import Transformer
 
     set_threads(threads)
-    config = recipe_config(workdir, updates, log_every, warmup, overrides)
     train = dataclasses.replace(config.train, num_workers=1, torch_threads=threads)
     vocab = vocab_size(workdir)
     shard = workdir / "shard"
@@ -149,7 +138,7 @@ def train_plain(
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     ckpt.save(checkpoint, module, module.config, vocab_size=vocab, step=trainer.step)
     meter = trainer.meter
-    return rates(meter.timed_targets, meter.timed_seconds, updates, log_every) | {
+    return rates(meter.timed_targets, meter.timed_seconds, config.train) | {
         "workers": 1,
         "threads_per_worker": torch.get_num_threads(),
         "checkpoint": str(checkpoint),
@@ -158,8 +147,8 @@ def train_plain(
     }
 
 
-def rates(targets: int, seconds: float, updates: int, log_every: int) -> dict:
-    timed = updates - log_every  # the first logging interval is the warm-up
+def rates(targets: int, seconds: float, train: TrainConfig) -> dict:
+    timed = train.steps - train.log_every  # the first logging interval is the warm-up
     return {
         "target_tokens_per_s": targets / seconds,
         "target_tokens_per_update": targets / timed,
@@ -205,20 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = parse_overrides(args.set) | ({} if args.seed is None else {"seed": args.seed})
     if overrides and args.what == "decode":
         parser.error("--seed and --set are for training (ray, plain); decode reads the checkpoint")
-    if args.what == "ray":
-        result = train_ray(
-            args.workdir, args.path, args.updates, args.log_every, args.warmup, overrides
-        )
-    elif args.what == "plain":
-        result = train_plain(
-            args.workdir,
-            args.path,
-            args.updates,
-            args.log_every,
-            args.threads,
-            args.warmup,
-            overrides,
-        )
+    if args.what in ("ray", "plain"):
+        config = recipe_config(args.workdir, args.updates, args.log_every, args.warmup, overrides)
+        if args.what == "ray":
+            result = train_ray(config, args.workdir, args.path)
+        else:
+            result = train_plain(config, args.workdir, args.path, args.threads)
     else:
         result = decode(args.workdir, args.path, args.engine, args.source, args.beam)
     print("PEERS-RESULT " + json.dumps(result), flush=True)
