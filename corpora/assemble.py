@@ -5,8 +5,9 @@ Layout (what the download stage publishes, docs/contracts.md): ``train/<corpus>.
 ``from_wmt14`` fills it from the registry's archives and ``from_multi30k`` from the registry's
 Multi30k files (``corpora.sources``; both cached outside the folder, pinned in a lock file once
 they read cleanly, dropped from the cache when they do not: ``corpora.pinned``), ``from_local`` from
-``<prefix>.<lang>`` files on disk; the synthetic grammar writes the same layout itself
-(``corpora.synthetic``). Each returns the stats the download stage's manifest records.
+a team's own files on disk (``corpora.local_files``: aligned files, gzipped or not, or a TSV);
+the synthetic grammar writes the same layout itself (``corpora.synthetic``). Each returns the
+stats the download stage's manifest records.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from corpora import CorpusError, sources
+from corpora import CorpusError, local_files, sources
 from corpora.archives import corrupt_archive, iter_members
 from corpora.fetch import Seen, hash_file
 from corpora.lockfile import LockFile
@@ -142,37 +143,25 @@ def from_multi30k(
 def from_local(
     out: Path, *, pair: str, local_dir: str | None, train: Sequence[str], dev: str, test: str
 ) -> dict[str, Any]:
-    """Copy ``<local_dir>/<prefix>.<lang>`` files (each train prefix, dev, test) into ``out``,
-    one segment per line."""
+    """Copy each train prefix's, the dev prefix's and the test prefix's files in ``local_dir``
+    into ``out``, one segment per line: ``<prefix>.<lang>`` (each may be gzipped) or one
+    ``<prefix>.tsv[.gz]`` of pairs (``corpora.local_files``)."""
     if not local_dir:
         raise CorpusError("data.local_dir is required for data.source=local")
     folder = Path(local_dir)
     src, tgt = split_pair(pair)
-    plan: list[
-        tuple[str, str, dict[str, Path], dict[str, Path]]
-    ] = []  # split, name, inputs, outputs
-    for prefix in train:
+    # (split, name, files, outputs) for each corpus
+    plan: list[tuple[str, str, local_files.LocalCorpus, dict[str, Path]]] = []
+    for split, prefix in [*(("train", p) for p in train), ("dev", dev), ("test", test)]:
         name = Path(prefix).name
-        plan.append(
-            (
-                "train",
-                name,
-                _local_inputs(folder, prefix, src, tgt),
-                _outputs(out, "train", name, src, tgt),
-            )
-        )
-    for split, prefix in (("dev", dev), ("test", test)):
-        plan.append(
-            (
-                split,
-                Path(prefix).name,
-                _local_inputs(folder, prefix, src, tgt),
-                _outputs(out, split, "", src, tgt),
-            )
-        )
-    missing = [str(p) for *_, inputs, _ in plan for p in inputs.values() if not p.is_file()]
+        outputs = _outputs(out, split, name if split == "train" else "", src, tgt)
+        plan.append((split, name, local_files.resolve(folder, prefix, (src, tgt)), outputs))
+    missing = [str(p) for *_, corpus, _ in plan for p in corpus.missing()]
     if missing:
-        raise CorpusError(f"data.source=local: missing file(s): {', '.join(missing)}")
+        raise CorpusError(
+            f"data.source=local: missing file(s): {', '.join(missing)} (a side may be gzipped, "
+            "<prefix>.<lang>.gz, or both sides one <prefix>.tsv[.gz])"
+        )
     train_names = [name for split, name, *_ in plan if split == "train"]
     if len(set(train_names)) != len(train_names) or {"dev", "test"} & set(train_names):
         raise CorpusError(
@@ -181,22 +170,25 @@ def from_local(
         )
 
     corpora_stats: dict[str, Any] = {}
-    for split, name, inputs, outputs in plan:
-        writers = _copy_text(inputs, outputs)
-        lines = _check_aligned(name, {lang: (str(inputs[lang]), w) for lang, w in writers.items()})
-        seen = {lang: hash_file(inputs[lang]) for lang in (src, tgt)}
+    for split, name, corpus, outputs in plan:
+        writers = local_files.copy_corpus(corpus, outputs)
+        lines = _check_aligned(
+            name, {lang: (str(corpus.files[lang]), w) for lang, w in writers.items()}
+        )
+        seen = {path: hash_file(path) for path in dict.fromkeys(corpus.files.values())}
         corpora_stats[_stat_key(split, name)] = {
             "split": split,
             "name": name,
+            "format": "tsv" if corpus.tsv else "text",
             "lines": lines,
             "files": {lang: _rel(outputs[lang], out) for lang in (src, tgt)},
             "inputs": {
                 lang: {
-                    "path": str(inputs[lang].resolve()),
-                    "bytes": seen[lang].bytes,
-                    "sha256": seen[lang].sha256,
+                    "path": str(path.resolve()),
+                    "bytes": seen[path].bytes,
+                    "sha256": seen[path].sha256,
                 }
-                for lang in (src, tgt)
+                for lang, path in corpus.files.items()
             },
             **_fixes(writers),
         }
@@ -313,10 +305,6 @@ def _outputs(out: Path, split: str, name: str, src: str, tgt: str) -> dict[str, 
     if split == "train":
         return {lang: out / "train" / f"{name}.{lang}" for lang in (src, tgt)}
     return {lang: out / f"{split}.{lang}" for lang in (src, tgt)}
-
-
-def _local_inputs(folder: Path, prefix: str, src: str, tgt: str) -> dict[str, Path]:
-    return {lang: folder / f"{prefix}.{lang}" for lang in (src, tgt)}
 
 
 def _check_corpus(corpus: Corpus, writers: dict[str, LineWriter]) -> int:

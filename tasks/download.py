@@ -5,8 +5,9 @@ Out (docs/contracts.md): ``train/<corpus>.<src>``, ``train/<corpus>.<tgt>``, ``d
 ``wmt14`` (statmt.org or a mirror) and ``multi30k`` (the multi30k/dataset repository or a
 mirror), whose files are cached outside the stage folder and pinned in a lock file once they
 read cleanly (one that does not read is dropped, so a rerun downloads it again); ``local``
-(``<prefix>.<lang>`` files on disk) and ``synthetic`` (the quickstart's grammar). The parsing
-pipeline reads treebank files in its own first stage instead.
+(a team's own files: ``<prefix>.<lang>``, gzipped or not, or ``<prefix>.tsv[.gz]``) and
+``synthetic`` (the quickstart's grammar). The parsing pipeline reads treebank files in its own
+first stage instead.
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     if config.data.source == "synthetic":
         data["seed"] = config.seed
     if config.data.source == "local" and config.data.local_dir:
+        from corpora.local_files import fingerprinted_files
         from tasks.framework.content import file_digests
 
         folder = Path(config.data.local_dir)
         prefixes = (*config.data.local_train, config.data.local_dev, config.data.local_test)
-        files = [folder / f"{prefix}.{lang}" for prefix in prefixes for lang in config.languages]
+        files = [
+            path
+            for prefix in prefixes
+            for path in fingerprinted_files(folder, prefix, config.languages)
+        ]
         data["local_files"] = file_digests(files, folder)
     return data
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from parsing import nltk_sample
 from tasks.framework.config import ParsingConfig, RunConfig
 from tasks.framework.content import files_digest
 from tasks.framework.contract import BuildContext, StageError
@@ -22,8 +23,10 @@ def split_files(parsing: ParsingConfig) -> dict[str, list[Path]]:
     A pattern that matches nothing, or a file in two splits, is an error."""
     if not parsing.treebank_dir:
         raise StageError(
-            "parsing.treebank_dir is not set: point it at a treebank folder, for example a "
-            "licensed LDC99T42 copy's parsed/mrg/wsj (see docs/parsing.md)"
+            f"parsing.treebank_dir is not set and no NLTK data folder holds {nltk_sample.SAMPLE}: "
+            f"`{nltk_sample.DOWNLOAD}` fetches NLTK's WSJ sample (pip install nltk first), or "
+            "point the key at a treebank folder, for example a licensed LDC99T42 copy's "
+            "parsed/mrg/wsj (docs/parsing.md)"
         )
     root = Path(parsing.treebank_dir)
     if not root.is_dir():

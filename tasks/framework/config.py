@@ -28,6 +28,7 @@ from corpora.filters import CleanConfig
 from corpora.sources import split_pair
 from corpora.storage import StorageError, Store, StoreSettings, is_remote, open_store
 from corpora.subwords import TokenizerConfig
+from parsing.nltk_sample import find_sample
 from serving.translator import DecodeConfig
 from tasks.framework.config_errors import config_error, not_json, yaml_error
 from tasks.framework.config_sections import (
@@ -108,7 +109,8 @@ class RunConfig:
     __pydantic_config__ = {"extra": "forbid", "strict": True}
 
     name: str
-    """Run name; names the work directory and MLflow runs."""
+    """Run name; names the work directory and MLflow runs. Left out, the loader takes the config
+    file's name without ``.yaml``."""
     seed: int = 1234
     """Seed for sampling, shuffling and initialisation."""
     workdir: Workdir = "runs/{name}"
@@ -119,32 +121,40 @@ class RunConfig:
     """How to reach the object store a ``workdir`` URI names (the secrets stay in environment
     variables), and this node's cache folder for it."""
     model: ModelConfig = field(default_factory=presets.base)
-    """Architecture: ``preset: <name>`` plus any ModelConfig fields to override."""
+    """The model's architecture: ``preset: <name>`` (default base) plus any of its keys to
+    override."""
     data: DataConfig = field(default_factory=DataConfig)
-    """Download stage."""
+    """The corpus: its source, language pair and dev and test sets (the download stage)."""
     clean: CleanConfig = field(default_factory=CleanConfig)
-    """Clean stage."""
+    """The clean stage's filters of the training pairs."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    """Tokenizer stage."""
+    """The subword model the tokenizer stage trains, and the text's preparation before it."""
     shard: ShardConfig = field(default_factory=ShardConfig)
-    """Shard stage."""
+    """How the shard stage encodes the corpus into Parquet shards."""
     train: TrainConfig = field(default_factory=TrainConfig)
-    """Train stage."""
+    """The train stage: the training recipe and its Ray Train scaling."""
     average: AverageConfig = field(default_factory=AverageConfig)
-    """Average stage."""
+    """The average stage: which checkpoints make the final model."""
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    """Translate stage."""
+    """How the translate stage (and the registered model) decodes: the search and its engine."""
     register: RegisterConfig = field(default_factory=RegisterConfig)
-    """Register stage."""
+    """The register stage: the registered model's name and the metric that picks the champion."""
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
-    """Tracking."""
+    """Experiment tracking: the MLflow server, the experiment, and how calls to it retry."""
     ray: RayConfig = field(default_factory=RayConfig)
-    """Ray runtime."""
+    """Where Ray runs: a cluster's address, or a local Ray that a stage starts."""
     parsing: ParsingConfig = field(default_factory=ParsingConfig)
     """Constituency parsing (the parsing pipeline only)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", workdir_of(self.workdir, self.name))
+        if self.data.source == "treebank" and self.parsing.treebank_dir is None:
+            # Resolved once at load, so every stage and fingerprint sees the same folder; when
+            # NLTK's sample is absent the treebank stage says how to get it.
+            sample = find_sample()
+            if sample is not None:
+                parsing = dataclasses.replace(self.parsing, treebank_dir=str(sample))
+                object.__setattr__(self, "parsing", parsing)
         if is_remote(self.workdir):
             try:
                 _store(self.workdir, self.storage)  # the URI and the credential variables, now

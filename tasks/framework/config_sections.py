@@ -6,6 +6,7 @@ libraries; ``tasks.framework.config`` composes them all into ``RunConfig``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Annotated, Literal
 
 from annotated_types import Ge, Gt
@@ -41,7 +42,7 @@ class DataConfig:
 
     source: Literal["synthetic", "wmt14", "multi30k", "local", "treebank"] = "synthetic"
     """synthetic: the offline grammar corpus; wmt14: statmt.org or a mirror; multi30k: Multi30k
-    task 1; local: files on disk; treebank: PTB files."""
+    task 1; local: your own files in local_dir (docs/your-data.md); treebank: PTB files."""
     pair: str = "en-de"
     """Language pair as src-tgt, e.g. en-de or en-fr (multi30k: two of en, de, fr, cs)."""
     corpora: tuple[str, ...] = ()
@@ -49,10 +50,11 @@ class DataConfig:
     (multi30k: leave empty)."""
     dev: str | None = None
     """Development set name; null means the source's standard: newstest2013 (wmt14), val
-    (multi30k)."""
+    (multi30k), the local_dev prefix's name (local)."""
     test: str | None = None
-    """Test set name; null means the source's standard: newstest2014 (wmt14; release: test_variant),
-    test_2016_flickr (multi30k)."""
+    """Test set name, as scores and MLflow report it; null means the source's standard: newstest2014
+    (wmt14; release: test_variant), test_2016_flickr (multi30k), the local_test prefix's name
+    (local)."""
     test_variant: Literal["full", "filtered"] = "full"
     """newstest2014 release: full (3,003 segments) or filtered (2,737); Multi30k test sets have one
     (full)."""
@@ -60,7 +62,9 @@ class DataConfig:
     """A file:// folder or http(s):// base replacing statmt.org (multi30k: the repository root);
     offline clusters, tests."""
     local_dir: str | None = None
-    """For source=local: a folder with train/dev/test .<lang> files (or treebank files)."""
+    """For source=local: the folder holding each prefix's text, as two line-aligned files
+    <prefix>.<src> and <prefix>.<tgt> (either may be gzipped: <prefix>.<lang>.gz) or as one
+    two-column TSV <prefix>.tsv[.gz] of source<TAB>target lines, in the pair's order."""
     max_retries: Annotated[int, Ge(1)] = 5
     """Download attempts per file before giving up (exponential backoff between them)."""
     cache_dir: str | None = None
@@ -69,12 +73,12 @@ class DataConfig:
     """JSON file pinning each download's sha256 and size when first seen; null means
     <workdir>/downloads.lock.json."""
     local_train: tuple[str, ...] = ("train",)
-    """For source=local: training file prefixes in local_dir (each <prefix>.<lang>; the prefix names
-    the corpus)."""
+    """For source=local: training file prefixes in local_dir (see local_dir; the prefix's last
+    part names the corpus)."""
     local_dev: str = "dev"
-    """For source=local: dev file prefix in local_dir (<prefix>.<lang>)."""
+    """For source=local: dev file prefix in local_dir (see local_dir)."""
     local_test: str = "test"
-    """For source=local: test file prefix in local_dir (<prefix>.<lang>)."""
+    """For source=local: test file prefix in local_dir (see local_dir)."""
     synthetic_train: int = 20000
     """For source=synthetic: number of training pairs."""
     synthetic_dev: int = 500
@@ -94,9 +98,13 @@ class DataConfig:
                 "pair",
                 f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)",
             )
-        # Sources without named sets (local, synthetic, treebank) keep WMT14's names, as before.
-        # Resolved here, not in each reader, so every stage and fingerprint sees the same names.
-        dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
+        # A local corpus's sets are named by their prefixes (the scores name the test set);
+        # synthetic and treebank keep WMT14's names, as before. Resolved here, not in each
+        # reader, so every stage and fingerprint sees the same names.
+        if self.source == "local":
+            dev, test = PurePath(self.local_dev).name, PurePath(self.local_test).name
+        else:
+            dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
         if self.dev is None:
             object.__setattr__(self, "dev", dev)
         if self.test is None:
@@ -155,6 +163,7 @@ class AverageConfig:
 
 
 def _score_metric(name: str) -> str:
+    """One of the metrics the score stage writes (``evaluation.bleu.METRICS``)."""
     if name not in METRICS:
         raise ValueError(f"{name!r} is not one of {', '.join(METRICS)}")
     return name
@@ -217,6 +226,7 @@ class RayConfig:
 
 
 def _relative_glob(pattern: str) -> str:
+    """Each a glob relative to ``treebank_dir`` (not empty, not absolute, no ``..``)."""
     if not pattern or pattern.startswith("/") or ".." in pattern.split("/"):
         raise ValueError(f"{pattern!r} must be a glob relative to treebank_dir")
     return pattern
@@ -238,7 +248,9 @@ class ParsingConfig(BeamSettings):
     max_len_offset: int = 300
     """Maximum output length = input length + this (the paper: 300)."""
     treebank_dir: str | None = None
-    """Treebank root, e.g. a licensed LDC99T42 copy's parsed/mrg/wsj (holding 00/ ... 24/)."""
+    """Treebank root, e.g. a licensed LDC99T42 copy's parsed/mrg/wsj (holding 00/ ... 24/); null
+    means NLTK's WSJ sample, nltk_data/corpora/treebank/combined in the first NLTK data folder
+    that holds it (`python -m nltk.downloader treebank` puts it there), found at load."""
     train_files: tuple[RelativeGlob, ...] = ("0[2-9]/*.mrg", "1[0-9]/*.mrg", "2[01]/*.mrg")
     """Glob patterns under treebank_dir for training trees (default: WSJ sections 02-21)."""
     dev_files: tuple[RelativeGlob, ...] = ("22/*.mrg",)

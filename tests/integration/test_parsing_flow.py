@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.shared_data import SHARED_DATA
 from helpers.stage_folders import TINY_TRAINING
 
 from tasks.framework.runner import run_stage
@@ -204,6 +205,7 @@ def test_second_run_skips_every_stage(first_run):
 
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SAMPLE = SHARED_DATA / "ptb_sample" / "combined"
 
 
 def test_shipped_parsing_configs_hold_the_papers_settings():
@@ -235,11 +237,11 @@ def test_shipped_parsing_configs_hold_the_papers_settings():
 
 
 @pytest.mark.shared_data("ptb_sample/combined")
-def test_ptb_sample_config_splits_the_sample_by_file(tmp_path, monkeypatch):
+def test_ptb_sample_config_splits_the_sample_by_file(tmp_path):
     from tasks.framework.config import load_config
 
-    monkeypatch.chdir(CONFIGS.parent)  # treebank_dir is relative to the repo root
-    config = load_config(CONFIGS / "ptb_sample.yaml", {"workdir": str(tmp_path / "run")})
+    overrides = {"workdir": str(tmp_path / "run"), "parsing.treebank_dir": str(SAMPLE)}
+    config = load_config(CONFIGS / "ptb_sample.yaml", overrides)
     got = run_stage(config, "treebank", {}).stats
     assert (got["train_files"], got["dev_files"], got["test_files"]) == (169, 11, 19)
     assert (got["train_trees"], got["dev_trees"], got["test_trees"]) == (3501, 176, 237)

@@ -109,8 +109,12 @@ def test_dev_and_test_default_to_the_sources_standard_sets():
     )
     wmt = DataConfig(source="wmt14")
     assert (wmt.dev, wmt.test, wmt.test_variant) == ("newstest2013", "newstest2014", "full")
-    # Other sources keep the names they always had (the score stage reports data.test).
-    assert (DataConfig().dev, DataConfig(source="local").test) == ("newstest2013", "newstest2014")
+    # A local corpus's sets are named by their prefixes (the score stage reports data.test);
+    # the synthetic corpus keeps the names it always had.
+    assert (DataConfig().dev, DataConfig().test) == ("newstest2013", "newstest2014")
+    local = DataConfig(source="local", local_dev="dev", local_test="held_out/news2024")
+    assert (local.dev, local.test) == ("dev", "news2024")
+    assert DataConfig(source="local", local_test="x", test="mine").test == "mine"
     chosen = DataConfig(source="multi30k", pair="fr-en", test="test_2017_mscoco")
     assert (chosen.dev, chosen.test) == ("val", "test_2017_mscoco")
     # What a manifest records is the resolved name, and it reads back as the same config.

@@ -194,8 +194,9 @@ def test_default_globs_give_the_standard_wsj_splits(tmp_path):
 
 def test_split_errors(tmp_path):
     root = _wsj(tmp_path)
-    with pytest.raises(StageError, match="treebank_dir is not set"):
+    with pytest.raises(StageError, match="treebank_dir is not set") as err:
         split_files(ParsingConfig())
+    assert "`python -m nltk.downloader treebank`" in str(err.value)
     with pytest.raises(StageError, match="'99/\\*.mrg' matches no file"):
         split_files(ParsingConfig(treebank_dir=str(root), dev_files=("99/*.mrg",)))
     with pytest.raises(StageError, match="in both the train and the test split"):
@@ -249,3 +250,20 @@ def test_treebank_stage_reports_a_malformed_file(tmp_path):
     with pytest.raises(TreebankError, match="wsj_0501.mrg:1: unbalanced"):
         run_stage(config, "treebank", {})
     assert not (tmp_path / "run" / "treebank").exists()
+
+
+def test_an_unset_treebank_dir_is_nltks_sample_where_the_downloader_puts_it(tmp_path, monkeypatch):
+    from parsing.nltk_sample import SAMPLE, find_sample
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    (second / SAMPLE).mkdir(parents=True)
+    assert find_sample([first, second]) == second / "corpora" / "treebank" / "combined"
+    assert find_sample([first]) is None
+    # At load, a treebank config that names no folder gets the sample of NLTK's data folders
+    # (NLTK_DATA first, as NLTK searches them); one that names a folder keeps it.
+    monkeypatch.setenv("NLTK_DATA", str(second))
+    data = {"name": "p", "data": {"source": "treebank", "pair": "words-tree"}}
+    assert config_from_dict(data).parsing.treebank_dir == str(second / SAMPLE)
+    named = config_from_dict({**data, "parsing": {"treebank_dir": str(first)}})
+    assert named.parsing.treebank_dir == str(first)
+    assert config_from_dict({"name": "t"}).parsing.treebank_dir is None  # translation configs
