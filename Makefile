@@ -4,15 +4,17 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# torch is installed first and pinned: 2.13.0 has a local CPU wheel on our machines, and any
-# later pip step sees it satisfied instead of pulling CUDA packages.
+# torch is installed first and pinned, so that the project's own install sees it satisfied. On
+# Linux, PyPI's torch is the CUDA build (several GB): TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# takes the CPU wheel from PyTorch's own index for this one step.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -93,14 +95,17 @@ test-gpu:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests/gpu
 
 # pyrefly: the type checker over the production packages ([tool.pyrefly] in pyproject.toml).
-# .ci/check_docs.py: the guides' links, images, make targets, tfm subcommands and scripts exist,
-# and no path of one machine is in docs/, README.md or configs/.
+# .ci/check_docs.py: the guides' links, sections, images, make targets and scripts exist, their
+# tfm commands parse and load their configs, and no path of one machine is in docs/, README.md
+# or configs/. .ci/config_reference.py: docs/config.md is what the config classes and their field
+# docstrings say now.
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pyrefly check --python-interpreter-path $(PY) --summary=none
 	$(PY) .ci/check_docs.py
+	$(PY) .ci/config_reference.py
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -4,9 +4,13 @@
   folder of the repository, and a ``#fragment`` to a heading of its target;
 - no absolute path of one machine (``/work/...``, ``/root/...``, ``/home/<user>/...``) in
   those documents or in ``configs/*.yaml``;
-- every ``make`` target, ``tfm`` subcommand, ``benchmarks/`` script and ``configs/`` file that
-  the code of a guide (``README.md``, ``docs/*.md``; not the dated notebooks of ``docs/log/``,
-  which keep the commands as they ran) names exists.
+- every ``benchmarks/`` script and ``configs/`` file that the code of a guide (``README.md``,
+  ``docs/*.md``; not the dated notebooks of ``docs/log/``, which keep the commands as they ran)
+  names exists, and its ``tfm``, ``make`` and ``prefect deployment run`` commands are right:
+  parsed by ``tfm``'s own parser, the config loaded with their ``--set`` values (see
+  ``docs_commands.py`` for the conventions);
+- every prose reference to a section of a guide (``see running.md, "Reruns"``, ``x.md's
+  section "Y"``, ``section "Y" of x.md``) names the start of a heading of that file.
 
 Hand-written: link checkers (lychee, markdown-link-check) resolve links but know nothing of our
 make targets, tfm subcommands and machine paths; markdown-it-py does the Markdown parsing.
@@ -18,26 +22,34 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, run as a script or not
+import docs_commands  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE_PATH = re.compile(r"(?<![\w.~$-])(?:file://)?/(?:work|root|home/[^/\s]+|Users/[^/\s]+)/")
 """An absolute path of one machine: its work tree, root's or a user's home."""
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
-MAKE = re.compile(r"(?<![\w/.-])make\s+(?=(.*))")
-TFM = re.compile(r"(?<![\w-])tfm\s+(?=(.*))")
 REPO_FILE = re.compile(r"(?<![\w/.-])((?:benchmarks/[\w./-]+\.py)|(?:configs/[\w.-]+\.ya?ml))")
-WORD = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 COMMENT = re.compile(r"(?:^|\s)#.*$")
-
-Commands = Mapping[str, "Commands"]
-"""``tfm``'s subcommands, each with its own (``tfm tracking replay``)."""
+SHELL = ("", "bash", "sh", "shell", "console", "text")
+"""The fences whose lines are shell lines (not ``yaml`` or ``python``)."""
+_FILE = r"(?:\[[^\]]*\]\((?P<link>[^)\s#]+\.md)\)|`?(?P<path>[\w./-]+\.md)`?)"
+_TITLE = r"[\"“](?P<title>[^\"”]+)[\"”]"
+SECTION_REFS = (
+    re.compile(_FILE + r"(?:'s)?,?\s+(?:section\s+)?" + _TITLE),
+    re.compile(r"section\s+" + _TITLE + r"\s+(?:of|in)\s+" + _FILE),
+)
+"""A prose reference to a section: ``x.md, "Title"``, ``x.md's section "Title"``, ``section
+"Title" of x.md``, the file a path or a link."""
 
 
 @dataclass(frozen=True)
@@ -69,16 +81,23 @@ def slug(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
 
 
+def headings(tokens: list[Token]) -> list[str]:
+    """Every heading's text, as GitHub shows it (code spans without their backticks)."""
+    return [
+        "".join(c.content for c in inline.children or [] if c.type != "image")
+        for opening, inline in zip(tokens, tokens[1:], strict=False)
+        if opening.type == "heading_open"
+    ]
+
+
 def anchors(tokens: list[Token]) -> set[str]:
     """Every heading's anchor, repeats numbered as GitHub numbers them."""
     seen: dict[str, int] = {}
     found = set()
-    for opening, inline in zip(tokens, tokens[1:], strict=False):
-        if opening.type == "heading_open":
-            base = slug("".join(c.content for c in inline.children or [] if c.type != "image"))
-            n = seen.get(base, 0)
-            seen[base] = n + 1
-            found.add(base if n == 0 else f"{base}-{n}")
+    for base in map(slug, headings(tokens)):
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        found.add(base if n == 0 else f"{base}-{n}")
     return found
 
 
@@ -94,18 +113,69 @@ def targets(tokens: list[Token]) -> Iterator[tuple[int, str]]:
                 yield line, ref
 
 
-def code(tokens: list[Token]) -> Iterator[tuple[int, str]]:
-    """``(line, text)`` of every line of fenced and indented code (comments dropped) and of
-    every inline code span."""
+def code(tokens: list[Token]) -> Iterator[tuple[int, str, str]]:
+    """``(line, text, kind)`` of every line of fenced and indented code (comments dropped; a
+    ``\\`` continuation, or a shell line's open quote, joined to the next) and of every inline
+    code span; ``kind``: "shell", "inline", or "other" for a fence of YAML, Python and the like."""
     for token in tokens:
         if token.type in ("fence", "code_block") and token.map:
+            shell = token.type == "code_block" or token.info.strip() in SHELL
+            kind = "shell" if shell else "other"
+            first, joined = None, ""
             for i, text in enumerate(token.content.splitlines()):
-                yield token.map[0] + 1 + (token.type == "fence") + i, COMMENT.sub("", text)
+                first = i if first is None else first
+                text = COMMENT.sub("", text).rstrip()
+                if text.endswith("\\"):
+                    joined += text[:-1] + " "
+                    continue
+                if shell and open_quote(joined + text):
+                    joined += text + "\n"
+                    continue
+                yield token.map[0] + 1 + (token.type == "fence") + first, joined + text, kind
+                first, joined = None, ""
+            if first is not None:  # a quote or a continuation the block never closes
+                yield token.map[0] + 1 + (token.type == "fence") + first, joined, kind
         elif token.type == "inline":
             line = token.map[0] + 1 if token.map else 0
             for child in token.children or []:
                 if child.type == "code_inline":
-                    yield line, child.content
+                    yield line, child.content, "inline"
+
+
+def open_quote(text: str) -> bool:
+    """Whether a shell line leaves a quote open (a string that goes on on the next line)."""
+    try:
+        shlex.split(text)
+    except ValueError:
+        return True
+    return False
+
+
+def section_refs(root: Path, path: Path, tokens: list[Token]) -> Iterator[tuple[int, Path, str]]:
+    """``(line, file, title)`` of every prose reference to a section of a Markdown file."""
+    for token in tokens:
+        if token.type != "inline" or not token.map:
+            continue
+        for pattern in SECTION_REFS:
+            for m in pattern.finditer(token.content):
+                name = m.group("link") or m.group("path")
+                place = (path.parent / name).resolve()
+                if not place.exists() and not m.group("link"):
+                    place = (root / name).resolve()  # a path written from the repository's root
+                line = token.map[0] + 1 + token.content.count("\n", 0, m.start("title"))
+                yield line, place, " ".join(m.group("title").split())
+
+
+def check_section(root: Path, place: Path, title: str, cache: dict[Path, list[str]]) -> str | None:
+    """What is wrong with a reference to the section ``title`` of ``place``, or None."""
+    shown = place.relative_to(root) if place.is_relative_to(root) else place
+    if not place.is_file():
+        return f'{shown}, "{title}": no such file'
+    if place not in cache:
+        cache[place] = [" ".join(h.lower().split()) for h in headings(parse(place))]
+    if not any(h.startswith(title.lower()) for h in cache[place]):
+        return f'{shown}, "{title}": no such section (no heading starts so)'
+    return None
 
 
 def check_link(root: Path, path: Path, ref: str, anchor_cache: dict[Path, set[str]]) -> str | None:
@@ -126,48 +196,28 @@ def check_link(root: Path, path: Path, ref: str, anchor_cache: dict[Path, set[st
     return None
 
 
-def make_targets(root: Path) -> set[str]:
-    rule = re.compile(r"^([A-Za-z0-9][\w.-]*)\s*:(?!=)")
-    lines = (root / "Makefile").read_text(encoding="utf-8").splitlines()
-    return {m.group(1) for m in map(rule.match, lines) if m}
+def check_guide(
+    root: Path, path: Path, tokens: list[Token], known: docs_commands.Known
+) -> Iterator[Problem]:
+    """The problems only a guide is held to: its commands, files and section references."""
+    cache: dict[Path, list[str]] = {}
+    for line, place, title in section_refs(root, path, tokens):
+        what = check_section(root, place, title, cache)
+        if what:
+            yield Problem(path, line, what)
+    for line, text, kind in code(tokens):
+        for m in REPO_FILE.finditer(text):
+            if not (root / m.group(1)).is_file():
+                yield Problem(path, line, f"{m.group(1)}: no such file")
+        if kind != "other":
+            for what in docs_commands.check_line(known, text, whole=kind == "shell"):
+                yield Problem(path, line, what)
 
 
-def words(rest: str) -> list[str]:
-    """The leading plain words of a command's arguments, up to an option, an assignment or
-    anything that is not a plain word."""
-    out = []
-    for word in rest.split():
-        if not WORD.match(word):
-            break
-        out.append(word)
-    return out
-
-
-def check_command(root: Path, text: str, make: set[str], tfm: Commands) -> Iterator[str]:
-    """What one line of a guide's code names that does not exist."""
-    for m in MAKE.finditer(text):
-        for target in words(m.group(1)):
-            if target not in make:
-                yield f"`make {target}`: no such target in the Makefile"
-    for m in TFM.finditer(text):
-        commands, named = tfm, []
-        for word in [w for w in m.group(1).split() if not w.startswith("-")]:
-            if not commands or not WORD.match(word):
-                break
-            named.append(word)
-            if word not in commands:
-                yield f"`tfm {' '.join(named)}`: no such subcommand"
-                break
-            commands = commands[word]
-    for m in REPO_FILE.finditer(text):
-        if not (root / m.group(1)).is_file():
-            yield f"{m.group(1)}: no such file"
-
-
-def check(root: Path, tfm: Commands) -> list[Problem]:
-    """Every problem in the repository at ``root``; ``tfm``: the command line's subcommands."""
+def check(root: Path, parser: argparse.ArgumentParser) -> list[Problem]:
+    """Every problem in the repository at ``root``; ``parser``: ``tfm``'s command line."""
     problems: list[Problem] = []
-    make = make_targets(root)
+    known = docs_commands.known(root, parser)
     anchor_cache: dict[Path, set[str]] = {}
     for path in documents(root):
         tokens = parse(path)
@@ -176,8 +226,7 @@ def check(root: Path, tfm: Commands) -> list[Problem]:
             if what:
                 problems.append(Problem(path, line, what))
         if is_guide(root, path):
-            for line, text in code(tokens):
-                problems += [Problem(path, line, w) for w in check_command(root, text, make, tfm)]
+            problems += check_guide(root, path, tokens, known)
     for path in [*documents(root), *sorted((root / "configs").glob("*.yaml"))]:
         lines = path.read_text(encoding="utf-8").splitlines()
         problems += [
@@ -188,20 +237,10 @@ def check(root: Path, tfm: Commands) -> list[Problem]:
     return problems
 
 
-def subcommands(parser: argparse.ArgumentParser) -> Commands:
-    """An argparse parser's subcommands, nested."""
-    found: dict[str, Commands] = {}
-    for action in parser._actions:  # argparse lists its subparsers nowhere public
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found[name] = subcommands(sub)
-    return found
-
-
-def tfm_commands() -> Commands:
+def tfm_parser() -> argparse.ArgumentParser:
     from pipelines.cli import build_parser
 
-    return subcommands(build_parser())
+    return build_parser()
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -210,7 +249,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         "--root", type=Path, default=ROOT, help="the repository (default: this one)"
     )
     root = parser.parse_args(list(argv) if argv is not None else None).root.resolve()
-    problems = check(root, tfm_commands())
+    problems = check(root, tfm_parser())
     for problem in problems:
         print(problem.show(root))
     print(f"docs check: {len(documents(root))} documents, {len(problems)} problem(s)")

@@ -85,7 +85,7 @@ class TrainConfig:
     """On CPUs, the workers' glibc allocator keeps what a step frees for the next step (one arena,
     no mmap, no trimming) instead of unmapping the step's large buffers, which the kernel would
     fault in and zero again each step: 1.29x the speed on the Multi30k recipe's shape, for a
-    higher resident peak (docs/benchmarks.md, "Freed memory kept"). No effect with GPUs, or
+    higher resident peak (docs/log/benchmarks.md, "Freed memory kept"). No effect with GPUs, or
     without glibc."""
     torch_threads: int | None = None
     """Intra-op threads per worker; null: the node's cores divided among its workers (Ray would

@@ -1,36 +1,47 @@
 """The docs check of `make lint` (.ci/check_docs.py): it fails on what a reader would trip on
-(a dead link, a missing image or heading, a make target or tfm subcommand that does not exist, a
-path of one machine) and passes on this repository."""
+(a dead link, a missing image, heading or section, a make target that does not exist, a tfm
+command its parser refuses or whose config does not load, a path of one machine) and passes on
+this repository."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+Shown = Callable[[Path], list[str]]
 _spec = importlib.util.spec_from_file_location("check_docs", ROOT / ".ci" / "check_docs.py")
 assert _spec is not None and _spec.loader is not None
 check_docs = importlib.util.module_from_spec(_spec)
 sys.modules["check_docs"] = check_docs
 _spec.loader.exec_module(check_docs)
 
-TFM = {"run": {}, "stage": {}, "tracking": {"replay": {}}}
 GUIDE = """# A guide
 
 What it is for. ![the curve](img/curve.png)
 
 ```bash
 make demo            # make sure it runs: a comment names no target
+make demo STEPS=10
 .venv/bin/tfm run configs/quickstart.yaml --set data.mirror=file://$PWD/../mirror
+FOO=1 nice -n 19 tfm stage train --config configs/quickstart.yaml \\
+  --set train.steps=20 | tee log.txt && tfm status configs/quickstart.yaml
 tfm tracking replay configs/quickstart.yaml
+tfm run configs/quickstart.yaml --set 'workdir=s3://<bucket>/runs/{name}'
+tfm stage <stage> --config <config> --accept
+prefect deployment run pipeline/quickstart
 python benchmarks/train.py --steps 10
 ```
 
 See [the results](#results), [the notebook](log/notes.md) and
-[the README](../README.md#a-repository).
+[the README](../README.md#a-repository); fragments in prose: `tfm status --verify`,
+`tfm deploy --cron`, `tfm -v ...`. More in log/notes.md, "2026-11-20: a run" and in section
+"Results" of guide.md.
 
 ## Results
 
@@ -44,7 +55,7 @@ See [the results](#results), [the notebook](log/notes.md) and
 def repo(tmp_path: Path) -> Path:
     """A small repository the check passes: a Makefile, a README, a guide, a notebook."""
     (tmp_path / "Makefile").write_text(
-        "demo: $(STAMP)\n\ttfm run\n\nlint:\n\truff check .\nX := 1\n"
+        "demo: $(STAMP)\n\ttfm run --set train.steps=$(STEPS)\n\nlint:\n\truff check .\nX := 1\n"
     )
     (tmp_path / "README.md").write_text("# A repository\n\n[The guide](docs/guide.md).\n")
     (tmp_path / "docs" / "img").mkdir(parents=True)
@@ -62,17 +73,22 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def shown(root: Path) -> list[str]:
-    return [p.show(root) for p in check_docs.check(root, TFM)]
+@pytest.fixture(scope="module")
+def parser() -> argparse.ArgumentParser:
+    return check_docs.tfm_parser()
 
 
-def test_a_sound_repository_passes(repo: Path):
+@pytest.fixture
+def shown(parser: argparse.ArgumentParser) -> Callable[[Path], list[str]]:
+    return lambda root: [p.show(root) for p in check_docs.check(root, parser)]
+
+
+def test_a_sound_repository_passes(repo: Path, shown: Shown):
     assert shown(repo) == []
 
 
-def test_this_repository_passes():
-    problems = check_docs.check(ROOT, check_docs.tfm_commands())
-    assert [p.show(ROOT) for p in problems] == []
+def test_this_repository_passes(shown: Shown):
+    assert shown(ROOT) == []
 
 
 @pytest.mark.parametrize(
@@ -87,11 +103,50 @@ def test_this_repository_passes():
         ),
         ("[elsewhere](../../elsewhere.md)", "../../elsewhere.md: points outside the repository"),
         ("Run `make deploy`.", "`make deploy`: no such target in the Makefile"),
+        ("Run `make demo TROCH=cpu`.", "`make TROCH=...`: the Makefile uses no TROCH"),
         (
             "```bash\n.venv/bin/tfm trian configs/quickstart.yaml\n```",
-            "`tfm trian`: no such subcommand",
+            "`tfm trian configs/quickstart.yaml`: argument COMMAND: invalid choice: 'trian'",
         ),
-        ("`tfm tracking send`", "`tfm tracking send`: no such subcommand"),
+        ("`tfm tracking send`", "`tfm tracking send`: argument ACTION: invalid choice: 'send'"),
+        (
+            "```bash\ntfm run configs/quickstart.yaml --stesp 3\n```",
+            "unrecognized arguments: --stesp 3",
+        ),
+        ("`tfm stage <stage> --froce`", "`tfm stage '<stage>' --froce`: unrecognized arguments"),
+        ("```\ntfm translate --beam four\n```", "argument --beam: invalid int value: 'four'"),
+        ("```\ntfm status\n```", "the following arguments are required: config"),
+        (
+            "`tfm run configs/quickstart.yaml --set train.stesp=3`",
+            "--set train.stesp=3`: train.stesp: unknown key (known: steps,",
+        ),
+        (
+            "`tfm run configs/quickstart.yaml --set data.mirro=file://<mirror>`",
+            "data.mirro: unknown key (--set data.mirro=file://<mirror>)",
+        ),
+        (
+            "```bash\ntfm run configs/quickstart.yaml \\\n  --set train.steps=many\n```",
+            "train.steps: 'many' must be an integer (from --set train.steps='many')",
+        ),
+        (
+            "```bash\nRAY_ADDRESS=ray://head:10001 tfm run configs/quickstart.yaml\n```",
+            "RAY_ADDRESS=ray://head:10001: ray:// (Ray Client)",
+        ),
+        (
+            "`tfm run configs/quickstart.yaml --set ray.address=ray://head:10001`",
+            "--set ray.address=ray://head:10001: ray:// (Ray Client)",
+        ),
+        (
+            "```bash\nprefect deployment run pipeline/quick-start\n```",
+            "tfm deploy makes no deployment pipeline/quick-start",
+        ),
+        ('See log/notes.md, "A walk".', 'docs/log/notes.md, "A walk": no such section'),
+        (
+            'See [the notes](log/notes.md), "A walk".',
+            'docs/log/notes.md, "A walk": no such section',
+        ),
+        ('See section "Outcomes" of guide.md.', 'docs/guide.md, "Outcomes": no such section'),
+        ('See docs/gone.md\'s section "Results".', 'docs/gone.md, "Results": no such file'),
         ("`python benchmarks/gone.py`", "benchmarks/gone.py: no such file"),
         ("`tfm run configs/gone.yaml`", "configs/gone.yaml: no such file"),
         (
@@ -101,7 +156,7 @@ def test_this_repository_passes():
         ("--set data.mirror=file:///root/data", "a path of one machine: file:///root/"),
     ],
 )
-def test_a_guide_that_points_at_nothing_fails(repo: Path, added: str, problem: str):
+def test_a_guide_that_points_at_nothing_fails(repo: Path, shown: Shown, added: str, problem: str):
     guide = repo / "docs" / "guide.md"
     guide.write_text(GUIDE + "\n" + added + "\n")
     found = shown(repo)
@@ -109,24 +164,49 @@ def test_a_guide_that_points_at_nothing_fails(repo: Path, added: str, problem: s
     assert found[0].startswith("docs/guide.md:") and problem in found[0]
 
 
-def test_a_problem_names_its_line(repo: Path):
-    (repo / "docs" / "guide.md").write_text(GUIDE.replace("make demo ", "make demos"))
+def test_a_problem_names_its_line(repo: Path, shown: Shown):
+    (repo / "docs" / "guide.md").write_text(GUIDE.replace("make demo ", "make demos", 1))
     assert shown(repo) == ["docs/guide.md:6: `make demos`: no such target in the Makefile"]
 
 
-def test_the_notebooks_keep_old_commands_but_not_dead_links(repo: Path):
+def test_a_command_over_lines_is_one_named_by_its_first(repo: Path, shown: Shown):
+    (repo / "docs" / "guide.md").write_text(GUIDE.replace("train.steps=20 |", "train.step=20 |"))
+    [found] = shown(repo)
+    assert found.startswith(
+        "docs/guide.md:9: `tfm stage train --config configs/quickstart.yaml "
+        "--set train.step=20`: train.step: unknown key"
+    )
+
+
+def test_loading_the_configs_makes_nothing(
+    repo: Path,
+    shown: Shown,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The check loads each command's config (relative work dirs resolve from the CWD) and
+    writes nothing: no work dir, no MLflow database, no Prefect home."""
+    here = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(here)
+    before = sorted(repo.rglob("*"))
+    assert shown(repo) == []
+    assert list(here.iterdir()) == [] and sorted(repo.rglob("*")) == before
+
+
+def test_the_notebooks_keep_old_commands_but_not_dead_links(repo: Path, shown: Shown):
     notes = repo / "docs" / "log" / "notes.md"
     notes.write_text(notes.read_text() + "\n`tfm retired` and [the old guide](../old.md)\n")
     assert shown(repo) == ["docs/log/notes.md:7: ../old.md: no such file"]
 
 
-def test_a_machine_path_in_a_config_comment_fails(repo: Path):
-    (repo / "configs" / "quickstart.yaml").write_text("# from /home/someone/mirror\nname: q\n")
+def test_a_machine_path_in_a_config_comment_fails(repo: Path, shown: Shown):
+    (repo / "configs" / "quickstart.yaml").write_text(
+        "# from /home/someone/mirror\nname: quickstart\n"
+    )
     assert shown(repo) == ["configs/quickstart.yaml:1: a path of one machine: /home/someone/..."]
 
 
-def test_the_command_line_exits_1_on_a_problem(repo: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(check_docs, "tfm_commands", lambda: TFM)
+def test_the_command_line_exits_1_on_a_problem(repo: Path):
     assert check_docs.main(["--root", str(repo)]) == 0
     (repo / "README.md").write_text("[gone](gone.md)\n")
     assert check_docs.main(["--root", str(repo)]) == 1
