@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpora import CorpusError
+from corpora import CorpusError, actor_pools
 from corpora.parquet import ParquetShardWriter, part_files
 from corpora.pretokenize import Pretokenizer
 from corpora.storage import StoredFolder, fetch_all
@@ -247,6 +247,7 @@ def _encode_train(
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(config.num_actors, len(items)))),
         num_cpus=config.cpus_per_actor,
+        max_restarts=actor_pools.max_restarts(),
     )
     ds.context.execution_options.preserve_order = True
     # Fixed-size batches: row-group boundaries, hence the bytes, depend on the config only.

@@ -8,7 +8,8 @@ MLflow's artifact download bars and its "View run ... at" links are switched off
 own variables (a progress bar is not a log line), Ray's ``(RayTrainWorker pid=...)`` prefix with
 Ray's, and Prefect's bookkeeping lines ("Finished in state Completed()") go to the log. ``-v``
 leaves every library as it is and logs at DEBUG. Our own records, warnings included, and
-anyone's errors stay on the console.
+anyone's errors stay on the console, but for Prefect's copies of a failed stage's error, which
+``tfm:``'s last line says once.
 """
 
 from __future__ import annotations
@@ -48,8 +49,15 @@ line that repeats, for those readers, what the console already says."""
 PREFECT_RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 PREFECT_BOOKKEEPING = ("Beginning flow run", "Created task run", "Finished in state Completed")
 """Prefect's engine's INFO lines on its run loggers that repeat ours (a stage ran, the flow began
-and ended): the run log keeps them; its other lines (a retry, a failed state) stay on the
-console."""
+and ended): the run log keeps them; its other lines (a retry) stay on the console."""
+PREFECT_RESTATED = (
+    "Finished in state", "Task run failed with", "Encountered exception during execution",
+    "Crash detected",
+)  # fmt: skip
+"""Prefect's engine's ERROR lines on its run loggers when a stage or the flow fails or crashes,
+and the flow's closing "Finished in state Failed(...)" (INFO): copies of the error that
+``tfm:``'s one line ends the output with (or of the stop its signal line reports). The run log
+keeps them; a retry's line ("Task run failed with ... - Retry 1/2 will start", INFO) stays."""
 
 
 def is_ours(name: str) -> bool:
@@ -58,7 +66,10 @@ def is_ours(name: str) -> bool:
 
 
 def for_console(record: logging.LogRecord) -> bool:
-    """Without ``-v``: our records, and anyone's errors; not what is for the run log only."""
+    """Without ``-v``: our records, and anyone's errors but Prefect's copies of the command's
+    own; not what is for the run log only."""
+    if _restates_the_error(record):
+        return False
     if record.levelno >= logging.ERROR:
         return True
     if not is_ours(record.name) or not getattr(record, "console", True):
@@ -67,6 +78,15 @@ def for_console(record: logging.LogRecord) -> bool:
         record.name in PREFECT_RUN_LOGGERS
         and record.levelno < logging.WARNING
         and record.getMessage().startswith(PREFECT_BOOKKEEPING)
+    )
+
+
+def _restates_the_error(record: logging.LogRecord) -> bool:
+    if record.name not in PREFECT_RUN_LOGGERS:
+        return False
+    message = record.getMessage()
+    return message.startswith(PREFECT_RESTATED) and (
+        record.levelno >= logging.ERROR or message.startswith("Finished in state")
     )
 
 

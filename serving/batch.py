@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from corpora import actor_pools
 from corpora.storage import StoredFolder, fetch_all
 from serving.translator import DecodeConfig, Translator, plan_decode_batches, restore_order
 
@@ -225,6 +226,7 @@ def translate_distributed(
         compute=ray.data.ActorPoolStrategy(size=actors),
         batch_format="numpy",
         **resources,
+        max_restarts=actor_pools.max_restarts(),
     )
     idx: list[int] = []
     hyps: list[str] = []

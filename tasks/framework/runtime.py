@@ -17,6 +17,11 @@ DASHBOARD_PORT = 8265
 """Ray's default dashboard port, which a local Ray takes when it is free."""
 API_SERVER_VAR = "RAY_API_SERVER_ADDRESS"
 """Where Ray's State API clients look first for the API server (ray 2.60, before RAY_ADDRESS)."""
+PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+"""Ray Train's switch (ray 2.60, default on) for its ``PreemptionWatcher`` actor, which polls
+for draining nodes. A local Ray has none to drain; the actor, created with ``max_restarts=-1``
+and worker handles as arguments, has Ray Core print an ERROR line that its restart may fail
+(ray-project/ray#53727). Off for a local Ray, unless the user set it."""
 
 
 def ensure_ray(config: RayConfig | None = None) -> None:
@@ -41,7 +46,12 @@ def ensure_ray(config: RayConfig | None = None) -> None:
     # variable leaves this process's environment after (clusters it starts later have their own
     # dashboard; a job-level runtime_env costs ~2 s more a run); what ray.init sets there stays.
     port = dashboard_port() if config.dashboard else None
-    with environ_set(API_SERVER_VAR, f"http://127.0.0.1:{port}" if port else None):
+    enable_local_token_auth()
+    watcher = None if PREEMPTION_WATCHER_VAR in os.environ else "0"
+    with (
+        environ_set(API_SERVER_VAR, f"http://127.0.0.1:{port}" if port else None),
+        environ_set(PREEMPTION_WATCHER_VAR, watcher),  # Ray Train's controller inherits it
+    ):
         ray.init(
             num_cpus=config.num_cpus,
             include_dashboard=config.dashboard,
@@ -58,6 +68,20 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         DataContext.get_current().enable_progress_bars = os.environ.get("CI") != "true"
     except ImportError:  # pragma: no cover - ray[data] is a dependency
         pass
+
+
+def enable_local_token_auth() -> None:
+    """Token authentication for the local Ray about to start, as ``ray.init`` would turn it on
+    by default (ray 2.60), without the console WARNING it prints when it does: with
+    ``RAY_AUTH_MODE`` set it has nothing to announce. It keeps or writes the token in
+    ``~/.ray/auth_token``. A ``RAY_AUTH_MODE`` the user set stays as it is."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    # Ray's own switch: sets the variable (which every process ray.init starts inherits) and
+    # refreshes the config its core library read at import, where the variable alone is late.
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+    _enable_token_auth()
 
 
 TOKEN_HINT = (

@@ -9,7 +9,7 @@ import yaml
 from helpers.flow_configs import WMT14_STAGES
 
 from pipelines.cli import build_parser, main
-from pipelines.commands import _prefect_env
+from pipelines.commands import _prefect_env, mlflow_ui_hint
 
 COMMANDS = ["version", "run", "stage", "status", "tracking", "translate", "export", "deploy", "ui"]
 
@@ -90,6 +90,28 @@ def test_ui_prints_loopback_commands(tmp_path, capsys):
     assert main(["ui", _config(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "--host 127.0.0.1" in out and "mlflow ui" in out and "prefect server start" in out
+
+
+@pytest.mark.parametrize(
+    ("uri", "hint"),
+    [
+        # A tracking server serves the UI itself: its address, without the credentials.
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+        ("https://alice:s3cret@mlflow.example.org/team", "https://mlflow.example.org/team"),
+        ("http://token@10.0.0.5:8080", "http://10.0.0.5:8080"),
+    ],
+)
+def test_the_ui_hint_for_a_tracking_server_is_its_address(uri, hint):
+    assert mlflow_ui_hint(uri) == hint
+
+
+def test_the_ui_hint_for_a_store_is_the_command_that_serves_it():
+    hint = mlflow_ui_hint("sqlite:////tmp/run/mlflow.db")
+    assert hint.endswith(
+        " -m mlflow ui --backend-store-uri sqlite:////tmp/run/mlflow.db --host 127.0.0.1"
+    )
+    hint = mlflow_ui_hint("postgresql://bob:pw9@db:5432/mlflow")
+    assert "--backend-store-uri postgresql://bob:***@db:5432/mlflow" in hint and "pw9" not in hint
 
 
 def test_any_failure_is_one_line_naming_the_stage_and_v_shows_the_traceback(tmp_path, capsys):

@@ -42,7 +42,14 @@ def test_the_console_shows_ours_and_errors(name, level, shown):
             "Task run failed with ... - Retry 1/2 will start",
             True,
         ),
-        ("prefect.task_runs", logging.ERROR, "Finished in state Failed('...')", True),
+        # A failed stage: Prefect's three copies of the error that `tfm:`'s line says once.
+        ("prefect.task_runs", logging.ERROR, "Finished in state Failed('...')", False),
+        ("prefect.flow_runs", logging.ERROR, "Encountered exception during execution: E()", False),
+        ("prefect.flow_runs", logging.INFO, "Finished in state Failed('Flow run ...')", False),
+        ("prefect.flow_runs", logging.ERROR, "Crash detected! Execution was aborted", False),
+        ("prefect.task_runs", logging.ERROR, "Task run failed with exception: E()", False),
+        ("prefect.server.api", logging.ERROR, "Finished in state Failed('...')", True),
+        ("prefect.task_runs", logging.ERROR, "stage clean: the disk is full", True),
         ("prefect.task_runs", logging.INFO, "stage clean: MLflow run 123", True),
     ],
 )
