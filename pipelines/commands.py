@@ -95,13 +95,24 @@ def _print_summary(config, results) -> None:
         )
     if "register" in stats:
         print("registry: " + json.dumps(stats["register"]))
-    print(
-        f"\nMLflow UI:  {sys.executable} -m mlflow ui"
-        f" --backend-store-uri {redact_uri(config.tracking_uri)} --host 127.0.0.1"
-    )
+    print(f"\nMLflow UI:  {mlflow_ui_hint(config.tracking_uri)}")
     print(f"Both UIs:   {PROG} ui <config> --start   (MLflow and Prefect, bound to 127.0.0.1)")
     print(
         f"Run log:    {config.root / console.LOG_FILE}   (the libraries' lines; -v shows them here)"
+    )
+
+
+def mlflow_ui_hint(tracking_uri: str) -> str:
+    """Where to see the runs: a tracking server's own address (it serves the UI), without its
+    credentials; for a store (SQLite, a folder, a database) the command that serves one."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(tracking_uri)
+    if parts.scheme in ("http", "https"):
+        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return (
+        f"{sys.executable} -m mlflow ui"
+        f" --backend-store-uri {redact_uri(tracking_uri)} --host 127.0.0.1"
     )
 
 
@@ -145,12 +156,14 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = _load(args.config, args.set)
-    from tasks.framework import runner
+    from tasks.framework import runner, tracking_session
 
     rows = runner.status(config, full=args.verify)
     print(f"{'stage':<12} {'state':<11} why")
     for name, st in rows:
         print(f"{name:<12} {st.state:<11} {st.reason}")
+    for line in tracking_session.killed(config):
+        print(f"\n{line}")
     return 0
 
 

@@ -98,10 +98,12 @@ def open_record(
     *,
     parent: str | None = None,
     artifact_location: str | None = None,
+    owner: Mapping[str, Any] | None = None,
 ) -> Record:
     """Open the run: create it (in ``experiment``, under the run of journal ``parent``), or set
-    it running again when it exists (a resumed training)."""
-    return {
+    it running again when it exists (a resumed training); ``owner``: the process that opens it
+    (``training.tracking_owner``: its host, pid and start time)."""
+    record: Record = {
         "kind": "open",
         "t": now_ms(),
         "experiment": experiment,
@@ -110,6 +112,9 @@ def open_record(
         "parent": parent,
         "artifact_location": artifact_location,
     }
+    if owner is not None:
+        record["owner"] = dict(owner)
+    return record
 
 
 def log_record(

@@ -36,6 +36,7 @@ from training.tracking_journal import (
     open_record,
     status_record,
 )
+from training.tracking_owner import this_process
 from training.tracking_sender import Sender
 
 if TYPE_CHECKING:  # imported where they are used: a process without tracking never loads MLflow
@@ -127,7 +128,12 @@ def open_run(
     # directory the command ran in; a server decides for itself.
     location = (config.root / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
     run = Run(journal, config, found)
-    run.append([open_record(experiment, name, tags, parent=parent, artifact_location=location)])
+    # Its owner: the runs of a process killed outright are ended by the next command.
+    owner = this_process().fields()
+    opening = open_record(
+        experiment, name, tags, parent=parent, artifact_location=location, owner=owner
+    )
+    run.append([opening])
     return run
 
 

@@ -15,6 +15,7 @@ from corpora.redact import redact_uri
 from tasks.framework.config import TRACKING_URI_AT_START, RunConfig
 from tasks.framework.workdir import WorkDir, open_workdir, workdirs_at
 from training.tracking_journal import JOURNALS, Journal, journals
+from training.tracking_owner import end_abandoned, killed_runs
 from training.tracking_sender import Keep, Sender, TrackingOptions
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,24 @@ def sender(config: RunConfig) -> Sender:
     root = Path(config.root)
     if root not in _WATCHED_ROOTS:
         _WATCHED_ROOTS.add(root)
+        end_killed(root, say=lambda line: log.warning("tracking: %s", line))
         keep = keeper(open_workdir(config))
         for journal in journals(root):
             found.watch(journal, uri_of(journal, config), keep)
     found.start()
     return found
+
+
+def end_killed(root: Path, say: Callable[[str], object]) -> None:
+    """End as KILLED the runs of ``root``'s journals whose process on this host died without
+    ending them (``training.tracking_owner``); one line per such process."""
+    for ended in end_abandoned(root):
+        say(ended.line())
+
+
+def killed(config: RunConfig) -> list[str]:
+    """What ``tfm status`` says of the config's runs that were killed, without changing them."""
+    return [k.line() for k in killed_runs(config.root)]
 
 
 def keeper(wd: WorkDir) -> Keep:
@@ -113,6 +127,7 @@ def replay(root: Path, wd: WorkDir, config: RunConfig | None, say: Callable[[str
     fetched = wd.kept(JOURNALS, root / JOURNALS)
     if fetched:
         say(f"fetched {len(fetched)} journal(s) from {wd.uri}/{JOURNALS}")
+    end_killed(root, say)
     pending = [j for j in journals(root) if j.pending()]
     if not pending:
         say(f"nothing to send in {root / JOURNALS}")
