@@ -217,13 +217,18 @@ def end_abandoned(root: Path) -> list[Killed]:
 
 @contextlib.contextmanager
 def _one_at_a_time(folder: Path) -> Iterator[None]:
-    """Two commands starting together: the second finds the runs the first ended."""
-    with open(folder / "end.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """Two commands starting together: the second finds the runs the first ended. The lock is
+    opened read-only (flock needs no more), so a work dir shared by several users (a cluster's
+    pipeline user and an operator's `tfm status`) locks for each of them."""
+    fd = os.open(folder / "end.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def killed_runs(root: Path) -> list[Killed]:

@@ -66,9 +66,16 @@ def uri_of(journal: Journal, secrets: Mapping[str, str]) -> str:
 
 def end_killed(root: Path, say: Callable[[str], object]) -> None:
     """End as KILLED the runs of ``root``'s journals whose process on this host died without
-    ending them (``tracking.owner``); one line per such process."""
-    for ended in end_abandoned(root):
-        say(ended.line())
+    ending them (``tracking.owner``); one line per such process. Housekeeping, never a reason
+    for a command to stop: a journal this user may not write (another user's, in a shared work
+    dir) stays as it is, and the run log says why."""
+    try:
+        ended = end_abandoned(root)
+    except OSError as exc:
+        log.info("tracking: the runs of killed processes in %s stay as they are: %s", root, exc)
+        return
+    for one in ended:
+        say(one.line())
 
 
 def killed(root: Path) -> list[str]:

@@ -5,10 +5,13 @@ the runs of a dead owner ended as KILLED at its last record, and every other run
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -137,3 +140,29 @@ def test_a_resumed_run_of_a_live_process_is_not_ended(tmp_path, child):
     child.wait()
     assert end_abandoned(tmp_path) == [] and killed_runs(tmp_path) == []
     assert not list(train.records("status"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run a step as another user")
+def test_a_lock_another_user_made_does_not_stop_the_next_command(tmp_path):
+    """A work dir shared by two users (a cluster's pipeline user; an operator's `tfm status` as
+    root, which made the lock): the other user still takes the lock and finds nothing to end."""
+    shared = Path(tempfile.mkdtemp(prefix="tfm-shared-"))
+    try:
+        shared.chmod(0o755)
+        folder = shared / "tracking"
+        folder.mkdir(mode=0o755)
+        assert end_abandoned(shared) == []  # root's command makes the lock, 0644
+        assert (folder / "end.lock").stat().st_uid == 0
+        nobody = pwd.getpwnam("nobody")
+        pid = os.fork()
+        if pid == 0:  # the other user: a forked child that drops root, then ends nothing
+            try:
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                os._exit(0 if end_abandoned(shared) == [] else 2)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        shutil.rmtree(shared)
