@@ -63,6 +63,7 @@ def prepare(layout: Layout) -> None:
     owned_folder(layout.root / "home", PIPELINE_USER)
     for host in RAY_HOSTS:
         owned_folder(layout.disk(host), PIPELINE_USER, 0o755)
+        owned_folder(layout.disk(host) / NODE_TMP, PIPELINE_USER, 0o755)
     Path(layout.node_dir).mkdir(parents=True, exist_ok=True)
     owned_folder(layout.root / "prefect" / RAY_HEAD, PIPELINE_USER)
     if not layout.token.is_file():
@@ -111,10 +112,21 @@ def ray_up(layout: Layout, host: str, health_check_ms: int = 1000) -> None:
             start_new_session=True,
             cwd=REPO,
             timeout=180,
-            env=pipeline_env(layout, credentials=("mlflow", "s3")),
+            env=pipeline_env(layout, node_tmp(layout), credentials=("mlflow", "s3")),
         )
     if done.returncode != 0:
         raise ClusterError(f"`ray start` on {host} failed; see {log}")
+
+
+NODE_TMP = "tmp"
+"""The folder of a Ray host's own disk that stands for its /tmp."""
+
+
+def node_tmp(layout: Layout) -> dict[str, str]:
+    """A Ray node's temporary folder on its own disk, which its workers inherit: the hosts of
+    one machine share /tmp, where Ray keeps its checkpoint locks (``/tmp/_ray_lockfiles``), and
+    a lock folder an earlier Ray made as another user there refuses the pipeline user's."""
+    return {"RAY_TMPDIR": f"{layout.node_dir}/{NODE_TMP}"}
 
 
 def ray_nodes_alive(layout: Layout) -> int:
