@@ -31,13 +31,15 @@ from .users import owned_folder
 def user_env(layout: Layout) -> dict[str, str]:
     """The pipeline user's own variables: a home in the state folder (MLflow's and matplotlib's
     caches), Prefect's home in it (else ``tfm`` takes ``.prefect`` of the folder it runs in,
-    which may be root's), and the cluster's venv first on ``PATH``."""
+    which may be root's), the cluster's venv first on ``PATH``, and the temporary folder of
+    the host's own disk (``node_tmp``)."""
     path = os.environ.get("PATH", "/usr/bin:/bin")
     home = layout.root / "home"
     return {
         "HOME": str(home),
         "PREFECT_HOME": str(home / ".prefect"),
         "PATH": f"{layout.venv / 'bin'}:{path}",
+        **node_tmp(layout),
     }
 
 
@@ -112,7 +114,7 @@ def ray_up(layout: Layout, host: str, health_check_ms: int = 1000) -> None:
             start_new_session=True,
             cwd=REPO,
             timeout=180,
-            env=pipeline_env(layout, node_tmp(layout), credentials=("mlflow", "s3")),
+            env=pipeline_env(layout, credentials=("mlflow", "s3")),
         )
     if done.returncode != 0:
         raise ClusterError(f"`ray start` on {host} failed; see {log}")
@@ -123,9 +125,10 @@ NODE_TMP = "tmp"
 
 
 def node_tmp(layout: Layout) -> dict[str, str]:
-    """A Ray node's temporary folder on its own disk, which its workers inherit: the hosts of
-    one machine share /tmp, where Ray keeps its checkpoint locks (``/tmp/_ray_lockfiles``), and
-    a lock folder an earlier Ray made as another user there refuses the pipeline user's."""
+    """A Ray host's temporary folder on its own disk, for its nodes, their workers and the
+    drivers run there: the hosts of one machine share /tmp, where Ray keeps its checkpoint locks
+    (``/tmp/_ray_lockfiles``), and a lock folder an earlier Ray made as another user there
+    refuses the pipeline user's."""
     return {"RAY_TMPDIR": f"{layout.node_dir}/{NODE_TMP}"}
 
 

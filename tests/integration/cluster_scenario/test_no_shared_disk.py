@@ -143,7 +143,9 @@ def assert_only_node_caches_written(
         for p in disks.rglob("*")
         if p.is_file() and p not in on_disks_before
     )
-    assert all(re.match(r"(head|w1|w2)/runs/nodisk-[0-9a-f]{8}/", f) for f in written), written[:20]
+    # (and, in a host's temporary folder, Ray's empty checkpoint lock files)
+    ours = r"(head|w1|w2)/(runs/nodisk-[0-9a-f]{8}/|tmp/_ray_lockfiles/[0-9a-f]+\.lock$)"
+    assert all(re.match(ours, f) for f in written), [f for f in written if not re.match(ours, f)]
     for host in ("head", "w1", "w2"):  # the victim fetched its copy before it died
         assert list(
             (disks / host).glob(f"runs/nodisk-*/copies/{shard_fp}/shard/arrow/train/part-*.arrow")
