@@ -7,6 +7,7 @@ stages that find Ray running reuse it (``tasks.framework.runtime.ensure_ray``).
 from __future__ import annotations
 
 import pytest
+from helpers.mlflow_server import MlflowServer
 from helpers.stage_folders import finished_folder, tiny_sentences, tokenizer_folder
 
 
@@ -35,6 +36,15 @@ def server(mirror_root):
     srv = MirrorServer(mirror_root)
     yield srv
     srv.close()
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real ``mlflow server`` on 127.0.0.1 (SQLite under ``tmp_path``), killed at the end."""
+    srv = MlflowServer(tmp_path / "server")
+    srv.start()
+    yield srv
+    srv.kill()
 
 
 @pytest.fixture(scope="session")

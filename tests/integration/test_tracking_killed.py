@@ -36,11 +36,8 @@ with mlflow_runs.pipeline_run(config, "p", {}) as flow:
 
 
 @pytest.fixture
-def server(tmp_path):
-    srv = MlflowServer(tmp_path / "server")
-    srv.start()
-    yield srv
-    srv.kill()
+def server(mlflow_server):
+    return mlflow_server
 
 
 def write(tmp_path: Path, server: MlflowServer) -> str:

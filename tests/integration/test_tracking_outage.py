@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers.mlflow_server import MlflowServer
 
 from tracking.journal import Journal, new_key, open_record
 from tracking.relay import Tracker
@@ -24,11 +23,8 @@ BUDGET = TrackingOptions(
 
 
 @pytest.fixture
-def server(tmp_path):
-    srv = MlflowServer(tmp_path / "server")
-    srv.start()
-    yield srv
-    srv.kill()
+def server(mlflow_server):
+    return mlflow_server
 
 
 def wait_for(condition, seconds: float) -> None:
