@@ -107,8 +107,17 @@ class Session:
             self._roots.add(target.root)
         if first:
             end_killed(target.root, say=lambda line: log.warning("tracking: %s", line))
+            left: dict[str, int] = {}
             for journal in journals(target.root):
-                self.sender.watch(journal, uri_of(journal, target.secrets), target.copies)
+                uri = uri_of(journal, target.secrets)
+                self.sender.watch(journal, uri, target.copies)
+                if journal.pending():
+                    left[uri] = left.get(uri, 0) + journal.count()
+            for uri, n in left.items():
+                self.sender.say(
+                    f"{n} record(s) an earlier command kept in {target.root / JOURNALS} for the "
+                    f"MLflow server at {redact_uri(uri)} are being sent first, in order"
+                )
         self.sender.start()
 
     def journal(self, target: Target, key: str | None = None) -> Journal:
