@@ -89,8 +89,8 @@ def started(verbose: bool) -> Iterator[Start]:
 def configured(config: RunConfig) -> RunConfig:
     """The switches ``config``'s command needs, set once it is loaded: MLflow's HTTP budget
     (its client reads it nowhere else) and, where a stage will start a local Ray, Ray's
-    (``runtime.local_ray_switches``). Returns ``config`` with the dashboard port they name."""
-    ray, wanted = runtime.local_ray_switches(config.ray, os.environ)
+    (``runtime.ray_switches``). Returns ``config`` with the dashboard port they name."""
+    ray, wanted = runtime.ray_switches(config.ray, os.environ)
     _set({**mlflow_runs.http_environment(config), **wanted})
     return config if ray is config.ray else config.replace(ray=ray)
 
@@ -100,7 +100,7 @@ def local_ray(ray: RayConfig) -> Iterator[RayConfig]:
     """For a caller outside a command (a test, a benchmark) that starts a local Ray in the
     block (``runtime.ensure_ray``): Ray's switches as a command sets them, then as they were
     (but ``RAY_AUTH_MODE``, as after a command)."""
-    ray, wanted = runtime.local_ray_switches(ray, os.environ)
+    ray, wanted = runtime.ray_switches(ray, os.environ)
     before = {name: os.environ.get(name) for name in wanted if name != runtime.AUTH_MODE_VAR}
     _set(wanted)
     try:

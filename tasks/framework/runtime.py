@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from tasks.framework.config import RayConfig
 from tasks.framework.results import StageError
@@ -24,21 +25,24 @@ and worker handles as arguments, has Ray Core print an ERROR line that its resta
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 """Ray's token authentication switch (ray 2.60), read by ``ray.init`` and every process it starts:
 a new local Ray turns it on by default, with a console WARNING; set to ``token`` before, Ray has
-nothing to announce. It keeps or writes the token in ``~/.ray/auth_token``."""
+nothing to announce. It keeps or writes the token in ``~/.ray/auth_token`` (``TOKEN_FILE``)."""
+TOKEN_FILE = Path("~/.ray/auth_token")
 LOCAL_ONLY_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's ``ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR`` (ray 2.60), named here so that setting it
 needs no import of Ray: ``0`` has a local Ray's processes bind to 127.0.0.1."""
 
 
-def local_ray_switches(
-    config: RayConfig, found: Mapping[str, str]
-) -> tuple[RayConfig, dict[str, str]]:
-    """What the processes of the local Ray a command starts must find in their environment, and
-    ``config`` with the dashboard port it names; nothing for a cluster (``config.address``, or
-    ``RAY_ADDRESS`` in ``found``). Token authentication and the watcher stay as ``found`` has
-    them, if set."""
+def ray_switches(config: RayConfig, found: Mapping[str, str]) -> tuple[RayConfig, dict[str, str]]:
+    """What the Ray processes of a command must find in their environment, and ``config`` with
+    the dashboard port they name. For a cluster (``config.address``, or ``RAY_ADDRESS`` in
+    ``found``): token authentication when a token is at hand (``token_at_hand``) and the mode
+    is not set, which Ray does itself for ``address="auto"`` but not for an explicit address,
+    where the connection is refused after 20 s of retries. For the local Ray a command starts:
+    where its State API is, loopback, token authentication and no preemption watcher. What
+    ``found`` sets stays."""
     if config.address or found.get("RAY_ADDRESS"):
-        return config, {}
+        token = AUTH_MODE_VAR not in found and token_at_hand(found)
+        return config, {AUTH_MODE_VAR: "token"} if token else {}
     port = dashboard_port() if config.dashboard else None
     # Every process ray.init starts (the raylet, which starts every worker) inherits where the
     # State API is: without it they search the machine for a running Ray, and with a second one
@@ -50,6 +54,15 @@ def local_ray_switches(
     defaults = {AUTH_MODE_VAR: "token", PREEMPTION_WATCHER_VAR: "0"}
     wanted.update({name: value for name, value in defaults.items() if name not in found})
     return config.with_dashboard_port(port), wanted
+
+
+def token_at_hand(found: Mapping[str, str]) -> bool:
+    """Whether a Ray token is where Ray 2.60 looks for one: ``RAY_AUTH_TOKEN``, the file
+    ``RAY_AUTH_TOKEN_PATH`` names, or ``~/.ray/auth_token``."""
+    if found.get("RAY_AUTH_TOKEN"):
+        return True
+    named = found.get("RAY_AUTH_TOKEN_PATH")
+    return Path(named).expanduser().is_file() if named else TOKEN_FILE.expanduser().is_file()
 
 
 def ensure_ray(config: RayConfig | None = None) -> None:
@@ -99,25 +112,13 @@ TOKEN_HINT = (
 
 
 def connect_to_cluster(address: str) -> None:
-    """Join the Ray cluster at ``address`` as a driver, which must run on one of its nodes.
-
-    With a token at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)
-    and ``RAY_AUTH_MODE`` unset, token authentication is turned on: Ray does so itself for
-    ``address="auto"`` but not for an explicit address, where the connection is refused after
-    20 s of retries. A machine that is not a node (a laptop) would attach to another node's
-    raylet and hang in the first Ray Data stage (objects its workers cannot send back): it
-    fails here, in seconds, saying what to do instead."""
+    """Join the Ray cluster at ``address`` as a driver, which must run on one of its nodes (its
+    token authentication is set at the command's start: ``ray_switches``). A machine that is
+    not a node (a laptop) would attach to another node's raylet and hang in the first Ray Data
+    stage (objects its workers cannot send back): it fails here, in seconds, saying what to do
+    instead."""
     import ray
 
-    if "RAY_AUTH_MODE" not in os.environ:
-        # Ray's own switch (ray 2.60): sets the variable and refreshes the config its core
-        # library read at import; the variable alone comes too late in a process that has
-        # imported Ray.
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     log.info("connecting to Ray at %s", address)
     try:
         ray.init(address=address, log_to_driver=True)

@@ -172,3 +172,26 @@ def test_a_loaded_config_sets_mlflows_budget_and_its_local_rays_switches_for_the
         assert os.environ[runtime.AUTH_MODE_VAR] == "token"
     # The command's switches leave with it; Ray's token mode stays, as ray.init leaves it.
     assert {k: v for k, v in os.environ.items() if k != runtime.AUTH_MODE_VAR} == before
+
+
+def test_a_cluster_gets_token_authentication_only_with_a_token_at_hand(tmp_path, monkeypatch):
+    from tasks.framework import runtime
+    from tasks.framework.config import RayConfig
+
+    monkeypatch.setattr(runtime, "TOKEN_FILE", tmp_path / "no-token")
+    cluster = RayConfig(address="10.0.0.1:6379")
+    token = {runtime.AUTH_MODE_VAR: "token"}
+    assert runtime.ray_switches(cluster, {}) == (cluster, {})
+    assert runtime.ray_switches(RayConfig(), {"RAY_ADDRESS": "auto"})[1] == {}
+    assert runtime.ray_switches(cluster, {"RAY_AUTH_TOKEN": "s3cr3t"})[1] == token
+    named = tmp_path / "token"
+    assert runtime.ray_switches(cluster, {"RAY_AUTH_TOKEN_PATH": str(named)})[1] == {}
+    named.write_text("s3cr3t")
+    assert runtime.ray_switches(cluster, {"RAY_AUTH_TOKEN_PATH": str(named)})[1] == token
+    # The user's own mode stays; the machine's token file counts.
+    assert (
+        runtime.ray_switches(cluster, {runtime.AUTH_MODE_VAR: "disabled", "RAY_AUTH_TOKEN": "x"})[1]
+        == {}
+    )
+    monkeypatch.setattr(runtime, "TOKEN_FILE", named)
+    assert runtime.ray_switches(cluster, {})[1] == token
