@@ -50,11 +50,11 @@ bench-store: $(STAMP)
 
 # Side by side with fairseq and eole on the published Multi30k recipe, on this CPU: each peer in
 # its own environment under .peers/ (over the same CPU torch), the same data, model, tokens per
-# update and threads; training target tokens/s and decoding sentences/s (benchmarks/peers.py).
+# update and threads; training target tokens/s and decoding sentences/s (benchmarks/peers/).
 # Writes $(RESULTS)/peers.{json,md}. PEERS_FLAGS: e.g. --updates 120, --peers fairseq, --no-install.
 bench-peers: $(STAMP)
 	mkdir -p $(RESULTS)
-	$(PY) benchmarks/peers.py --out $(RESULTS) $(PEERS_FLAGS)
+	$(PY) benchmarks/peers --out $(RESULTS) $(PEERS_FLAGS)
 
 # The GPU suite runs in a Python whose torch is a CUDA build (ours in .venv is the CPU wheel):
 # the machine's own by default. It fails fast without CUDA, installs Ray Train if missing, and

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpora.filters import normalize_array  # noqa: E402
 from tasks.framework.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
-from tasks.framework.contract import read_manifest  # noqa: E402
+from tasks.framework.manifest import read_manifest  # noqa: E402
 from tasks.framework.runner import build_folder, run_stage  # noqa: E402
 
 
@@ -124,7 +125,7 @@ def raw_encode(texts_file: list[Path], model: Path, threads: int) -> tuple[float
     return seconds, tokens
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument("--vocab", type=int, default=8000)
@@ -134,17 +135,13 @@ def main() -> None:
     )
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    if not (SAMPLE / "train.en").is_file():
-        sys.exit(f"{SAMPLE} is absent: this benchmark needs the WMT14 sample")
+    return parser.parse_args()
 
-    import ray
 
-    from tasks.framework.runtime import ensure_ray
-
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-data-"))
+def bench_config(args: argparse.Namespace, work: Path) -> RunConfig:
+    """The stages' config: ``--cpus`` for Ray and the tokenizer, ``--actors`` encoders."""
     actors = args.actors or args.cpus
-    config = RunConfig(
+    return RunConfig(
         name="bench",
         workdir=str(work),
         clean=CleanConfig(batch_size=4096),
@@ -158,10 +155,15 @@ def main() -> None:
         ray=RayConfig(num_cpus=args.cpus),
     )
 
+
+def prepare_inputs(config: RunConfig, work: Path, pairs: int) -> tuple[Path, Path]:
+    """The download folder (the sample replicated to ``pairs``) and the tokenizer trained on the
+    sample, both outside the timed window."""
+
     def write_download(tmp: Path) -> dict:
         (tmp / "train").mkdir()
         for lang in ("en", "de"):
-            replicate(SAMPLE / f"train.{lang}", tmp / "train" / f"sample.{lang}", args.pairs)
+            replicate(SAMPLE / f"train.{lang}", tmp / "train" / f"sample.{lang}", pairs)
             shutil.copyfile(SAMPLE / f"newstest2012.{lang}", tmp / f"dev.{lang}")
             shutil.copyfile(SAMPLE / f"newstest2014.full.{lang}", tmp / f"test.{lang}")
         return {}
@@ -184,16 +186,38 @@ def main() -> None:
         return {}
 
     download = build_folder(
-        "download", work / "download", {"pairs": args.pairs}, {}, write_download, hash_files=False
+        "download", work / "download", {"pairs": pairs}, {}, write_download, hash_files=False
     ).path
     tok_input = build_folder("tok_input", work / "tok_input", {}, {}, write_tok_input).path
     tok_dir = run_stage(config, "tokenizer", {"clean": tok_input}).path
+    return download, tok_dir
+
+
+@dataclass
+class Timed:
+    """Seconds of each timed step, the stages' output folders and the memory sampled."""
+
+    ray_init_s: float
+    warm_up_s: float
+    clean_s: float
+    shard_s: float
+    clean_dir: Path
+    shard_dir: Path
+    memory: PeakMemory
+
+
+def time_pipeline(config: RunConfig, cpus: int, download: Path, tok_dir: Path) -> Timed:
+    """Ray's start and warm-up, then the clean and shard stages on warm workers, timed apart."""
+    import ray
+
+    from tasks.framework.runtime import ensure_ray
+
     start = time.perf_counter()
     ensure_ray(config.ray)
     ray_init_s = time.perf_counter() - start
     ray.data.DataContext.get_current().enable_progress_bars = False
     start = time.perf_counter()
-    warm_up(args.cpus)
+    warm_up(cpus)
     warm_up_s = time.perf_counter() - start
 
     with PeakMemory() as memory:
@@ -206,35 +230,37 @@ def main() -> None:
         ).path
         shard_s = time.perf_counter() - start
     ray.shutdown()
+    return Timed(ray_init_s, warm_up_s, clean_s, shard_s, clean_dir, shard_dir, memory)
 
-    raw_s, raw_tokens = raw_encode(
-        [download / "train" / "sample.en", download / "train" / "sample.de"],
-        tok_dir / "spm.model",
-        args.cpus,
-    )
-    kept = read_manifest(clean_dir)["stats"]["kept"]
-    shard_stats = read_manifest(shard_dir)["stats"]["train"]
-    pipeline_pps = args.pairs / (clean_s + shard_s)
-    fixed_s = ray_init_s + warm_up_s
-    end_to_end_pps = args.pairs / (fixed_s + clean_s + shard_s)
-    raw_pps = args.pairs / raw_s
+
+def result_rows(
+    args: argparse.Namespace, t: Timed, raw_s: float, raw_tokens: int
+) -> tuple[list[dict], dict]:
+    """The table's rows and the summary (ratios to raw sentencepiece, memory, counts)."""
+    pairs = args.pairs
+    kept = read_manifest(t.clean_dir)["stats"]["kept"]
+    shard_stats = read_manifest(t.shard_dir)["stats"]["train"]
+    pipeline_pps = pairs / (t.clean_s + t.shard_s)
+    fixed_s = t.ray_init_s + t.warm_up_s
+    end_to_end_pps = pairs / (fixed_s + t.clean_s + t.shard_s)
+    raw_pps = pairs / raw_s
     rows = [
         {
             "what": "clean (Ray Data)",
-            "pairs": args.pairs,
-            "seconds": clean_s,
-            "pairs/s": args.pairs / clean_s,
+            "pairs": pairs,
+            "seconds": t.clean_s,
+            "pairs/s": pairs / t.clean_s,
         },
         {
             "what": "shard: encode+write (Ray Data)",
             "pairs": kept,
-            "seconds": shard_s,
-            "pairs/s": kept / shard_s,
+            "seconds": t.shard_s,
+            "pairs/s": kept / t.shard_s,
         },
         {
             "what": "pipeline clean+encode+write (warm Ray)",
-            "pairs": args.pairs,
-            "seconds": clean_s + shard_s,
+            "pairs": pairs,
+            "seconds": t.clean_s + t.shard_s,
             "pairs/s": pipeline_pps,
         },
         {
@@ -245,13 +271,13 @@ def main() -> None:
         },
         {
             "what": "pipeline end to end (Ray start-up included)",
-            "pairs": args.pairs,
-            "seconds": fixed_s + clean_s + shard_s,
+            "pairs": pairs,
+            "seconds": fixed_s + t.clean_s + t.shard_s,
             "pairs/s": end_to_end_pps,
         },
         {
             "what": f"raw sentencepiece encode ({args.cpus} threads)",
-            "pairs": args.pairs,
+            "pairs": pairs,
             "seconds": raw_s,
             "pairs/s": raw_pps,
         },
@@ -260,21 +286,21 @@ def main() -> None:
         "ratio_pipeline_to_raw": pipeline_pps / raw_pps,
         "ratio_end_to_end_to_raw": end_to_end_pps / raw_pps,
         "target": ">= 0.5",
-        "ray_init_s": ray_init_s,
-        "warm_up_s": warm_up_s,
-        "peak_driver_mb": memory.driver_peak_sampled / 2**20,
+        "ray_init_s": t.ray_init_s,
+        "warm_up_s": t.warm_up_s,
+        "peak_driver_mb": t.memory.driver_peak_sampled / 2**20,
         "peak_driver_mb_whole_run": PeakMemory.driver_peak() / 2**20,
-        "peak_ray_processes_mb": memory.ray_peak / 2**20,
+        "peak_ray_processes_mb": t.memory.ray_peak / 2**20,
         "kept_pairs": kept,
         "tokens": shard_stats["src_tokens"] + shard_stats["tgt_tokens"],
         "raw_tokens": raw_tokens,
         "cpus": args.cpus,
-        "encode_actors": actors,
+        "encode_actors": args.actors or args.cpus,
     }
-    title = (
-        f"Data pipeline throughput, {args.pairs:,} pairs (WMT14 sample replicated), "
-        f"vocab {args.vocab}"
-    )
+    return rows, summary
+
+
+def write_report(title: str, rows: list[dict], summary: dict, json_path: str | None) -> None:
     try:
         from common import report
 
@@ -282,7 +308,7 @@ def main() -> None:
             title,
             rows
             + [{"what": k, "pairs": "", "seconds": "", "pairs/s": v} for k, v in summary.items()],
-            args.json,
+            json_path,
         )
     except ImportError:  # common.py needs torch; this benchmark does not
         import json
@@ -295,10 +321,31 @@ def main() -> None:
             )
         for key, value in summary.items():
             print(f"{key:<44} {value:.3g}" if isinstance(value, float) else f"{key:<44} {value}")
-        if args.json:
-            Path(args.json).write_text(
+        if json_path:
+            Path(json_path).write_text(
                 json.dumps({"title": title, "rows": rows, "summary": summary}, indent=2) + "\n"
             )
+
+
+def main() -> None:
+    args = parse_args()
+    if not (SAMPLE / "train.en").is_file():
+        sys.exit(f"{SAMPLE} is absent: this benchmark needs the WMT14 sample")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-data-"))
+    config = bench_config(args, work)
+    download, tok_dir = prepare_inputs(config, work, args.pairs)
+    timed = time_pipeline(config, args.cpus, download, tok_dir)
+    raw_s, raw_tokens = raw_encode(
+        [download / "train" / "sample.en", download / "train" / "sample.de"],
+        tok_dir / "spm.model",
+        args.cpus,
+    )
+    rows, summary = result_rows(args, timed, raw_s, raw_tokens)
+    title = (
+        f"Data pipeline throughput, {args.pairs:,} pairs (WMT14 sample replicated), "
+        f"vocab {args.vocab}"
+    )
+    write_report(title, rows, summary, args.json)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

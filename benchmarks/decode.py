@@ -72,7 +72,7 @@ def timed(search, *args, **kwargs) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - start, out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -91,78 +91,64 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="also beam search with bfloat16 weights"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def with_and_without_cache(
+    model: Transformer, src: torch.Tensor, cache_only: bool, **search
+) -> tuple[float, float | None, list[list[int]], list[list[int]] | None]:
+    """Seconds and outputs of ``search`` with the cache, then without it (None with
+    ``cache_only``)."""
+    t_cache, out_cache = timed(best_tokens, model, src, **search)
+    if cache_only:
+        return t_cache, None, out_cache, None
+    t_full, out_full = timed(best_tokens, model, src, **search, use_cache=False)
+    return t_cache, t_full, out_cache, out_full
+
+
+def measure_size(size: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Greedy and beam search of one preset, with and without the cache; beam in bfloat16 too
+    with ``--bf16``."""
+    greedy_batch, greedy_len = (16, 50) if args.quick else (32, 50)
+    beam_batch, beam_k, beam_len = (32, 4, 12) if args.quick else (32, 4, 50)
+    torch.manual_seed(0)
+    vocab = vocab_for(size)
+    model = NoEOS(presets.get(size), vocab).to(device).eval()
+    best_tokens(model, sources(1, 25, vocab).to(device), **GREEDY, max_len=2)  # warm-up
+
+    src = sources(greedy_batch, 25, vocab).to(device)
+    timings = with_and_without_cache(model, src, args.cache_only, **GREEDY, max_len=greedy_len)
+    rows = [row(size, vocab, "greedy", greedy_batch, 1, greedy_len, *timings)]
+
+    src = sources(beam_batch, 25, vocab, seed=1).to(device)
+    timings = with_and_without_cache(
+        model, src, args.cache_only, beam_size=beam_k, max_len=beam_len
+    )
+    t_cache, _, out_cache, _ = timings
+    rows.append(row(size, vocab, "beam", beam_batch, beam_k, beam_len, *timings))
+
+    if args.bf16:
+        model = model.to(torch.bfloat16)
+        best_tokens(model, sources(1, 25, vocab).to(device), beam_size=beam_k, max_len=2)
+        t_bf16, out_bf16 = timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len)
+        bf16 = row(size, vocab, "beam", beam_batch, beam_k, beam_len, t_bf16, None, out_bf16, None)
+        bf16["dtype"] = "bfloat16"
+        bf16["vs_fp32_cache"] = t_cache / t_bf16
+        bf16["same_as_fp32"] = sum(a == b for a, b in zip(out_bf16, out_cache, strict=True)) / len(
+            out_cache
+        )
+        rows.append(bf16)
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    greedy_batch, greedy_len = (16, 50) if args.quick else (32, 50)
-    beam_batch, beam_k, beam_len = (32, 4, 12) if args.quick else (32, 4, 50)
-
     rows = []
     for size in args.sizes.split(","):
-        torch.manual_seed(0)
-        vocab = vocab_for(size)
-        model = NoEOS(presets.get(size), vocab).to(device).eval()
-        best_tokens(model, sources(1, 25, vocab).to(device), **GREEDY, max_len=2)  # warm-up
-
-        src = sources(greedy_batch, 25, vocab).to(device)
-        t_cache, out_cache = timed(best_tokens, model, src, **GREEDY, max_len=greedy_len)
-        t_full, out_full = (
-            (None, None)
-            if args.cache_only
-            else timed(best_tokens, model, src, **GREEDY, max_len=greedy_len, use_cache=False)
-        )
-        rows.append(
-            row(
-                size,
-                vocab,
-                "greedy",
-                greedy_batch,
-                1,
-                greedy_len,
-                t_cache,
-                t_full,
-                out_cache,
-                out_full,
-            )
-        )
-
-        src = sources(beam_batch, 25, vocab, seed=1).to(device)
-        t_cache, out_cache = timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len)
-        t_full, out_full = (
-            (None, None)
-            if args.cache_only
-            else timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len, use_cache=False)
-        )
-        rows.append(
-            row(
-                size,
-                vocab,
-                "beam",
-                beam_batch,
-                beam_k,
-                beam_len,
-                t_cache,
-                t_full,
-                out_cache,
-                out_full,
-            )
-        )
-
-        if args.bf16:
-            model = model.to(torch.bfloat16)
-            best_tokens(model, sources(1, 25, vocab).to(device), beam_size=beam_k, max_len=2)
-            t_bf16, out_bf16 = timed(best_tokens, model, src, beam_size=beam_k, max_len=beam_len)
-            bf16 = row(
-                size, vocab, "beam", beam_batch, beam_k, beam_len, t_bf16, None, out_bf16, None
-            )
-            bf16["dtype"] = "bfloat16"
-            bf16["vs_fp32_cache"] = t_cache / t_bf16
-            bf16["same_as_fp32"] = sum(
-                a == b for a, b in zip(out_bf16, out_cache, strict=True)
-            ) / len(out_cache)
-            rows.append(bf16)
-
+        rows += measure_size(size, args, device)
     report(
         f"Decoding speed on {device.type}, ~25-token sources, fixed-length outputs", rows, args.json
     )

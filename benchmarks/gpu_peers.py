@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import peers_eole
-import peers_fairseq
-from peers_env import PEERS_DIR, REQUIREMENTS, ROOT, Peer, Recipe, Shape, last_line
+from peers import eole, fairseq
+from peers.env import PEERS_DIR, REQUIREMENTS, ROOT, Peer, Recipe, Shape, last_line
 
 GPU_PEERS_DIR = ROOT / ".peers-gpu"
 # The torch family: the GPU machine's own CUDA torch and what comes with it, never carried.
@@ -246,11 +245,11 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> str:
 def _fairseq(peer: Peer, shape: Shape, text: Path, folder: Path, steps: int, env) -> dict:
     data_bin = folder.parent / "fairseq-data-bin"
     if not (data_bin / "dict.en.txt").is_file():
-        cmd = peers_fairseq.preprocess_command(
+        cmd = fairseq.preprocess_command(
             peer, text, ("en", "de"), data_bin, workers=8, splits=("train", "valid")
         )
         _run(cmd, env, folder / "preprocess.log")
-    cmd = peers_fairseq.train_command(
+    cmd = fairseq.train_command(
         peer,
         data_bin,
         folder / "checkpoints",
@@ -261,16 +260,16 @@ def _fairseq(peer: Peer, shape: Shape, text: Path, folder: Path, steps: int, env
         gpu=True,
         bf16=True,
     )
-    return peers_fairseq.train_rates(_run(cmd, env, folder / "train.log"), steps)
+    return fairseq.train_rates(_run(cmd, env, folder / "train.log"), steps)
 
 
 def _eole(peer: Peer, shape: Shape, text: Path, folder: Path, steps: int, env) -> dict:
-    config = peers_eole.write_config(
+    config = eole.write_config(
         folder, text, ("en", "de"), shape, GPU_RECIPE, 2 * steps, steps, gpu=True, fp16=True
     )
-    _run(peers_eole.vocab_command(peer, config), env, folder / "vocab.log")
-    return peers_eole.train_rates(
-        _run(peers_eole.train_command(peer, config), env, folder / "train.log"), steps
+    _run(eole.vocab_command(peer, config), env, folder / "vocab.log")
+    return eole.train_rates(
+        _run(eole.train_command(peer, config), env, folder / "train.log"), steps
     )
 
 

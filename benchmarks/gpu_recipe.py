@@ -126,7 +126,7 @@ def _run(cmd: list[str], check: bool = True) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preflight", action="store_true", help="only check that CUDA is here")
     parser.add_argument("--seed", type=int, default=None, help="default: the config's (1234)")
@@ -156,7 +156,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", default=str(ROOT / ".venv-gpu"))
     parser.add_argument("--workdir", default=None, help="default: runs/gpu-recipe-seed<seed>")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_recipe.json"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def result_of(
+    args: argparse.Namespace,
+    device: str,
+    workdir: Path,
+    install_s: float,
+    run_s: float,
+    started: float,
+) -> dict:
+    """What the run scored and where its time went, read from the work dir's score and train
+    manifests."""
+    scores = json.loads((workdir / "score" / "scores.json").read_text(encoding="utf-8"))
+    train = json.loads((workdir / "train" / "manifest.json").read_text(encoding="utf-8"))
+    split = train.get("stats", {}).get("loop_split") or {}  # where training's wall time went
+    return {
+        "date": date.today().isoformat(),
+        "device": device,
+        "seed": args.seed or 1234,
+        "overrides": args.set,  # beyond the GPU's own three: none for the recipe as committed
+        "bleu_tok_lc": scores["bleu_tok_lc"],
+        "published": PUBLISHED,
+        "chrf": scores["chrf"],
+        "install_s": round(install_s, 1),
+        "run_s": round(run_s, 1),
+        "train_loop_split_s": split,
+        "wall_s": round(time.time() - started, 1),
+        "continued": args.keep,  # then the times are this call's alone
+        "workdir": str(workdir),
+    }
+
+
+def write_result(result: dict, out: Path, install_s: float, run_s: float) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    split = result["train_loop_split_s"]
+    print(
+        f"gpu-recipe: test2016 bleu_tok_lc {result['bleu_tok_lc']:.2f} against the published "
+        f"{PUBLISHED:.2f} ({result['bleu_tok_lc'] - PUBLISHED:+.2f}), seed {result['seed']}, "
+        f"{result['device']}; {result['wall_s'] / 60:.1f} min in all (install {install_s:.0f} s, "
+        f"tfm run {run_s:.0f} s{', continued' if result['continued'] else ''}); {out}"
+    )
+    print(
+        "gpu-recipe: training's loop, seconds: " + ", ".join(f"{k} {v}" for k, v in split.items())
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     device = cuda_device()
     if device is None:
         print(
@@ -177,36 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-recipe: {args.venv} ready ({install_s:.0f} s)")
         return 0
     run_s = run_recipe(Path(args.venv), workdir, args.seed, args.mirror, args.set)
-    scores = json.loads((workdir / "score" / "scores.json").read_text(encoding="utf-8"))
-    train = json.loads((workdir / "train" / "manifest.json").read_text(encoding="utf-8"))
-    split = train.get("stats", {}).get("loop_split") or {}  # where training's wall time went
-    result = {
-        "date": date.today().isoformat(),
-        "device": device,
-        "seed": args.seed or 1234,
-        "overrides": args.set,  # beyond the GPU's own three: none for the recipe as committed
-        "bleu_tok_lc": scores["bleu_tok_lc"],
-        "published": PUBLISHED,
-        "chrf": scores["chrf"],
-        "install_s": round(install_s, 1),
-        "run_s": round(run_s, 1),
-        "train_loop_split_s": split,
-        "wall_s": round(time.time() - started, 1),
-        "continued": args.keep,  # then the times are this call's alone
-        "workdir": str(workdir),
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(
-        f"gpu-recipe: test2016 bleu_tok_lc {result['bleu_tok_lc']:.2f} against the published "
-        f"{PUBLISHED:.2f} ({result['bleu_tok_lc'] - PUBLISHED:+.2f}), seed {result['seed']}, "
-        f"{device}; {result['wall_s'] / 60:.1f} min in all (install {install_s:.0f} s, "
-        f"tfm run {run_s:.0f} s{', continued' if args.keep else ''}); {out}"
-    )
-    print(
-        "gpu-recipe: training's loop, seconds: " + ", ".join(f"{k} {v}" for k, v in split.items())
-    )
+    result = result_of(args, device, workdir, install_s, run_s, started)
+    write_result(result, Path(args.out), install_s, run_s)
     return 0
 
 

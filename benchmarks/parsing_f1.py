@@ -29,6 +29,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,7 +52,7 @@ def timed(config, name: str) -> tuple[Path, float]:
     return path, time.perf_counter() - started
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "ptb_sample.yaml"))
     parser.add_argument("--minutes", type=float, default=15.0, help="training time budget")
@@ -74,8 +75,12 @@ def main(argv: list[str] | None = None) -> None:
         help="any config override, e.g. model.d_model=256 (repeatable)",
     )
     parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def bench_config(args: argparse.Namespace) -> Any:
+    """The config with the overrides, its model stages removed (training is a timing: it always
+    starts afresh; the data stages are reused when up to date)."""
     import torch
 
     from tasks.framework.config import load_config
@@ -87,18 +92,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.beam is not None:
         overrides["parsing.beam_size"] = args.beam
     config = load_config(args.config, overrides)
-    root = config.root
-    # The data stages are reused when up to date; training always starts afresh (a timing).
     for name in (*MODEL_STAGES, "train_ray"):
-        shutil.rmtree(root / name, ignore_errors=True)
+        shutil.rmtree(config.root / name, ignore_errors=True)
+    return config
 
-    seconds: dict[str, float] = {}
-    for name in DATA_STAGES:
-        _, seconds[name] = timed(config, name)
-    tb = stats(root / "treebank")
-    print(f"trees: train {tb['train_trees']}, dev {tb['dev_trees']}, test {tb['test_trees']}")
 
-    # 1. a short run to time a step (Ray start-up and the first evaluation included: a safe side)
+@dataclasses.dataclass
+class Pace:
+    """What the timing run measured and the plan it gives: ``steps`` in the budget."""
+
+    calib: int
+    per_step: float
+    startup: float  # Ray Train start-up, paid again on resume
+    steps: int
+    budget: float
+    train_dir: Path  # the timing run's folder
+
+
+def time_a_step(config: Any, args: argparse.Namespace, seconds: dict[str, float]) -> Pace:
+    """A short run to time a step (Ray start-up and the first evaluation included: a safe side)."""
     tc = config.train
     calib = min(args.calibrate, tc.steps)
     budget = 60 * args.minutes
@@ -107,17 +119,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     loop = stats(train_dir)["loop_seconds"]
     per_step = loop / calib
-    startup = seconds["train_timing_run"] - loop  # Ray Train start-up, paid again on resume
+    startup = seconds["train_timing_run"] - loop
     fit = calib + int((budget - seconds["train_timing_run"] - startup) / per_step)
     steps = max(calib, min(tc.steps, fit))
     print(
         f"{per_step:.2f} s/step over {calib} steps: training {steps} steps "
         f"(budget {args.minutes:g} min, cap {tc.steps})"
     )
+    return Pace(calib, per_step, startup, steps, budget, train_dir)
 
-    # 2. the same run resumed towards `steps` in `--legs` legs, each timed again, so that a
-    # machine that slows down (shared cores) still stops near the budget, at a checkpoint;
-    # checkpoints in the last tenth are averaged.
+
+def train_in_legs(
+    config: Any, pace: Pace, legs: int, seconds: dict[str, float]
+) -> tuple[Any, Path]:
+    """The timing run resumed towards ``pace.steps`` in ``legs`` legs, each timed again, so that
+    a machine that slows down (shared cores) still stops near the budget, at a checkpoint;
+    checkpoints in the last tenth are averaged. The final config and the train folder."""
+    tc, calib, steps = config.train, pace.calib, pace.steps
+    per_step, startup, train_dir = pace.per_step, pace.startup, pace.train_dir
     last = config.average.last
     every = max(1, math.ceil(steps / (10 * last)))
     final = config.replace(
@@ -128,10 +147,10 @@ def main(argv: list[str] | None = None) -> None:
             keep_checkpoints=max(tc.keep_checkpoints, last),
         )
     )
-    leg = max(1, math.ceil((steps - calib) / max(1, args.legs) / every)) * every
+    leg = max(1, math.ceil((steps - calib) / max(1, legs) / every)) * every
     spent, done, seconds["train"] = seconds["train_timing_run"], calib, 0.0
     while done < steps:
-        fit = int((budget - spent - startup) / per_step)  # steps the rest of the budget holds
+        fit = int((pace.budget - spent - startup) / per_step)  # steps the rest of the budget holds
         if done > calib and fit < every:
             print(f"stopping at step {done}: the budget is spent ({spent / 60:.1f} min)")
             break
@@ -149,47 +168,62 @@ def main(argv: list[str] | None = None) -> None:
         per_step, startup = loop / (stop - done), took - loop
         spent, done, seconds["train"] = spent + took, stop, seconds["train"] + took
         print(f"step {done}: {per_step:.2f} s/step in the last leg, {spent / 60:.1f} min spent")
-    final = final.replace(train=dataclasses.replace(final.train, stop_after=done))
-    for name in ("average", "translate", "parse_score"):
-        _, seconds[name] = timed(final, name)
+    return final.replace(train=dataclasses.replace(final.train, stop_after=done)), train_dir
 
-    tr = stats(train_dir)
-    tl = stats(root / "translate")
+
+def result_row(config: Any, tb: dict, train_dir: Path, seconds: dict[str, float]) -> dict:
+    """The table's one row: data, training, decoding and EVALB's scores."""
     # POS slots in the outputs before repair, per word (the issue: within 2% of 1).
     from parsing.linearize import POS_TAGS, VINYALS_LEAF, structure_tokens
 
+    root = config.root
+    tr = stats(train_dir)
+    tl = stats(root / "translate")
     hyps = (root / "translate" / "hyp.tree").read_text(encoding="utf-8").splitlines()
     words = (root / "linearize" / "test.words").read_text(encoding="utf-8").splitlines()
     form = config.parsing.form
     slots = sum(t in POS_TAGS or t == VINYALS_LEAF for h in hyps for t in structure_tokens(h, form))
     sc = json.loads((root / "parse_score" / "scores.json").read_text())
     train_wall = seconds["train_timing_run"] + seconds["train"]
-    rows = [
-        {
-            "train_trees": tb["train_trees"],
-            "test_trees": tb["test_trees"],
-            "params": tr.get("n_parameters"),
-            "steps": tr["step"],
-            "train_min": round(train_wall / 60, 2),
-            "tokens_per_s": tr.get("tokens_per_s"),
-            "val_loss": tr.get("val_loss"),
-            "beam": tl["decode"]["beam_size"],
-            "decode_s": tl["decode_seconds"],
-            "f1": sc["f1"],
-            "precision": sc["precision"],
-            "recall": sc["recall"],
-            "exact_match": sc["exact_match"],
-            "tagging_acc": sc["tagging_accuracy"],
-            "f1_le40": sc["f1_le40"],
-            "slots_per_word": round(slots / sum(len(w.split()) for w in words), 4),
-            "length_errors": sc["length_errors"],
-            "repaired": sc["repaired_sentences"],
-        }
-    ]
+    return {
+        "train_trees": tb["train_trees"],
+        "test_trees": tb["test_trees"],
+        "params": tr.get("n_parameters"),
+        "steps": tr["step"],
+        "train_min": round(train_wall / 60, 2),
+        "tokens_per_s": tr.get("tokens_per_s"),
+        "val_loss": tr.get("val_loss"),
+        "beam": tl["decode"]["beam_size"],
+        "decode_s": tl["decode_seconds"],
+        "f1": sc["f1"],
+        "precision": sc["precision"],
+        "recall": sc["recall"],
+        "exact_match": sc["exact_match"],
+        "tagging_acc": sc["tagging_accuracy"],
+        "f1_le40": sc["f1_le40"],
+        "slots_per_word": round(slots / sum(len(w.split()) for w in words), 4),
+        "length_errors": sc["length_errors"],
+        "repaired": sc["repaired_sentences"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = bench_config(args)
+    seconds: dict[str, float] = {}
+    for name in DATA_STAGES:
+        _, seconds[name] = timed(config, name)
+    tb = stats(config.root / "treebank")
+    print(f"trees: train {tb['train_trees']}, dev {tb['dev_trees']}, test {tb['test_trees']}")
+    pace = time_a_step(config, args, seconds)
+    final, train_dir = train_in_legs(config, pace, args.legs, seconds)
+    for name in ("average", "translate", "parse_score"):
+        _, seconds[name] = timed(final, name)
+    rows = [result_row(config, tb, train_dir, seconds)]
     report(
         f"Parsing on the NLTK WSJ sample (EVALB COLLINS.prm; paper, WSJ 02-21 -> 23: 91.3 F1); "
-        f"form {form}, model d_model={config.model.d_model} n_layers={config.model.n_layers}, "
-        f"vocab {config.tokenizer.vocab_size}; stage seconds "
+        f"form {config.parsing.form}, model d_model={config.model.d_model} "
+        f"n_layers={config.model.n_layers}, vocab {config.tokenizer.vocab_size}; stage seconds "
         + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()),
         rows,
         args.json,

@@ -20,22 +20,23 @@ import argparse
 import contextlib
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from training.tracking import JournalRelay, Tracker
-from training.tracking_journal import Journal, new_key, open_record
-from training.tracking_sender import Sender, TrackingOptions
+from tracking.journal import Journal, new_key, open_record
+from tracking.relay import JournalRelay, Tracker
+from tracking.sender import Sender, TrackingOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The MLflow server is started by the tests' own launcher (one launcher, not two): tests/helpers.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import report  # noqa: E402
+from helpers.mlflow_server import MlflowServer, free_port  # noqa: E402
 
 METRICS = (
     "loss",
@@ -55,12 +56,6 @@ def step_work(size: int) -> None:
     a = torch.randn(size, size)
     for _ in range(4):
         a = torch.tanh(a @ a) / size
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tracker_for(
@@ -103,41 +98,12 @@ def run_mode(
 @contextlib.contextmanager
 def mlflow_server(folder: Path) -> Iterator[str]:
     """``mlflow server`` on a free loopback port; its URI once it answers."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--backend-store-uri",
-        f"sqlite:///{folder / 'mlflow.db'}",
-        "--default-artifact-root",
-        str(folder / "artifacts"),
-    ]
-    with open(folder / "server.log", "wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    server = MlflowServer(folder)
+    server.start()
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()  # noqa: S310
-                break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise SystemExit(
-                        f"mlflow server did not start; see {folder / 'server.log'}"
-                    ) from None
-                time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}"
+        yield server.uri
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.kill()
 
 
 def summary(mode: str, took: list[float], reference: float) -> dict:
@@ -162,7 +128,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("MLFLOW_TRACKING_URI", "")  # no ambient server
-    os.environ.update(TrackingOptions().http_env())  # as a tfm command sets it for its sender
+    os.environ.update(
+        TrackingOptions().http_environment()
+    )  # as a tfm command sets it for its sender
     modes = ("none", "up", "refused", "hung")
     took: dict[str, list[float]] = {m: [] for m in modes}
     with (

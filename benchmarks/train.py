@@ -36,6 +36,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -140,8 +141,9 @@ def ray_loop(
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from corpora.location import locate
     from training.allocator import worker_runtime_env
-    from training.job import TrainJob
+    from training.job_spec import TrainJob, folder_at
     from training.worker import JOB_KEY, train_loop_per_worker
 
     with tempfile.TemporaryDirectory() as storage:
@@ -154,8 +156,8 @@ def ray_loop(
             train=tc,
             seed=SEED,
             vocab_size=vocab,
-            shard_dir=str(shard_dir),
-            storage_path=storage,
+            shard_folder=folder_at(str(shard_dir)),
+            storage=locate(storage),
             run_name="bench",
         )
         trainer = TorchTrainer(
@@ -220,8 +222,7 @@ def peak_flops() -> float | None:
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
-def main(argv: list[str] | None = None) -> None:
-    cuda = torch.cuda.is_available()
+def parse_args(argv: list[str] | None, cuda: bool) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="base,big" if cuda else "debug")
     parser.add_argument("--steps", type=int, default=30 if cuda else 16)
@@ -263,7 +264,98 @@ def main(argv: list[str] | None = None) -> None:
         "(train.keep_freed_memory: false)",
     )
     parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def timed_paths(
+    size: str, shard_dir: Path, vocab: int, args: argparse.Namespace, warm: int
+) -> dict[str, Callable[[], dict]]:
+    """The loops to time, by name: plain and Ray Train, or the ``--layouts``; with the glibc
+    defaults and the niceness variants when asked."""
+    loop_args = (size, shard_dir, vocab, args, warm)
+    paths: dict[str, Callable[[], dict]] = {
+        "plain": partial(plain_loop, *loop_args),
+        "ray_train": partial(ray_loop, *loop_args),
+    }
+    if args.layouts:
+        paths = {
+            f"ray_train {text}": partial(ray_loop, *loop_args, layout=parse_layout(text))
+            for text in args.layouts.split(",")
+        }
+    if args.glibc_defaults:
+        paths.update(
+            {
+                f"{path} glibc defaults": partial(run, keep_freed=False)
+                for path, run in paths.items()
+                if path.startswith("ray_train")
+            }
+        )
+    if args.niceness is not None:
+        paths[f"ray_train nice {args.niceness}"] = partial(
+            ray_loop, *loop_args, niceness=args.niceness
+        )
+    return paths
+
+
+def time_interleaved(
+    paths: dict[str, Callable[[], dict]], repeats: int, cuda: bool
+) -> tuple[dict[str, dict], dict[str, float]]:
+    """Each path's best run and median tokens/s over ``repeats`` interleaved rounds."""
+    # Other load on the machine only slows a run, so the best of each path is its figure; the
+    # medians show how far the runs scatter.
+    runs: dict[str, list[dict]] = {path: [] for path in paths}
+    for _ in range(repeats):
+        for path, run in paths.items():
+            runs[path].append(run())
+            if cuda:
+                torch.cuda.empty_cache()
+    best = {path: max(results, key=lambda r: r["tokens_per_s"]) for path, results in runs.items()}
+    medians = {
+        path: float(np.median([r["tokens_per_s"] for r in results]))
+        for path, results in runs.items()
+    }
+    return best, medians
+
+
+def measure_size(size: str, args: argparse.Namespace, warm: int, cuda: bool) -> list[dict]:
+    """One size's rows: each path against the first (plain, or the first layout)."""
+    vocab = args.vocab or vocab_for(size)
+    with tempfile.TemporaryDirectory() as tmp:
+        shard_dir = Path(args.shards).resolve() if args.shards else Path(tmp)
+        if args.shards:
+            manifest = json.loads((shard_dir / "manifest.json").read_text())
+            vocab = manifest["stats"]["vocab_size"]
+        else:
+            write_shards(shard_dir, args.rows, vocab)
+        paths = timed_paths(size, shard_dir, vocab, args, warm)
+        best, medians = time_interleaved(paths, args.repeats, cuda)
+        reference = next(iter(paths))  # "plain", or the first layout
+        plain = best[reference]
+    fpt = flops_per_token(size, args, vocab, mean_len=36.0)
+    params = count_parameters(Transformer(model_config(size, args), vocab))
+    peak = peak_flops()
+    return [
+        {
+            "size": size,
+            "device": "cuda bf16" if cuda else f"cpu fp32 x{r['threads']}",
+            "path": path,
+            "params_M": params / 1e6,
+            "tokens_per_s": r["tokens_per_s"],
+            "tokens_per_s_per_gpu": r["tokens_per_s"] if cuda else None,
+            "mfu": r["tokens_per_s"] * fpt / peak if peak else None,
+            "vs_plain": r["tokens_per_s"] / plain["tokens_per_s"],
+            "median_vs_plain": medians[path] / medians[reference],
+            "timed_s": r["seconds"],
+            "faults_per_step": r.get("page_faults_per_step"),
+            "worker_rss_mib": r.get("max_rss_mib"),
+        }
+        for path, r in best.items()
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    cuda = torch.cuda.is_available()
+    args = parse_args(argv, cuda)
     warm = args.warm or max(args.steps // 4, 2)
 
     import ray
@@ -272,76 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     try:
         for size in args.sizes.split(","):
-            vocab = args.vocab or vocab_for(size)
-            with tempfile.TemporaryDirectory() as tmp:
-                shard_dir = Path(args.shards).resolve() if args.shards else Path(tmp)
-                if args.shards:
-                    manifest = json.loads((shard_dir / "manifest.json").read_text())
-                    vocab = manifest["stats"]["vocab_size"]
-                else:
-                    write_shards(shard_dir, args.rows, vocab)
-                loop_args = (size, shard_dir, vocab, args, warm)
-                paths = {
-                    "plain": partial(plain_loop, *loop_args),
-                    "ray_train": partial(ray_loop, *loop_args),
-                }
-                if args.layouts:
-                    paths = {
-                        f"ray_train {text}": partial(
-                            ray_loop, *loop_args, layout=parse_layout(text)
-                        )
-                        for text in args.layouts.split(",")
-                    }
-                if args.glibc_defaults:
-                    paths.update(
-                        {
-                            f"{path} glibc defaults": partial(run, keep_freed=False)
-                            for path, run in paths.items()
-                            if path.startswith("ray_train")
-                        }
-                    )
-                if args.niceness is not None:
-                    paths[f"ray_train nice {args.niceness}"] = partial(
-                        ray_loop, *loop_args, niceness=args.niceness
-                    )
-                # Interleaved repeats: other load on the machine only slows a run, so the best of
-                # each path is its figure; the medians show how far the runs scatter.
-                runs: dict[str, list[dict]] = {path: [] for path in paths}
-                for _ in range(args.repeats):
-                    for path, run in paths.items():
-                        runs[path].append(run())
-                        if cuda:
-                            torch.cuda.empty_cache()
-                best = {
-                    path: max(results, key=lambda r: r["tokens_per_s"])
-                    for path, results in runs.items()
-                }
-                reference = next(iter(paths))  # "plain", or the first layout
-                plain = best[reference]
-                medians = {
-                    path: float(np.median([r["tokens_per_s"] for r in results]))
-                    for path, results in runs.items()
-                }
-            fpt = flops_per_token(size, args, vocab, mean_len=36.0)
-            params = count_parameters(Transformer(model_config(size, args), vocab))
-            peak = peak_flops()
-            for path, r in best.items():
-                rows.append(
-                    {
-                        "size": size,
-                        "device": "cuda bf16" if cuda else f"cpu fp32 x{r['threads']}",
-                        "path": path,
-                        "params_M": params / 1e6,
-                        "tokens_per_s": r["tokens_per_s"],
-                        "tokens_per_s_per_gpu": r["tokens_per_s"] if cuda else None,
-                        "mfu": r["tokens_per_s"] * fpt / peak if peak else None,
-                        "vs_plain": r["tokens_per_s"] / plain["tokens_per_s"],
-                        "median_vs_plain": medians[path] / medians[reference],
-                        "timed_s": r["seconds"],
-                        "faults_per_step": r.get("page_faults_per_step"),
-                        "worker_rss_mib": r.get("max_rss_mib"),
-                    }
-                )
+            rows += measure_size(size, args, warm, cuda)
     finally:
         ray.shutdown()
     report(

@@ -45,7 +45,7 @@ from common import report  # noqa: E402
 from data import SAMPLE, replicate  # noqa: E402
 
 from tasks.framework.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
-from tasks.framework.contract import read_manifest  # noqa: E402
+from tasks.framework.manifest import read_manifest  # noqa: E402
 from tasks.framework.runner import build_folder, run_stage  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from transformer_core import presets  # noqa: E402
@@ -200,7 +200,8 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
         checkpoint_minutes=0.0,
         log_every=warm,
     )
-    from training.job import TrainJob
+    from corpora.location import locate
+    from training.job_spec import TrainJob, folder_at
     from training.worker import JOB_KEY
 
     with tempfile.TemporaryDirectory() as storage, tempfile.TemporaryDirectory() as records:
@@ -209,8 +210,8 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
             train=tc,
             seed=SEED,
             vocab_size=vocab,
-            shard_dir=str(shards),
-            storage_path=storage,
+            shard_folder=folder_at(str(shards)),
+            storage=locate(storage),
             run_name="bench",
         )
         trainer = TorchTrainer(
@@ -230,7 +231,7 @@ def mean_mib(ranks: list[dict], key: str) -> float:
     return sum(r[key] for r in ranks) / len(ranks) / MIB
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument("--vocab", type=int, default=8000)
@@ -242,7 +243,74 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--workdir", default=None, help="keeps the shards between runs")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def measure_workers(
+    readings: dict[str, Path], workers: int, args: argparse.Namespace
+) -> tuple[list[dict], dict]:
+    """Each reading run ``--repeats`` times with ``workers`` workers: a row per rank and the
+    summary of memory-mapped over Parquet."""
+    records: dict[str, list[dict]] = {}
+    best: dict[str, float] = {}
+    for _ in range(args.repeats):  # interleaved: a busy moment slows one reading only
+        for reading, folder in readings.items():
+            records[reading] = run(folder, args.vocab, workers, args)
+            speed = records[reading][0]["tokens_per_s"]
+            best[reading] = max(best.get(reading, 0.0), speed)
+    base = mean_mib(records["no corpus"], "uss")
+    rows = [
+        {
+            "reading": reading,
+            "workers": workers,
+            "rank": rank,
+            "rss_MiB": r["rss"] / MIB,
+            "uss_MiB": r["uss"] / MIB,
+            "corpus_MiB": r["uss"] / MIB - base,
+            "pss_MiB": r["pss"] / MIB,
+            "anon_MiB": r["anon"] / MIB,
+            "peak_rss_MiB": r["peak_rss"] / MIB,
+            "uss_start_MiB": r["uss_start"] / MIB,
+            "tokens_per_s": best[reading] if rank == 0 else None,
+        }
+        for reading, ranks in records.items()
+        for rank, r in enumerate(ranks)
+    ]
+    uss = {k: mean_mib(v, "uss") for k, v in records.items()}
+    anon = {k: mean_mib(v, "anon") for k, v in records.items()}
+    summary = {
+        "workers": workers,
+        "uss_parquet_MiB": uss["parquet"],
+        "uss_mapped_MiB": uss["memory-mapped"],
+        "uss_no_corpus_MiB": base,
+        "uss_ratio": uss["memory-mapped"] / uss["parquet"],
+        "corpus_ratio": (uss["memory-mapped"] - base) / (uss["parquet"] - base),
+        "anon_ratio": anon["memory-mapped"] / anon["parquet"],
+        "tokens_per_s_ratio": best["memory-mapped"] / best["parquet"],
+    }
+    return rows, summary
+
+
+def write_report(
+    args: argparse.Namespace, stats: dict, rows: list[dict], summary: list[dict]
+) -> None:
+    tokens = stats["src_tokens"] + stats["tgt_tokens"]
+    title = (
+        f"Training memory per worker (rows after the last of {args.steps} steps; tokens/s from "
+        f"rank 0's Trainer), {stats['rows']:,} pairs, {tokens / 1e6:.1f}M tokens "
+        f"({4 * tokens / MIB:,.0f} MiB as int32), vocab {args.vocab}, debug model"
+    )
+    report(title, rows, args.json)
+    report("Memory-mapped over Parquet (per-worker means)", summary)
+    if args.json:
+        import json
+
+        payload = json.loads(Path(args.json).read_text())
+        Path(args.json).write_text(json.dumps({**payload, "summary": summary}, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if not (SAMPLE / "train.en").is_file():
         sys.exit(f"{SAMPLE} is absent: this benchmark needs the WMT14 sample")
 
@@ -261,60 +329,12 @@ def main(argv: list[str] | None = None) -> None:
     rows, summary = [], []
     try:
         for workers in (int(w) for w in args.workers.split(",")):
-            records: dict[str, list[dict]] = {}
-            best: dict[str, float] = {}
-            for _ in range(args.repeats):  # interleaved: a busy moment slows one reading only
-                for reading, folder in readings.items():
-                    records[reading] = run(folder, args.vocab, workers, args)
-                    speed = records[reading][0]["tokens_per_s"]
-                    best[reading] = max(best.get(reading, 0.0), speed)
-            base = mean_mib(records["no corpus"], "uss")
-            for reading, ranks in records.items():
-                for rank, r in enumerate(ranks):
-                    rows.append(
-                        {
-                            "reading": reading,
-                            "workers": workers,
-                            "rank": rank,
-                            "rss_MiB": r["rss"] / MIB,
-                            "uss_MiB": r["uss"] / MIB,
-                            "corpus_MiB": r["uss"] / MIB - base,
-                            "pss_MiB": r["pss"] / MIB,
-                            "anon_MiB": r["anon"] / MIB,
-                            "peak_rss_MiB": r["peak_rss"] / MIB,
-                            "uss_start_MiB": r["uss_start"] / MIB,
-                            "tokens_per_s": best[reading] if rank == 0 else None,
-                        }
-                    )
-            uss = {k: mean_mib(v, "uss") for k, v in records.items()}
-            anon = {k: mean_mib(v, "anon") for k, v in records.items()}
-            summary.append(
-                {
-                    "workers": workers,
-                    "uss_parquet_MiB": uss["parquet"],
-                    "uss_mapped_MiB": uss["memory-mapped"],
-                    "uss_no_corpus_MiB": base,
-                    "uss_ratio": uss["memory-mapped"] / uss["parquet"],
-                    "corpus_ratio": (uss["memory-mapped"] - base) / (uss["parquet"] - base),
-                    "anon_ratio": anon["memory-mapped"] / anon["parquet"],
-                    "tokens_per_s_ratio": best["memory-mapped"] / best["parquet"],
-                }
-            )
+            worker_rows, worker_summary = measure_workers(readings, workers, args)
+            rows += worker_rows
+            summary.append(worker_summary)
     finally:
         ray.shutdown()
-    tokens = stats["src_tokens"] + stats["tgt_tokens"]
-    title = (
-        f"Training memory per worker (rows after the last of {args.steps} steps; tokens/s from "
-        f"rank 0's Trainer), {stats['rows']:,} pairs, {tokens / 1e6:.1f}M tokens "
-        f"({4 * tokens / MIB:,.0f} MiB as int32), vocab {args.vocab}, debug model"
-    )
-    report(title, rows, args.json)
-    report("Memory-mapped over Parquet (per-worker means)", summary)
-    if args.json:
-        import json
-
-        payload = json.loads(Path(args.json).read_text())
-        Path(args.json).write_text(json.dumps({**payload, "summary": summary}, indent=2) + "\n")
+    write_report(args, stats, rows, summary)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

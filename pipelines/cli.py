@@ -11,11 +11,11 @@ from typing import Any
 
 from corpora import CorpusError
 from parsing.trees import TreebankError
-from pipelines import commands, console, signals
+from pipelines import commands, console, environment, signals
 from pipelines.commands import PROG
 from serving import ServingError
 from tasks.framework.config import ConfigError
-from tasks.framework.contract import StageError
+from tasks.framework.results import StageError
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.func in (commands.cmd_run, commands.cmd_stage):
         signals.stop_on_signals(PROG)
-    with console.routed(args.verbose):
+    with environment.started(args.verbose) as args.found_at_start, console.routed(args.verbose):
         try:
             return args.func(args)
         except ConfigError as exc:

@@ -4,29 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from corpora.redact import redact_uri, redacted
-from pipelines import console
+from pipelines import console, environment
 from tasks.framework.config import ConfigError, RunConfig, load_config
 
 PROG = "tfm"
 _MODEL_OR_CHECKPOINT = (
     "give a registered model (--model URI) or a checkpoint (--checkpoint PATH --tokenizer DIR)"
 )
-
-
-def _prefect_env() -> None:
-    """A project-local PREFECT_HOME and an ephemeral API unless the user set up a server."""
-    os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
-    # Prefect waits 20 s for its ephemeral server; a fresh PREFECT_HOME's database migrations
-    # alone take about that on 2 cores, so a first `tfm run` failed before any stage ran.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def _overrides(items: list[str] | None) -> dict[str, Any]:
@@ -42,22 +31,24 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
     return parsed
 
 
-def _load(path: str, overrides: list[str] | None = None) -> RunConfig:
-    """The command's config, loaded and validated once; what runs next is handed this."""
-    return load_config(path, _overrides(overrides))
+def _load(args: argparse.Namespace, path: str, overrides: list[str] | None = None) -> RunConfig:
+    """The command's config, loaded and validated once, and the switches it needs set in the
+    environment (``environment.configured``); what runs next is handed this."""
+    start: environment.Start = args.found_at_start
+    config = load_config(path, _overrides(overrides), team_tracking_uri=start.tracking_uri)
+    return environment.configured(config)
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    from tasks.framework.contract import code_version
+    from tasks.framework.stage_fingerprint import code_version
 
     print(f"{PROG} {code_version()}")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _load(args.config, args.set)
-    console.log_to(config.root, args.verbose)
-    _prefect_env()
+    config = _load(args, args.config, args.set)
+    environment.logging_to(config.root, args.verbose)
     from pipelines import watchdog
     from pipelines.flows import Loaded, pipeline_flow
 
@@ -77,11 +68,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _print_summary(config, results) -> None:
     from tasks.framework.runner import place
+    from tasks.framework.workdir import open_workdir
 
+    wd = open_workdir(config)
     print(f"\n{'stage':<12} {'result':<22} {'seconds':>8}  folder")
     for r in results:
         result = "ran" if r.ran else "up to date (skipped)"
-        print(f"{r.stage:<12} {result:<22} {r.seconds:>8.1f}  {place(config, r.stage)}")
+        print(f"{r.stage:<12} {result:<22} {r.seconds:>8.1f}  {place(config, r.stage, wd)}")
     from pipelines.flows import scores
 
     stats = {r.stage: r.stats for r in results}
@@ -117,52 +110,57 @@ def mlflow_ui_hint(tracking_uri: str) -> str:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    config = _load(args.config, args.set)
-    console.log_to(config.root, args.verbose)
+    config = _load(args, args.config, args.set)
+    environment.logging_to(config.root, args.verbose)
     from pipelines import watchdog
-    from tasks.framework import graph, runner, tracking
+    from tasks.framework import graph, mlflow_runs, runner
+    from tasks.framework.workdir import open_workdir
 
     graph.spec(config, args.name)
+    wd = open_workdir(config)  # once for the command: every step below is handed it
     if args.accept:
         if args.force:
             raise ConfigError("", "--accept keeps the output as it is; --force reruns it: give one")
-        result = runner.accept_stage(config, args.name)
+        result = runner.accept_stage(config, args.name, wd)
         print(f"{result.stage}: {result.reason}")
-        print(runner.place(config, args.name))
+        print(runner.place(config, args.name, wd))
         return 0
     watchdog.start()  # a local Ray ends with this process, however it ends
-    with tracking.stage_run(config, args.name):
-        result = runner.run_stage(config, args.name, force=args.force)  # logs its result there
+    with mlflow_runs.stage_run(config, args.name):
+        # logs its result into that run
+        result = runner.run_stage(config, args.name, force=args.force, workdir=wd)
     print(f"{result.stage}: {'ran' if result.ran else 'up to date, skipped'} ({result.reason})")
-    print(runner.place(config, args.name))
+    print(runner.place(config, args.name, wd))
     return 0
 
 
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
     """Send what the work dir's tracking journals hold to their MLflow servers; exit 1 if some
     is left (a server does not answer)."""
-    from tasks.framework import tracking_session
+    from tasks.framework import mlflow_runs
 
     target = Path(args.target)
     if target.suffix in (".yaml", ".yml") and target.is_file():
-        config = _load(args.target, args.set)
-        left = tracking_session.replay_config(config, say=lambda line: print(f"tracking: {line}"))
+        config = _load(args, args.target, args.set)
+        left = mlflow_runs.replay_config(config, say=lambda line: print(f"tracking: {line}"))
     else:
-        left = tracking_session.replay_workdir(
-            args.target, say=lambda line: print(f"tracking: {line}")
+        start: environment.Start = args.found_at_start
+        left = mlflow_runs.replay_workdir(
+            args.target, start.tracking_uri, say=lambda line: print(f"tracking: {line}")
         )
     return 1 if left else 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    config = _load(args.config, args.set)
-    from tasks.framework import runner, tracking_session
+    config = _load(args, args.config, args.set)
+    from tasks.framework import mlflow_runs, runner
+    from tasks.framework.workdir import open_workdir
 
-    rows = runner.status(config, full=args.verify)
+    rows = runner.status(config, full=args.verify, workdir=open_workdir(config))
     print(f"{'stage':<12} {'state':<11} why")
     for name, st in rows:
         print(f"{name:<12} {st.state:<11} {st.reason}")
-    for line in tracking_session.killed(config):
+    for line in mlflow_runs.killed(config):
         print(f"\n{line}")
     return 0
 
@@ -185,7 +183,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.model is not None:
         tracking = args.tracking_uri
         if tracking is None and args.config:
-            tracking = _load(args.config).tracking_uri
+            tracking = _load(args, args.config).tracking_uri
         n_best = {"n_best": args.n_best} if args.n_best > 1 else {}
         predict = stream.from_registry(args.model, tracking, params={**options, **n_best})
     else:
@@ -193,7 +191,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)"
             )
-        decode = _load(args.config).decoding if args.config else None
+        decode = _load(args, args.config).decoding if args.config else None
         from serving.translator import DecodeConfig
 
         engine = {"engine": args.engine} if args.engine else {}
@@ -215,7 +213,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as tmp:
         if args.model is not None:
             tracking = args.tracking_uri or (
-                _load(args.config).tracking_uri if args.config else None
+                _load(args, args.config).tracking_uri if args.config else None
             )
             checkpoint, tokenizer_dir, decode = registered_files(args.model, Path(tmp), tracking)
         elif args.tokenizer is None:
@@ -224,15 +222,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
         else:
             checkpoint, tokenizer_dir = Path(args.checkpoint), Path(args.tokenizer)
-            decode = _load(args.config).decoding if args.config else None
+            decode = _load(args, args.config).decoding if args.config else None
         out = export(args.to, checkpoint, tokenizer_dir, Path(args.out), args.quantization, decode)
     print(out)
     return 0
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    _prefect_env()
+    config = _load(args, args.config)
     from pipelines.deploy import deploy
 
     deploy(
@@ -246,7 +243,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    config = _load(args.config) if args.config else None
+    config = _load(args, args.config) if args.config else None
     tracking = config.tracking_uri if config else "sqlite:///mlflow.db"
     mlflow_cmd = [
         sys.executable,
@@ -280,7 +277,6 @@ def cmd_ui(args: argparse.Namespace) -> int:
         return 0
     import subprocess
 
-    _prefect_env()
     procs = [subprocess.Popen(mlflow_cmd), subprocess.Popen(prefect_cmd)]
     print(
         f"MLflow on http://{args.host}:{args.mlflow_port},"

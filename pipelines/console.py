@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,7 +41,7 @@ QUIET_RAY = {"RAY_DISABLE_WORKER_LOG_PREFIX": "1"}
 """Ray prints every line a worker writes behind a coloured ``(RayTrainWorker pid=...)``; without
 it the progress lines read as the command's own. The lines themselves, worker errors included,
 still reach the console (Ray's forwarding and its deduplication stay on). Ray reads it when it
-is first imported, so it is set before."""
+is first imported, so it is set before (``pipelines.environment``)."""
 RUN_LOG_ONLY = {"console": False}
 """``extra`` of a record that goes to the run log (and Prefect's UI) but not the console: a
 line that repeats, for those readers, what the console already says."""
@@ -97,13 +96,10 @@ def _without_traceback(record: logging.LogRecord) -> bool:
 
 @contextlib.contextmanager
 def routed(verbose: bool) -> Iterator[None]:
-    """``setup`` for one command; after it the root logger and the environment are as they
-    were (tests run many commands in one process)."""
+    """``setup`` for one command; after it the root logger is as it was (tests run many
+    commands in one process). The libraries' switches are ``pipelines.environment``'s."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    switches = {
-        name: os.environ.get(name) for name in (*QUIET_MLFLOW, *QUIET_RAY, RAY_DATA_CONFIG_VAR)
-    }
     # Prefect's console handler, which its logging setup puts on the root logger, gives way to
     # the command's: it would print each line twice, or write to the stream it was made with
     # (an earlier test's, closed by now).
@@ -121,16 +117,10 @@ def routed(verbose: bool) -> Iterator[None]:
             root.addHandler(handler)
         root.setLevel(level)
         logging.captureWarnings(False)
-        for name, value in switches.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def setup(verbose: bool) -> None:
-    """First thing a command does: the console handler, and the libraries' switches, in the
-    environment before anything starts Ray or MLflow."""
+    """First thing a command does: the console handler, and where the libraries' records go."""
     root = logging.getLogger()
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(FORMAT))
@@ -139,8 +129,6 @@ def setup(verbose: bool) -> None:
     if verbose:
         return
     handler.addFilter(for_console)
-    for name, value in {**QUIET_MLFLOW, **QUIET_RAY}.items():
-        os.environ.setdefault(name, value)
     logging.captureWarnings(True)  # to the "py.warnings" logger: the log, not the console
     # One line per HTTP call to the Prefect API buries the stage log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -151,8 +139,8 @@ def setup(verbose: bool) -> None:
 
 
 def log_to(workdir: Path, verbose: bool) -> Path:
-    """Write every log record to ``workdir``'s run log from now on; without ``-v`` Ray Data's
-    INFO lines go there instead of the console (call before Ray starts). Returns the log."""
+    """Write every log record to ``workdir``'s run log from now on; returns the log. Ray Data's
+    records follow with ``pipelines.environment.logging_to``."""
     path = workdir / LOG_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
@@ -160,11 +148,15 @@ def log_to(workdir: Path, verbose: bool) -> Path:
         handler = logging.FileHandler(path, encoding="utf-8")
         handler.setFormatter(logging.Formatter(FORMAT))
         root.addHandler(handler)
-    if not verbose and RAY_DATA_CONFIG_VAR not in os.environ:
-        config = path.with_name("ray-data-logging.json")  # JSON is YAML, which Ray Data reads
-        config.write_text(json.dumps(ray_data_logging(path.resolve()), indent=1), encoding="utf-8")
-        os.environ[RAY_DATA_CONFIG_VAR] = str(config.resolve())
     return path
+
+
+def ray_data_config(log: Path) -> Path:
+    """Ray Data's logging config for the run log ``log``, written beside it; returns its path,
+    for ``RAY_DATA_LOGGING_CONFIG``."""
+    config = log.with_name("ray-data-logging.json")  # JSON is YAML, which Ray Data reads
+    config.write_text(json.dumps(ray_data_logging(log.resolve()), indent=1), encoding="utf-8")
+    return config.resolve()
 
 
 def ray_data_logging(log: Path) -> dict:

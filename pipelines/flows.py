@@ -20,10 +20,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from corpora.redact import redact_uri
-from pipelines import console
-from tasks.framework import graph, runner, tracking
+from pipelines import console, environment
+from tasks.framework import graph, mlflow_runs, runner
 from tasks.framework.config import RunConfig, load_config
-from tasks.framework.contract import StageResult
+from tasks.framework.results import StageResult
+from tasks.framework.workdir import WorkDir, open_workdir
 
 
 class Loaded:
@@ -40,20 +41,28 @@ class Loaded:
 
 
 def _config(config_path: str, overrides: dict[str, Any] | None, loaded: Loaded | None) -> RunConfig:
-    """The config the caller loaded, else (a deployment's run) the file's, validated here."""
-    return loaded.config if loaded is not None else load_config(config_path, overrides)
+    """The config the caller loaded, else the file's, validated here: a deployment's run, whose
+    process starts here, with the team server it was started with, as ``tfm``'s."""
+    if loaded is not None:
+        return loaded.config
+    start = environment.found_at_start()
+    config = load_config(config_path, overrides, team_tracking_uri=start.tracking_uri)
+    return environment.configured(config)
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)
-def stage_task(config: RunConfig, name: str, force: bool | str, parent: str | None) -> StageResult:
-    """Run one stage inside its own MLflow child run (under the run of journal ``parent``) and
-    log its result there. The console has the runner's lines for the stage; these two are for
-    Prefect's UI and the run log."""
+def stage_task(
+    config: RunConfig, name: str, force: bool | str, parent: str | None, workdir: WorkDir
+) -> StageResult:
+    """Run one stage in ``workdir`` inside its own MLflow child run (under the run of journal
+    ``parent``) and log its result there. The console has the runner's lines for the stage;
+    these two are for Prefect's UI and the run log."""
     logger = get_run_logger()
     tags = {"prefect.flow_run_id": str(flow_run.id)}
-    with tracking.stage_run(config, name, parent=parent, tags=tags) as run:
+    with mlflow_runs.stage_run(config, name, parent=parent, tags=tags) as run:
         logger.info("stage %s: MLflow run journal %s", name, run.key, extra=console.RUN_LOG_ONLY)
-        result = runner.run_stage(config, name, force=force)  # logs its result into that run
+        # logs its result into that run
+        result = runner.run_stage(config, name, force=force, workdir=workdir)
     logger.info(
         "stage %s: %s in %.1fs (%s) -> %s",
         name,
@@ -78,7 +87,10 @@ def run_pipeline(
     name = graph.pipeline_name(config)
     rerun: dict[str, str | bool] = {stage: True for stage in force}
     results: list[StageResult] = []
-    with tracking.pipeline_run(config, name, {"prefect.flow_run_id": str(flow_run.id)}) as parent:
+    workdir = open_workdir(config)  # once for the flow: every stage is handed it
+    with mlflow_runs.pipeline_run(
+        config, name, {"prefect.flow_run_id": str(flow_run.id)}
+    ) as parent:
         logger.info(
             "MLflow parent run journal %s (tracking %s)",
             parent.key,
@@ -98,7 +110,7 @@ def run_pipeline(
             ]
             if ran and spec.name not in rerun:
                 rerun[spec.name] = f"upstream {ran[0]} ran"
-            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.key)
+            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.key, workdir)
             results.append(result)
         parent.set_tags({"stages.ran": ",".join(r.stage for r in results if r.ran)})
     from prefect.artifacts import create_markdown_artifact

@@ -31,7 +31,7 @@ from typing import Any
 from corpora.pretokenize import Pretokenizer
 from corpora.redact import redact_text, redact_uri, redacted
 from evaluation.champion import decide_champion, protocol
-from tasks.framework import tracking
+from tasks.framework import mlflow_runs
 from tasks.framework.code_fingerprint import git_state, stage_code
 from tasks.framework.config import RunConfig, fingerprint, to_dict
 from tasks.framework.contract import BuildContext, StageError, code_version, lineage
@@ -178,7 +178,7 @@ def register_model(
     # The one stage that needs the server: it waits for it (mlflow.registry_wait_seconds).
     with (
         tempfile.TemporaryDirectory(prefix="register-") as tmp,
-        tracking.registry(config, STAGE) as (client, run_id),
+        mlflow_runs.registry(config, STAGE) as (client, run_id),
     ):
         staging = Path(tmp)
         artifacts = _stage_model_files(staging, weights, tokenizer_dir, config)
@@ -295,7 +295,7 @@ def outdated(config: RunConfig, out_dir: Path) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        tracking.client(config).get_model_version(record["name"], str(record["version"]))
+        mlflow_runs.client(config).get_model_version(record["name"], str(record["version"]))
     except MlflowException as exc:
         if exc.get_http_status_code() != 404:
             log.warning(

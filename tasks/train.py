@@ -7,7 +7,7 @@ Resume: Ray Train's storage lives outside the stage folder, at a stable place ke
 ``stop_after``, continues from the latest checkpoint at the exact step and batch, logging into
 the same MLflow run. The stage folder is written at the end: weights-only copies of the kept
 checkpoints, ``final/model.pt`` and ``checkpoints.json``. The work is ``training``'s: this stage
-checks its inputs, builds a ``training.job.TrainJob`` and hands it to ``run_job`` (Ray Train,
+checks its inputs, builds a ``training.job_spec.TrainJob`` and hands it to ``run_job`` (Ray Train,
 the ``Trainer`` on every worker, the export into the stage folder).
 """
 
@@ -21,9 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from corpora.location import Location, locate
 from corpora.redact import redact_uri, redacted
-from corpora.storage import StoredFolder
-from tasks.framework import tracking
+from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, flatten, to_dict
 from tasks.framework.contract import (
     BuildContext,
@@ -33,9 +33,10 @@ from tasks.framework.contract import (
     stage_fingerprint,
 )
 from tasks.framework.runtime import ensure_ray
+from tasks.framework.workdir import WorkDir
 from training.data import open_fs, shard_files
-from training.job import CHECKPOINTS_JSON, JobError, TrainJob, run_job
-from training.tracking import learning_curve, new_params
+from training.job_spec import TrainJob, folder_at
+from training.ray_trainer import CHECKPOINTS_JSON, JobError, run_job
 from training.trainer import Callback
 
 log = logging.getLogger(__name__)
@@ -76,18 +77,15 @@ def resume_key(config: RunConfig, input_fps: Mapping[str, str]) -> str:
     return stage_fingerprint(STAGE, cfg, input_fps, code=code_version())
 
 
-def storage_location(config: RunConfig, input_fps: Mapping[str, str]) -> tuple[str, str]:
-    """``(storage_path, run name)`` for Ray Train's ``RunConfig``, from the inputs' fingerprints
-    (``input_fingerprints``); the run folder is their join."""
+def storage_location(
+    config: RunConfig, input_fps: Mapping[str, str], workdir: WorkDir
+) -> tuple[Location, str]:
+    """Ray Train's storage and run name, from the inputs' fingerprints (``input_fingerprints``):
+    ``train.storage_path``, else ``train_ray`` in the work dir; the run folder is their join."""
     key = resume_key(config, input_fps)[:12]
     if config.train.storage_path:
-        storage = config.train.storage_path
-        if "://" not in storage:
-            storage = str(Path(storage).resolve())
-        return storage, f"{config.name}-train-{key}"
-    if config.store.remote:  # a path in the store's filesystem (make_job passes it)
-        return config.store.path("train_ray"), f"train-{key}"
-    return str(config.root / "train_ray"), f"train-{key}"  # root: absolute, from load
+        return locate(config.train.storage_path), f"{config.name}-train-{key}"
+    return workdir.location("train_ray"), f"train-{key}"
 
 
 def build(ctx: BuildContext, *, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
@@ -244,27 +242,23 @@ def _train(ctx: BuildContext, callbacks: Sequence[Callback]) -> dict[str, Any]:
     counts = check_inputs(config, inputs)
     ensure_ray(config.ray)
     check_resources(config)
-    job = make_job(config, inputs, ctx.input_fps, counts, callbacks, ctx.stored)
+    job = make_job(ctx, counts, callbacks)
     (tmp / "config.json").write_text(json.dumps(redacted(to_dict(config)), indent=2) + "\n")
-    with tracking.training_run(config, STAGE, job.storage_fs(job.run_dir)) as run:
+    with mlflow_runs.training_run(config, STAGE, job.run_dir) as run:
         params = {"vocab_size": counts["vocab_size"], "train_rows": counts["train_rows"]}
         # What training reads (seed, model, train), not the whole config again: a flow's parent
         # run holds that as params, and config.json (below) holds it for this run.
-        record = new_params(
-            run.journal, {**redacted(flatten(stage_config(config))), **job.scaling(), **params}
-        )
-        if record is not None:
-            run.append([record])
+        run.log_new_params({**redacted(flatten(stage_config(config))), **job.scaling(), **params})
         run.log_artifact(tmp / "config.json")
         try:
-            with tracking.relay(run) as sink:  # the ranks' records, into the run's journal
-                outcome = run_job(replace(job, journal=sink), tmp)
+            with run.relay() as relay:  # the ranks' records, into the run's journal
+                outcome = run_job(replace(job, relay=relay), tmp)
         except JobError as exc:
             raise StageError(str(exc)) from exc
-        curve = learning_curve(run.journal, tmp / "learning_curve.png")
+        curve = run.learning_curve(tmp / "learning_curve.png")
         for path in ([curve] if curve else []) + [tmp / CHECKPOINTS_JSON]:
             run.log_artifact(path)
-        tracking.drain(run)  # while the server answers: its curves are there when the stage ends
+        run.drain()  # while the server answers: its curves are there when the stage ends
     return {
         **counts,
         **outcome.stats,
@@ -274,34 +268,23 @@ def _train(ctx: BuildContext, callbacks: Sequence[Callback]) -> dict[str, Any]:
 
 
 def make_job(
-    config: RunConfig,
-    inputs: Mapping[str, Path],
-    input_fps: Mapping[str, str],
-    counts: Mapping[str, Any],
-    callbacks: Sequence[Callback],
-    stored: Mapping[str, StoredFolder] | None = None,
+    ctx: BuildContext, counts: Mapping[str, Any], callbacks: Sequence[Callback]
 ) -> TrainJob:
-    """The training job of ``config`` on the checked inputs (``check_inputs``'s ``counts``), in
-    the Ray Train run folder their fingerprints name (``storage_location``). With the work dir
-    on an object store (``stored``: its input folders), the workers read their node's copies
-    and Ray Train keeps its checkpoints in the store."""
-    storage, name = storage_location(config, input_fps)
-    stored = stored or {}
-    filesystem = None
-    if config.store.remote and not config.train.storage_path:
-        filesystem = config.store.filesystem
+    """The training job of ``ctx.config`` on the checked inputs (``check_inputs``'s ``counts``),
+    in the Ray Train run folder their fingerprints name (``storage_location``). The workers read
+    the input folders they are handed (``ctx.stored``: an object store's, which each node copies;
+    else the local folders) and Ray Train keeps its checkpoints in the work dir."""
+    config = ctx.config
+    storage, name = storage_location(config, ctx.input_fps, ctx.workdir)
     return TrainJob(
         model=config.model,
         train=config.train,
         seed=config.seed,
         vocab_size=counts["vocab_size"],
         tgt_vocab_size=counts["tgt_vocab_size"],
-        shard_dir=str(Path(inputs["shard"]).resolve()),
-        tokenizer_file=str((Path(inputs["tokenizer"]) / "spm.model").resolve()),
-        storage_path=storage,
-        storage_filesystem=filesystem,
-        shard_source=stored.get("shard"),
-        tokenizer_source=stored.get("tokenizer"),
+        shard_folder=ctx.stored.get("shard") or folder_at(ctx.inputs["shard"]),
+        tokenizer_folder=ctx.stored.get("tokenizer") or folder_at(ctx.inputs["tokenizer"]),
+        storage=storage,
         run_name=name,
         callbacks=tuple(callbacks),
     )

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -134,19 +133,3 @@ class StaticShapeLoss:
             )
             self.capture_seconds += time.time() - started
         return self._graphs[key](src, tgt_in, tgt_out)
-
-
-def shape_counts(
-    batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int
-) -> dict[tuple[int, int, int], int]:
-    """How many of ``batches`` (row indices) fall in each bucket shape (with BOS, targets are as
-    long as the rows): what a run will capture, for benchmarks and the docs."""
-    counts: dict[tuple[int, int, int], int] = {}
-    for rows in batches:
-        shape = (
-            bucket(len(rows)),
-            bucket(int(src_lens[rows].max()), max_len),
-            bucket(int(tgt_lens[rows].max()), max_len),
-        )
-        counts[shape] = counts.get(shape, 0) + 1
-    return counts

@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
+from corpora.location import Location
+from tracking.relay import Tracker
 from training.allocator import kept_here
 from training.data import TokenData
 from training.dev_bleu import DevBleu
+from training.job_spec import TrainJob
 from training.progress import Progress
-from training.tracking import Tracker
-from training.train_job import TrainJob
 from training.trainer import Listener, Trainer
 from transformer_core import checkpoint as ckpt
 from transformer_core.checkpoint import MODEL_FILE
@@ -37,7 +38,7 @@ from transformer_core.config import ModelConfig
 from transformer_core.model import Transformer, count_parameters
 
 JOB_KEY = "job"
-"""``train_loop_config``'s one key, holding the run's ``training.train_job.TrainJob`` (Ray
+"""``train_loop_config``'s one key, holding the run's ``training.job_spec.TrainJob`` (Ray
 Train's run state wants a dict there)."""
 SUMMARY_METRICS = ("val_loss", "val_nll", "val_ppl", "loss")
 
@@ -70,7 +71,7 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
     progress.begun(world)
     saver = Saver(trainer, job.model, job.vocab_size, job.tgt_vocab_size)
     try:
-        listener = WorkerListener(tracker, progress, job.storage_fs(job.best_path), job.vocab_size)
+        listener = WorkerListener(tracker, progress, job.best_path, job.vocab_size)
         trainer.fit(saver.report, listener)
     finally:
         tracker.close()  # its records are in the journal (a failed group's too: Ray restarts it)
@@ -80,7 +81,7 @@ def train_loop_per_worker(config: Mapping[str, TrainJob]) -> dict[str, Any]:
 
 def make_tracker(job: TrainJob, rank: int) -> Tracker:
     """Rank 0's Tracker of ``job``: its records go to the run's journal, never to the server."""
-    return Tracker(job.journal, enabled=rank == 0)
+    return Tracker(job.relay, enabled=rank == 0)
 
 
 def quiet_ray_train_reports() -> None:
@@ -189,9 +190,7 @@ class WorkerListener(Listener):
     """Rank 0's metrics to MLflow and its lines to the console; the best weights by ``val_bleu``
     to ``best_path`` when a validation improves on it."""
 
-    def __init__(
-        self, tracker: Tracker, progress: Progress, best_path: tuple[Any, str], vocab_size: int
-    ):
+    def __init__(self, tracker: Tracker, progress: Progress, best_path: Location, vocab_size: int):
         self.tracker, self.progress = tracker, progress
         self.best_path, self.vocab_size = best_path, vocab_size
 
@@ -248,15 +247,13 @@ def worker_threads(local_workers: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // max(local_workers, 1))
 
 
-def save_best(
-    path: tuple[Any, str], module: Transformer, best: dict[str, Any], vocab_size: int
-) -> None:
-    """The weights of the best validation so far to ``path`` (a filesystem and the path in it),
+def save_best(path: Location, module: Transformer, best: dict[str, Any], vocab_size: int) -> None:
+    """The weights of the best validation so far to ``path``,
     replacing the previous best only once complete. Beside Ray's checkpoints, which it keeps by
     recency."""
     import pyarrow.fs as pafs
 
-    fs, target = path
+    fs, target = path.filesystem, path.path
     partial = f"{target}.partial"
     with tempfile.TemporaryDirectory() as d:
         tgt = module.tgt_vocab_size if module.tgt_vocab_size != vocab_size else None

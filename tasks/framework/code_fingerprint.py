@@ -6,11 +6,13 @@ module level or inside a function, transitively, found by reading the sources (`
 by importing them. Each module counts by a digest of its syntax tree without docstrings, so only
 what Python executes counts. Two kinds of edge are not followed:
 
-- into the stage framework (``tasks.framework``, this package: neither counted nor followed):
-  how a stage is configured, run, recorded and logged, not what it computes; the config's
-  values are fingerprinted themselves, so a refactor of the config loader or of MLflow logging
-  reruns nothing. The rule follows from the layout: every module of the framework package, and
-  the stages' package ``__init__`` above it, is plumbing (``is_plumbing``); nothing is listed.
+- into the stage framework (``tasks.framework``, this package) and the tracking package
+  (``tracking``: a run's journal, its sender, a training rank's relay), neither counted nor
+  followed: how a stage is configured, run, recorded and logged, not what it computes; the
+  config's values are fingerprinted themselves, so a refactor of the config loader or of MLflow
+  logging reruns nothing. The rule follows from the layout: every module of those two packages,
+  and the stages' package ``__init__`` above the framework, is plumbing (``is_plumbing``);
+  nothing is listed.
 - into a package's ``__init__`` re-exports: importing ``transformer_core.config`` runs
   ``transformer_core/__init__.py``, whose own imports (the model) count only for a module that
   imports a name from the package itself.
@@ -29,20 +31,32 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("transformer_core", "corpora", "parsing", "training", "evaluation", "serving", "tasks")
+PACKAGES = (
+    "transformer_core",
+    "corpora",
+    "parsing",
+    "tracking",
+    "training",
+    "evaluation",
+    "serving",
+    "tasks",
+)
 """The project's packages; imports of anything else (torch, ray, the standard library) do not
 count."""
 FRAMEWORK = __name__.rpartition(".")[0]
 """The stage framework's package (``tasks.framework``): every module in it is plumbing."""
 STAGES = FRAMEWORK.rpartition(".")[0]
 """The stages' package (``tasks``): stage ``x`` is module ``tasks.x``."""
+TRACKING = "tracking"
+"""The tracking package: how a stage's runs are recorded, every module of it plumbing."""
 
 
 def is_plumbing(module: str) -> bool:
     """Whether a stage's code leaves ``module`` out (module doc): the framework's modules and the
-    packages above it (the stages' ``__init__``, which holds no code)."""
-    return (
-        module == FRAMEWORK or module.startswith(FRAMEWORK + ".") or module in _parents(FRAMEWORK)
+    packages above it (the stages' ``__init__``, which holds no code), and the tracking
+    package's modules."""
+    return any(module == p or module.startswith(p + ".") for p in (FRAMEWORK, TRACKING)) or (
+        module in _parents(FRAMEWORK)
     )
 
 

@@ -15,10 +15,9 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -26,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from corpora.encoding import ShardConfig
 from corpora.filters import CleanConfig
 from corpora.sources import split_pair
-from corpora.storage import StorageError, Store, StoreSettings, is_remote, open_store
+from corpora.storage import Store, StoreSettings
 from corpora.subwords import TokenizerConfig
 from parsing.nltk_sample import find_sample
 from serving.translator import DecodeConfig
@@ -39,6 +38,7 @@ from tasks.framework.config_sections import (
     RayConfig,
     RegisterConfig,
 )
+from tasks.framework.workdir_place import check_store, holds_files, run_root, store_at, workdir_of
 from training.config import TrainConfig
 from transformer_core import presets
 from transformer_core.config import ConfigError, ModelConfig
@@ -65,39 +65,9 @@ __all__ = [
     "ParsingConfig",
 ]
 
-TRACKING_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI") or None
-"""``MLFLOW_TRACKING_URI`` as this process found it, the team server for configs that name none.
-Read once: ``mlflow.set_tracking_uri`` rewrites the variable, so a later read would see the
-store of the last run this process logged to."""
-
-
 Workdir = str
 """The type of a run's artifact root, from load to the stages: an absolute local path, or an
 object store's URI (``s3://bucket/prefix``, ``gs://bucket/prefix``)."""
-
-
-def workdir_of(template: str | Path, name: str) -> Workdir:
-    """``workdir`` as written (``{name}`` for the run name): the absolute folder it names, or
-    the store URI it names (without a trailing '/'); a ConfigError for another scheme."""
-    text = str(template).format(name=name)
-    if is_remote(text):
-        return text.rstrip("/")
-    if "://" in text:
-        raise ConfigError(
-            "workdir", f"{text!r}: use a local path, s3://bucket/prefix or gs://bucket/prefix"
-        )
-    return str(Path(text).resolve())
-
-
-def node_folder_suffix(workdir: Workdir) -> str:
-    """What ends the name of this node's folder for a work dir on an object store (its URI's
-    digest): how a run's local files are found from the URI alone."""
-    return hashlib.sha256(workdir.encode()).hexdigest()[:8]
-
-
-@functools.lru_cache(maxsize=8)
-def _store(workdir: str, settings: StoreSettings) -> Store:
-    return open_store(workdir, settings)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +115,9 @@ class RunConfig:
     """Where Ray runs: a cluster's address, or a local Ray that a stage starts."""
     parsing: ParsingConfig = field(default_factory=ParsingConfig)
     """Constituency parsing (the parsing pipeline only)."""
+    team_tracking_uri: ClassVar[str | None] = None
+    """``MLFLOW_TRACKING_URI`` as the process found it at its start, given to the loader: the
+    tracking server of a config that names none. Not a setting (never hashed nor logged)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", workdir_of(self.workdir, self.name))
@@ -155,35 +128,20 @@ class RunConfig:
             if sample is not None:
                 parsing = dataclasses.replace(self.parsing, treebank_dir=str(sample))
                 object.__setattr__(self, "parsing", parsing)
-        if is_remote(self.workdir):
-            try:
-                _store(self.workdir, self.storage)  # the URI and the credential variables, now
-            except StorageError as exc:
-                raise ConfigError("workdir", str(exc)) from None
-            if not (self.mlflow.tracking_uri or TRACKING_URI_AT_START):
-                raise ConfigError(
-                    "mlflow.tracking_uri",
-                    f"the work dir {self.workdir} is on an object store, where MLflow's SQLite "
-                    "database cannot live: set it to a tracking server (or sqlite:////<local "
-                    "path>/mlflow.db), or set MLFLOW_TRACKING_URI",
-                )
+        check_store(self.workdir, self.storage)  # a store's URI and credential variables, now
 
     @property
     def root(self) -> Path:
         """The run's local folder: the work dir itself (resolved at load), or with a work dir on
         an object store, this node's folder for the run's local files (its log, caches,
         staging) under ``storage.cache_dir``."""
-        if not is_remote(self.workdir):
-            return Path(self.workdir)
-        return (
-            self.storage.cache_root() / "runs" / f"{self.name}-{node_folder_suffix(self.workdir)}"
-        )
+        return run_root(self.workdir, self.name, self.storage)
 
     @property
     def store(self) -> Store:
         """The work dir as a ``Store``: a local folder, or a prefix of an object store (its
         client, built once per process; ``Store.check`` asks the server)."""
-        return _store(self.workdir, self.storage)
+        return store_at(self.workdir, self.storage)
 
     @property
     def languages(self) -> tuple[str, str]:
@@ -196,8 +154,8 @@ class RunConfig:
         for every run on a machine), else SQLite in the work dir."""
         if self.mlflow.tracking_uri:
             return self.mlflow.tracking_uri
-        if TRACKING_URI_AT_START:
-            return TRACKING_URI_AT_START
+        if self.team_tracking_uri:
+            return self.team_tracking_uri
         return f"sqlite:///{self.root / 'mlflow.db'}"
 
     @property
@@ -214,14 +172,20 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some sections or fields replaced."""
-        return dataclasses.replace(self, **changes)
+        return _with_team_server(dataclasses.replace(self, **changes), self.team_tracking_uri)
 
 
 # ----------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a YAML run config; errors name the file and the key path."""
+def load_config(
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    team_tracking_uri: str | None = None,
+) -> RunConfig:
+    """Read a YAML run config; errors name the file and the key path. ``team_tracking_uri``:
+    the tracking server the process was started with (``RunConfig.team_tracking_uri``)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -235,7 +199,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     try:
-        return config_from_dict(data)
+        return config_from_dict(data, team_tracking_uri=team_tracking_uri)
     except ConfigError as exc:  # hand-written: only the loader knows which values --set gave
         overrides = overrides or {}
         given = next(
@@ -245,8 +209,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         raise ConfigError(exc.key, f"{exc.message} ({where})") from None
 
 
-def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Build a RunConfig from plain data (as YAML gives it)."""
+def config_from_dict(data: dict[str, Any], *, team_tracking_uri: str | None = None) -> RunConfig:
+    """Build a RunConfig from plain data (as YAML gives it); ``team_tracking_uri`` as for
+    ``load_config``."""
     written, data = data, dict(data)
     if data.get("model") is None:
         data.pop("model", None)
@@ -257,9 +222,24 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     except TypeError as exc:
         raise (not_json(data) or ConfigError("", str(exc))) from None
     try:
-        return _adapter().validate_json(blob)
+        config = _adapter().validate_json(blob)
     except ValidationError as exc:
         raise config_error(exc, written, RunConfig) from None
+    config = _with_team_server(config, team_tracking_uri)
+    if not holds_files(config.workdir) and not (config.mlflow.tracking_uri or team_tracking_uri):
+        raise ConfigError(
+            "mlflow.tracking_uri",
+            f"the work dir {config.workdir} is on an object store, where MLflow's SQLite "
+            "database cannot live: set it to a tracking server (or sqlite:////<local "
+            "path>/mlflow.db), or set MLFLOW_TRACKING_URI",
+        )
+    return config
+
+
+def _with_team_server(config: RunConfig, uri: str | None) -> RunConfig:
+    # Beside the fields, not one of them: a field would be a YAML key, hashed and logged.
+    object.__setattr__(config, "team_tracking_uri", uri)
+    return config
 
 
 def to_dict(obj: Any) -> Any:

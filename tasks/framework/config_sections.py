@@ -5,9 +5,10 @@ libraries; ``tasks.framework.config`` composes them all into ``RunConfig``."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from annotated_types import Ge, Gt
 from pydantic import AfterValidator
@@ -223,6 +224,17 @@ class RayConfig:
     API."""
     loopback: bool = True
     """A local Ray binds every port it opens to 127.0.0.1; false: to the machine's address."""
+    dashboard_port: ClassVar[int | None] = None
+    """The port a command chose for its local Ray's dashboard, where the environment it set
+    names the State API (``pipelines.environment``); None: Ray's own. Not a setting (never
+    hashed nor logged)."""
+
+    def with_dashboard_port(self, port: int | None) -> RayConfig:
+        """A copy whose local Ray serves its dashboard on ``port``."""
+        found = dataclasses.replace(self)
+        # Beside the fields, not one of them: a field would be a YAML key, hashed and logged.
+        object.__setattr__(found, "dashboard_port", port)
+        return found
 
 
 def _relative_glob(pattern: str) -> str:

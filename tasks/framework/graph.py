@@ -18,7 +18,8 @@ from typing import Any, Protocol, cast
 
 from tasks.framework.code_fingerprint import STAGES
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 
 class StageModule(Protocol):
@@ -115,13 +116,3 @@ def spec(config: RunConfig, name: str) -> StageSpec:
     raise StageError(
         f"unknown stage {name!r} for the {pipeline_name(config)} pipeline; stages: {names}"
     )
-
-
-def output_dir(config: RunConfig, name: str) -> Path:
-    """Where stage ``name`` writes its artifact folder."""
-    return config.root / name
-
-
-def inputs_of(config: RunConfig, stage: StageSpec) -> dict[str, Path]:
-    """Input role -> upstream artifact folder."""
-    return {role: output_dir(config, up) for role, up in stage.inputs.items()}

@@ -16,22 +16,18 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from corpora.redact import redacted
-from tasks.framework import tracking
+from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, fingerprint, to_dict
-from tasks.framework.contract import (
-    MANIFEST,
-    BuildContext,
-    StageResult,
-    Status,
-    code_version,
-    describe_files,
-    stage_identity,
-)
+from tasks.framework.contract import BuildContext
 from tasks.framework.graph import StageSpec, pipeline, spec
+from tasks.framework.manifest import MANIFEST, describe_files
+from tasks.framework.results import StageResult, Status
+from tasks.framework.stage_fingerprint import code_version, stage_identity
 from tasks.framework.workdir import LocalWorkDir, WorkDir, open_workdir
 from transformer_core.folders import write_json_atomic
 
@@ -54,18 +50,21 @@ def standing(
     *,
     full: bool = False,
     outdated: bool = True,
+    workdir: WorkDir | None = None,
 ) -> tuple[dict[str, Any], Status]:
     """The stage's ``identity`` and whether its folder is up to date for it (the work dir's
     ``verify``, with the stage's ``outdated`` rule unless ``outdated`` is false): what
-    ``run_stage`` skips on and ``tfm status`` shows, one decision."""
+    ``run_stage`` skips on and ``tfm status`` shows, one decision (``workdir``: the command's,
+    else the config's opened now)."""
     ident = identity(config, stage, input_fps)
     rule = (lambda folder: stage.outdated(config, folder)) if outdated else None
-    return ident, open_workdir(config).verify(stage.name, ident, outdated=rule, full=full)
+    wd = workdir or open_workdir(config)
+    return ident, wd.verify(stage.name, ident, outdated=rule, full=full)
 
 
-def place(config: RunConfig, name: str) -> str:
+def place(config: RunConfig, name: str, workdir: WorkDir | None = None) -> str:
     """Where stage ``name``'s output lives, as a person reads it: its folder, or its URI."""
-    return open_workdir(config).locate(name)
+    return (workdir or open_workdir(config)).locate(name)
 
 
 def run_stage(
@@ -74,6 +73,7 @@ def run_stage(
     inputs: Mapping[str, Path] | None = None,
     *,
     force: bool | str = False,
+    workdir: WorkDir | None = None,
     **options: object,
 ) -> StageResult:
     """Run stage ``name`` of the config's pipeline into ``<workdir>/<name>`` unless it is up to
@@ -82,46 +82,47 @@ def run_stage(
     ``inputs``: role -> folder, the graph's upstream folders when not given (a local work dir
     only). ``force`` runs it anyway; a string says why (``upstream shard ran``). ``options`` go
     to the stage's ``build`` unfingerprinted (train's ``callbacks``: they must not change what it
-    makes). An error leaving it carries the note ``stage <name> failed`` (the command line
-    prints it).
+    makes). ``workdir``: the one the command opened (else the config's, opened now). An error
+    leaving it carries the note ``stage <name> failed`` (the command line prints it).
     """
     stage = spec(config, name)
     started = time.time()
     try:
-        wd = open_workdir(config)
+        wd = workdir or open_workdir(config)
         wd.check()  # a missing bucket, refused keys, a silent endpoint: one line, nothing written
         input_fps = wd.input_fingerprints(stage.inputs, inputs)
-        ident, st = standing(config, stage, input_fps, outdated=not force)
+        ident, st = standing(config, stage, input_fps, outdated=not force, workdir=wd)
 
         def build(tmp: Path, folders: Mapping[str, Path], sources: Mapping[str, Any]) -> Any:
-            ctx = BuildContext(config, folders, input_fps, tmp, dict(sources))
+            ctx = BuildContext(config, folders, input_fps, tmp, wd, dict(sources))
             return stage.build(ctx, **options)
 
-        result = _run(
-            wd, name, name, ident, st, stage.inputs, inputs, input_fps, build, started, force=force
-        )
+        folder = Folder(name, name, ident, stage.inputs, inputs, input_fps, started)
+        result = _run(wd, folder, st, build, force=force)
     except Exception as exc:
         exc.add_note(f"stage {name} failed")
         raise
-    tracking.log_stage_result(result)
+    mlflow_runs.log_stage_result(result)
     return result
 
 
-def accept_stage(config: RunConfig, name: str) -> StageResult:
+def accept_stage(config: RunConfig, name: str, workdir: WorkDir | None = None) -> StageResult:
     """Keep stage ``name``'s output for the current config, inputs and code without running it
-    (``contract.accept``: recorded in its manifest)."""
-    stage, wd = spec(config, name), open_workdir(config)
+    (``freshness.accept``: recorded in its manifest)."""
+    stage, wd = spec(config, name), workdir or open_workdir(config)
     return wd.accept(
         name, name, lambda: identity(config, stage, wd.input_fingerprints(stage.inputs))
     )
 
 
-def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]:
+def status(
+    config: RunConfig, *, full: bool = False, workdir: WorkDir | None = None
+) -> list[tuple[str, Status]]:
     """Each stage: up to date, stale or missing, and why (without running anything); ``full``
     checks every file's sha256, not only the small files'."""
     result: list[tuple[str, Status]] = []
     fresh: dict[str, bool] = {}
-    wd = open_workdir(config)
+    wd = workdir or open_workdir(config)
     for stage in pipeline(config):
         stale_inputs = [up for up in stage.inputs.values() if not fresh.get(up, False)]
         if stale_inputs:
@@ -135,7 +136,7 @@ def status(config: RunConfig, *, full: bool = False) -> list[tuple[str, Status]]
                 manifest = wd.manifest(up)
                 assert manifest is not None  # found up to date just now
                 input_fps[role] = manifest["fingerprint"]
-            _, st = standing(config, stage, input_fps, full=full)
+            _, st = standing(config, stage, input_fps, full=full, workdir=wd)
         fresh[stage.name] = st.up_to_date
         result.append((stage.name, st))
     return result
@@ -162,40 +163,44 @@ def build_folder(
     input_fps = wd.input_fingerprints(roles, inputs)
     ident = stage_identity(stage, config, input_fps)
     st = wd.verify(out_dir.name, ident, outdated=None if force else outdated)
+    folder = Folder(stage, out_dir.name, ident, roles, inputs, input_fps, started)
     return _run(
         wd,
-        stage,
-        out_dir.name,
-        ident,
+        folder,
         st,
-        roles,
-        inputs,
-        input_fps,
         lambda tmp, _folders, _sources: build(tmp),
-        started,
         force=force,
         hash_files=hash_files,
     )
 
 
+@dataclass(frozen=True)
+class Folder:
+    """What ``_run`` makes: folder ``name`` of ``stage``, its ``identity`` and inputs (``inputs``:
+    role -> the folder's name in the work dir; ``given``: folders by hand), timed from
+    ``started``."""
+
+    stage: str
+    name: str
+    identity: Mapping[str, Any]
+    inputs: Mapping[str, str]
+    given: Mapping[str, Path] | None
+    input_fps: Mapping[str, str]
+    started: float
+
+
 def _run(
     wd: WorkDir,
-    stage: str,
-    name: str,
-    ident: Mapping[str, Any],
+    folder: Folder,
     status: Status,
-    inputs: Mapping[str, str],
-    given: Mapping[str, Path] | None,
-    input_fps: Mapping[str, str],
     build: Build,
-    started: float,
     *,
     force: bool | str = False,
     hash_files: bool = True,
 ) -> StageResult:
-    """Skip folder ``name`` when it is up to date (unless forced); else build into a staging
-    folder, write the manifest last and publish it, so a crash never leaves one that looks
-    done. ``inputs``: role -> the folder's name in ``wd`` (``given``: folders by hand)."""
+    """Skip ``folder`` when it is up to date (unless forced); else build into a staging folder,
+    write the manifest last and publish it, so a crash never leaves one that looks done."""
+    stage, name, started = folder.stage, folder.name, folder.started
     reason = (force if isinstance(force, str) else "forced") if force else status.reason
     if status.up_to_date and not force:
         log.info("stage %s: up to date, skipped (%s)", stage, wd.locate(name))
@@ -212,13 +217,13 @@ def _run(
     tmp = wd.staging(name)
     try:
         # Read only when building: a skipped stage on an object store downloads nothing.
-        folders, sources = wd.input_folders(inputs, input_fps, given)
+        folders, sources = wd.input_folders(folder.inputs, folder.input_fps, folder.given)
         stats = _write_manifest(
             tmp,
             stage,
-            ident,
-            wd.input_places(inputs, folders),
-            input_fps,
+            folder.identity,
+            wd.input_places(folder.inputs, folders),
+            folder.input_fps,
             started,
             build(tmp, folders, sources),
             hash_files=hash_files,

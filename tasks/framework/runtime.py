@@ -1,15 +1,15 @@
 """The runtime stages run in: Ray, local (every port on 127.0.0.1) or a cluster. MLflow's run
-lifetime is ``tasks.framework.tracking``'s."""
+lifetime is ``tasks.framework.mlflow_runs``'s."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Mapping
+from pathlib import Path
 
 from tasks.framework.config import RayConfig
-from tasks.framework.contract import StageError
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +22,56 @@ PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 for draining nodes. A local Ray has none to drain; the actor, created with ``max_restarts=-1``
 and worker handles as arguments, has Ray Core print an ERROR line that its restart may fail
 (ray-project/ray#53727). Off for a local Ray, unless the user set it."""
+AUTH_MODE_VAR = "RAY_AUTH_MODE"
+"""Ray's token authentication switch (ray 2.60), read by ``ray.init`` and every process it starts:
+a new local Ray turns it on by default, with a console WARNING; set to ``token`` before, Ray has
+nothing to announce. It keeps or writes the token in ``~/.ray/auth_token`` (``TOKEN_FILE``)."""
+TOKEN_FILE = Path("~/.ray/auth_token")
+LOCAL_ONLY_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's ``ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR`` (ray 2.60), named here so that setting it
+needs no import of Ray: ``0`` has a local Ray's processes bind to 127.0.0.1."""
+
+
+def ray_switches(config: RayConfig, found: Mapping[str, str]) -> tuple[RayConfig, dict[str, str]]:
+    """What the Ray processes of a command must find in their environment, and ``config`` with
+    the dashboard port they name. For a cluster (``config.address``, or ``RAY_ADDRESS`` in
+    ``found``): token authentication when a token is at hand (``token_at_hand``) and the mode
+    is not set, which Ray does itself for ``address="auto"`` but not for an explicit address,
+    where the connection is refused after 20 s of retries. For the local Ray a command starts:
+    where its State API is, loopback, token authentication and no preemption watcher. What
+    ``found`` sets stays."""
+    if config.address or found.get("RAY_ADDRESS"):
+        token = AUTH_MODE_VAR not in found and token_at_hand(found)
+        return config, {AUTH_MODE_VAR: "token"} if token else {}
+    port = dashboard_port() if config.dashboard else None
+    # Every process ray.init starts (the raylet, which starts every worker) inherits where the
+    # State API is: without it they search the machine for a running Ray, and with a second one
+    # there (another `tfm run`) Ray Train's cleaner prints "Found multiple active Ray instances"
+    # into the run's log, then a warning at every look.
+    wanted = {API_SERVER_VAR: f"http://127.0.0.1:{port}"} if port else {}
+    if config.loopback:
+        wanted[LOCAL_ONLY_VAR] = "0"
+    defaults = {AUTH_MODE_VAR: "token", PREEMPTION_WATCHER_VAR: "0"}
+    wanted.update({name: value for name, value in defaults.items() if name not in found})
+    return config.with_dashboard_port(port), wanted
+
+
+def token_at_hand(found: Mapping[str, str]) -> bool:
+    """Whether a Ray token is where Ray 2.60 looks for one: ``RAY_AUTH_TOKEN``, the file
+    ``RAY_AUTH_TOKEN_PATH`` names, or ``~/.ray/auth_token``."""
+    if found.get("RAY_AUTH_TOKEN"):
+        return True
+    named = found.get("RAY_AUTH_TOKEN_PATH")
+    return Path(named).expanduser().is_file() if named else TOKEN_FILE.expanduser().is_file()
 
 
 def ensure_ray(config: RayConfig | None = None) -> None:
-    """Connect to ``config.address`` / ``RAY_ADDRESS``, or start a local Ray; no-op if connected."""
+    """Connect to ``config.address`` / ``RAY_ADDRESS``, or start a local Ray; no-op if connected.
+
+    A local Ray takes its switches from the environment its command set at its start
+    (``pipelines.environment``: token authentication, loopback, where the State API is), and its
+    dashboard port from ``config.dashboard_port``; without them (a library caller) Ray's own
+    defaults apply, and Ray says so."""
     import ray
 
     if ray.is_initialized():
@@ -39,28 +85,16 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         bind_ray_to_loopback()
     # A local Ray with quiet logs. The dashboard process also serves the State API, which Ray
     # Train's placement-group cleaner polls (without it: a warning every second and placement
-    # groups of a dead controller never freed). Every process ray.init starts (the raylet, which
-    # starts every worker) inherits where it is: without that they search the machine for a
-    # running Ray, and with a second one there (another `tfm run`) the cleaner prints "Found
-    # multiple active Ray instances" into the run's log, then a warning at every look. The
-    # variable leaves this process's environment after (clusters it starts later have their own
-    # dashboard; a job-level runtime_env costs ~2 s more a run); what ray.init sets there stays.
-    port = dashboard_port() if config.dashboard else None
-    enable_local_token_auth()
-    watcher = None if PREEMPTION_WATCHER_VAR in os.environ else "0"
-    with (
-        environ_set(API_SERVER_VAR, f"http://127.0.0.1:{port}" if port else None),
-        environ_set(PREEMPTION_WATCHER_VAR, watcher),  # Ray Train's controller inherits it
-    ):
-        ray.init(
-            num_cpus=config.num_cpus,
-            include_dashboard=config.dashboard,
-            dashboard_host="127.0.0.1",
-            dashboard_port=port,
-            log_to_driver=True,
-            logging_level=logging.WARNING,
-            configure_logging=True,
-        )
+    # groups of a dead controller never freed).
+    ray.init(
+        num_cpus=config.num_cpus,
+        include_dashboard=config.dashboard,
+        dashboard_host="127.0.0.1",
+        dashboard_port=config.dashboard_port if config.dashboard else None,
+        log_to_driver=True,
+        logging_level=logging.WARNING,
+        configure_logging=True,
+    )
     try:
         from ray.data import DataContext
 
@@ -68,20 +102,6 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         DataContext.get_current().enable_progress_bars = os.environ.get("CI") != "true"
     except ImportError:  # pragma: no cover - ray[data] is a dependency
         pass
-
-
-def enable_local_token_auth() -> None:
-    """Token authentication for the local Ray about to start, as ``ray.init`` would turn it on
-    by default (ray 2.60), without the console WARNING it prints when it does: with
-    ``RAY_AUTH_MODE`` set it has nothing to announce. It keeps or writes the token in
-    ``~/.ray/auth_token``. A ``RAY_AUTH_MODE`` the user set stays as it is."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    # Ray's own switch: sets the variable (which every process ray.init starts inherits) and
-    # refreshes the config its core library read at import, where the variable alone is late.
-    from ray._private.authentication.authentication_token_setup import _enable_token_auth
-
-    _enable_token_auth()
 
 
 TOKEN_HINT = (
@@ -92,25 +112,13 @@ TOKEN_HINT = (
 
 
 def connect_to_cluster(address: str) -> None:
-    """Join the Ray cluster at ``address`` as a driver, which must run on one of its nodes.
-
-    With a token at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)
-    and ``RAY_AUTH_MODE`` unset, token authentication is turned on: Ray does so itself for
-    ``address="auto"`` but not for an explicit address, where the connection is refused after
-    20 s of retries. A machine that is not a node (a laptop) would attach to another node's
-    raylet and hang in the first Ray Data stage (objects its workers cannot send back): it
-    fails here, in seconds, saying what to do instead."""
+    """Join the Ray cluster at ``address`` as a driver, which must run on one of its nodes (its
+    token authentication is set at the command's start: ``ray_switches``). A machine that is
+    not a node (a laptop) would attach to another node's raylet and hang in the first Ray Data
+    stage (objects its workers cannot send back): it fails here, in seconds, saying what to do
+    instead."""
     import ray
 
-    if "RAY_AUTH_MODE" not in os.environ:
-        # Ray's own switch (ray 2.60): sets the variable and refreshes the config its core
-        # library read at import; the variable alone comes too late in a process that has
-        # imported Ray.
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     log.info("connecting to Ray at %s", address)
     try:
         ray.init(address=address, log_to_driver=True)
@@ -144,26 +152,6 @@ def local_addresses() -> set[str]:
     }
 
 
-@contextlib.contextmanager
-def environ_set(name: str, value: str | None) -> Iterator[None]:
-    """``os.environ[name] = value`` (unless None) for the block, then that one key as it was.
-
-    Hand-written because ``mock.patch.dict`` restores the whole environment, which would drop
-    what ``ray.init`` itself sets there for the processes started later (``RAY_AUTH_MODE``)."""
-    if value is None:
-        yield
-        return
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 def dashboard_port() -> int:
     """A port for the next local Ray's dashboard, which serves the State API: Ray's 8265 if it
     is free, else any free one (a second run on the machine)."""
@@ -181,11 +169,10 @@ def bind_ray_to_loopback() -> None:
     """Make the next local Ray bind its servers (GCS, raylet, workers, agents) to 127.0.0.1.
 
     Ray binds them to the node's IP, which it takes to be the machine's address on Linux and
-    127.0.0.1 where local clusters only are enabled (its macOS/Windows default). That switch is
-    read from the environment, which Ray's processes inherit; the driver, which has imported
-    Ray already, reads it from the constant.
+    127.0.0.1 where local clusters only are enabled (its macOS/Windows default). Ray's processes
+    read that switch from the environment (``pipelines.environment`` sets it); the driver, which
+    may have imported Ray before, reads it from the constant.
     """
     import ray._private.ray_constants as ray_constants
 
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False

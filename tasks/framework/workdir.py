@@ -1,10 +1,11 @@
 """The work dir seam: where a run's stage folders live, as one interface (``WorkDir``) with two
 implementations, a local folder (``LocalWorkDir``, here) and an object store
-(``tasks.framework.stored.StoreWorkDir``). The runner goes through it alone, so it has one path:
-it judges a folder (``verify``), reads its inputs' fingerprints and folders, builds into
+(``tasks.framework.workdir_store.StoreWorkDir``). The runner goes through it alone, so it has one
+path: it judges a folder (``verify``), reads its inputs' fingerprints and folders, builds into
 ``staging``, writes the manifest there and ``publish``es; ``locate`` names a folder for people
-and manifests. ``keep`` puts a local folder of the run's own files (its tracking journals) where
-another machine finds it, and ``kept`` fetches such folders back.
+and manifests, ``location`` as a filesystem and a path. The run's own files (its tracking
+journals) go through tracking's seam (``tracking.copies``), not this one; what the config's
+``workdir`` names (its kind, this node's folder) is read in ``workdir_place``.
 """
 
 from __future__ import annotations
@@ -13,17 +14,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpora.storage import StoredFolder, StoreSettings, is_remote, open_store
-from tasks.framework.config import RunConfig, node_folder_suffix, workdir_of
-from tasks.framework.contract import (
-    StageError,
-    StageResult,
-    Status,
-    accept,
-    freshness,
-    input_fingerprints,
-    read_manifest,
-)
+from corpora.location import Location, locate
+from corpora.storage import StoredFolder, is_remote
+from tasks.framework.config import RunConfig
+from tasks.framework.freshness import accept, freshness
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError, StageResult, Status
+from tasks.framework.stage_fingerprint import input_fingerprints
 from transformer_core.folders import publish, remove_stale_temporaries, temporary_sibling
 
 Outdated = Callable[[Path], "str | None"]
@@ -33,21 +30,16 @@ Outdated = Callable[[Path], "str | None"]
 class WorkDir(Protocol):
     """A run's work dir: its stage folders by name (a stage's name, or any folder's in it)."""
 
-    root: Path
-    """This node's folder for the run: the work dir itself, or (an object store) the local
-    folder for its staging, node copies, log and tracking journals."""
-
-    @property
-    def uri(self) -> str:
-        """Where it is, as people and messages name it (a path, or ``s3://...``)."""
-        ...
-
     def check(self) -> None:
         """Fail in one line unless it can be used now (an object store's bucket and keys)."""
         ...
 
     def locate(self, name: str) -> str:
         """Folder ``name``, as people and manifests name it."""
+        ...
+
+    def location(self, rel: str) -> Location:
+        """``rel`` in the work dir as a filesystem and a path (Ray Train's storage)."""
         ...
 
     def manifest(self, name: str) -> dict[str, Any] | None:
@@ -64,7 +56,7 @@ class WorkDir(Protocol):
         full: bool = False,
         outdated: Outdated | None = None,
     ) -> Status:
-        """Whether folder ``name`` is up to date for ``identity`` (``contract.judge``: its
+        """Whether folder ``name`` is up to date for ``identity`` (``freshness.judge``: its
         manifest, its files' sizes, every file's sha256 with ``full``), then ``outdated``."""
         ...
 
@@ -108,44 +100,17 @@ class WorkDir(Protocol):
     def accept(
         self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]
     ) -> StageResult:
-        """``contract.accept`` for folder ``name``: kept as up to date for ``current()``."""
-        ...
-
-    def keep(self, local: Path, rel: str) -> None:
-        """Put the local folder ``local`` (the run's own files) at ``rel``, if it is not there."""
-        ...
-
-    def kept(self, rel: str, local: Path) -> list[str]:
-        """Fetch the folders under ``rel`` that ``local`` lacks (what ``keep`` put there);
-        their names."""
+        """``freshness.accept`` for folder ``name``: kept as up to date for ``current()``."""
         ...
 
 
 def open_workdir(config: RunConfig) -> WorkDir:
     """The config's work dir: an object store's (``s3://``, ``gs://``) or a local folder."""
     if is_remote(config.workdir):
-        from tasks.framework.stored import StoreWorkDir
+        from tasks.framework.workdir_store import StoreWorkDir
 
         return StoreWorkDir(config.store, config.root)
     return LocalWorkDir(config.root)
-
-
-def workdirs_at(target: str) -> list[WorkDir]:
-    """A work dir named alone, without its config (``tfm tracking replay <workdir>``): a local
-    folder, or an object store's URI with each of this node's folders for it (under the default
-    cache; a new one if it has none), its store reached with the default settings."""
-    workdir = workdir_of(target, "")
-    if not is_remote(workdir):
-        return [LocalWorkDir(Path(workdir))]
-    from tasks.framework.stored import StoreWorkDir
-
-    settings = StoreSettings()
-    runs, where = settings.cache_root() / "runs", node_folder_suffix(workdir)
-    store = open_store(workdir, settings)
-    return [
-        StoreWorkDir(store, root)
-        for root in sorted(runs.glob(f"*-{where}")) or [runs / f"replay-{where}"]
-    ]
 
 
 class LocalWorkDir:
@@ -155,15 +120,14 @@ class LocalWorkDir:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    @property
-    def uri(self) -> str:
-        return str(self.root)
-
     def check(self) -> None:
         pass
 
     def locate(self, name: str) -> str:
         return str(self.root / name)
+
+    def location(self, rel: str) -> Location:
+        return locate(str(self.root / rel))
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return read_manifest(self.root / name)
@@ -228,9 +192,3 @@ class LocalWorkDir:
         self, stage: str, name: str, current: Callable[[], Mapping[str, Any]]
     ) -> StageResult:
         return accept(stage, self.root / name, current)
-
-    def keep(self, local: Path, rel: str) -> None:
-        pass  # the run's own files are in the work dir already (``root`` is the work dir)
-
-    def kept(self, rel: str, local: Path) -> list[str]:
-        return []

@@ -1,6 +1,6 @@
-"""A tiny reversal task (vocabulary 20) as real tokenizer and shard stage folders, and the debug
-model's training config on 2 CPU workers: what the train, resume, multi-node and elastic tests
-share, with the traces and weights they compare."""
+"""The reversal task (``helpers.trainer``, vocabulary 20) as real tokenizer and shard stage
+folders, and the debug model's training config on 2 CPU workers: what the train, resume,
+multi-node and elastic tests share, with the traces and weights they compare."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from helpers.stage_folders import tokenizer_folder
+from helpers.trainer import reversal_rows
 from tasks.framework.config import RunConfig, config_from_dict
-from tasks.framework.contract import read_manifest
+from tasks.framework.manifest import read_manifest
 from tasks.framework.runner import build_folder
 from transformer_core import checkpoint
 
@@ -29,19 +30,15 @@ def make_tokenizer(root: Path) -> Path:
 
 
 def write_split(folder: Path, n: int, seed: int, parts: int) -> None:
-    """Rows of a reversal task: src = pieces + EOS, tgt = reversed pieces + EOS, as the shard
-    stage writes them: Parquet parts and their Arrow IPC twins in ``../arrow/<split>/`` (what the
-    workers memory-map)."""
+    """Rows of the reversal task (``reversal_rows``, 2 to 8 pieces) as the shard stage writes
+    them: Parquet parts and their Arrow IPC twins in ``../arrow/<split>/`` (what the workers
+    memory-map)."""
     import pyarrow as pa
     import pyarrow.ipc
     import pyarrow.parquet as pq
 
-    rng = np.random.default_rng(seed)
-    src, tgt = [], []
-    for _ in range(n):
-        pieces = rng.integers(4, VOCAB, size=int(rng.integers(2, 9))).tolist()
-        src.append(pieces + [3])
-        tgt.append(pieces[::-1] + [3])
+    rows = reversal_rows(n, seed, VOCAB, shortest=2, longest=8)
+    src, tgt = ([r.tolist() for r in side] for side in rows)
     folder.mkdir(parents=True)
     bounds = np.linspace(0, n, parts + 1).astype(int)
     for i in range(parts):

@@ -17,17 +17,24 @@ VOCAB = 12  # 4 special ids + 8 symbols
 SEED = 3
 
 
-def reversal(n: int, seed: int, longest: int = 8) -> TokenData:
-    """``n`` rows of src = 3 to ``longest`` symbols + EOS, tgt = the symbols reversed + EOS (CSR
-    layout)."""
+def reversal_rows(
+    n: int, seed: int, vocab: int = VOCAB, shortest: int = 3, longest: int = 8
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The reversal task, the one every test trains on: ``n`` rows of src = ``shortest`` to
+    ``longest`` symbols (ids 4 to ``vocab`` - 1) + EOS, tgt = the symbols reversed + EOS."""
     rng = np.random.default_rng(seed)
     src, tgt = [], []
     for _ in range(n):
-        symbols = rng.integers(4, VOCAB, size=int(rng.integers(3, longest + 1)))
+        symbols = rng.integers(4, vocab, size=int(rng.integers(shortest, longest + 1)))
         src.append(np.r_[symbols, EOS_ID])
         tgt.append(np.r_[symbols[::-1], EOS_ID])
+    return src, tgt
+
+
+def reversal(n: int, seed: int, longest: int = 8) -> TokenData:
+    """``reversal_rows`` of the trainer's vocabulary in the CSR layout the Trainer reads."""
     sides = []
-    for rows in (src, tgt):
+    for rows in reversal_rows(n, seed, longest=longest):
         offsets = np.r_[0, np.cumsum([len(r) for r in rows])].astype(np.int64)
         sides += [np.concatenate(rows).astype(np.uint16), offsets]
     return TokenData(*sides)

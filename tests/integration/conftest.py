@@ -13,13 +13,16 @@ from helpers.stage_folders import finished_folder, tiny_sentences, tokenizer_fol
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local 2-CPU Ray started as the stages start it (``ensure_ray``), shut down at the end."""
+    """A local 2-CPU Ray started as a command's stages start it (``ensure_ray``, with the
+    switches ``tfm`` sets), shut down at the end."""
     import ray
 
+    from pipelines import environment
     from tasks.framework.config import RayConfig
     from tasks.framework.runtime import ensure_ray
 
-    ensure_ray(RayConfig(num_cpus=2))
+    with environment.local_ray(RayConfig(num_cpus=2)) as config:
+        ensure_ray(config)
     yield
     ray.shutdown()
 

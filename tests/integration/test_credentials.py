@@ -79,7 +79,7 @@ def test_a_download_flow_uses_the_mirror_password_and_shows_it_nowhere(
 
     from pipelines.flows import artifact_key, stage_flow
     from tasks.framework.config import load_config
-    from tasks.framework.contract import read_manifest
+    from tasks.framework.manifest import read_manifest
 
     caplog.set_level(logging.INFO)  # the stages' INFO lines on the console, as under `tfm`
     mirror = auth_mirror.url.replace("http://", f"http://{USER}:{SECRET}@") + "/"

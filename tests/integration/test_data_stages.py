@@ -26,7 +26,8 @@ from tasks.framework.config import (
     ShardConfig,
     TokenizerConfig,
 )
-from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import build_folder, run_stage
 from training.data import TokenData
 from transformer_core.config import EOS_ID

@@ -26,7 +26,8 @@ from corpora.archives import CorruptArchiveError, MissingMemberError, UnsafeArch
 from corpora.fetch import ChecksumError, NetworkError, download
 from corpora.lockfile import LockFile
 from tasks.framework.config import RunConfig, config_from_dict
-from tasks.framework.contract import MANIFEST, StageError, read_manifest
+from tasks.framework.manifest import MANIFEST, read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import run_stage
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from helpers.ray_cluster import local_cluster
 from helpers.tiny_training import TRACES, make_inputs, tiny_config, traces
 
 from tasks.framework.config import RayConfig
-from tasks.framework.contract import read_manifest
+from tasks.framework.manifest import read_manifest
 from tasks.framework.runner import run_stage
 
 # Slow (a cluster of four raylets, two Ray Train runs and two resizes, ~2-3 min): `make test-slow`.

@@ -104,7 +104,7 @@ def test_a_uri_password_reaches_no_manifest_param_tag_or_prefect_record(first_ru
     for name in WMT14_STAGES:
         assert SECRET not in (config.root / name / "manifest.json").read_text(), name
     # Nor any file of the work dir: stage folders (train's config.json), MLflow's database and
-    # artifacts, spill files.
+    # artifacts, the tracking journals.
     holding = [
         str(f) for f in config.root.rglob("*") if f.is_file() and SECRET.encode() in f.read_bytes()
     ]

@@ -17,7 +17,7 @@ from corpora import CorpusError, assemble, sources
 from corpora.archives import CorruptArchiveError
 from corpora.fetch import ChecksumError
 from tasks.framework.config import RunConfig, config_from_dict
-from tasks.framework.contract import MANIFEST, read_manifest
+from tasks.framework.manifest import MANIFEST, read_manifest
 from tasks.framework.runner import run_stage
 
 pytestmark = pytest.mark.integration

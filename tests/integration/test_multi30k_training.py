@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tasks.framework.config import load_config
-from tasks.framework.contract import read_manifest
+from tasks.framework.manifest import read_manifest
 from tasks.framework.runner import run_stage
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,8 +23,10 @@ from helpers.tiny_training import (
 )
 
 from tasks.framework.config import RayConfig
-from tasks.framework.contract import input_fingerprints, read_manifest
+from tasks.framework.manifest import read_manifest
 from tasks.framework.runner import run_stage
+from tasks.framework.stage_fingerprint import input_fingerprints
+from tasks.framework.workdir import open_workdir
 
 # Slow (a cluster of four raylets and two Ray Train runs, ~2 min): `make test-slow`.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -94,7 +96,8 @@ def test_a_lost_node_resumes_on_the_cluster_and_ends_bit_identical(cluster, tmp_
     where.mkdir()
     config = cluster_config(root, tracking, cluster.address, max_failures=1)
     inputs = make_inputs(root)
-    run_dir = Path("/".join(train.storage_location(config, input_fingerprints(inputs))))
+    storage, name = train.storage_location(config, input_fingerprints(inputs), open_workdir(config))
+    run_dir = Path(storage.child(name).path)
     done = threading.Event()
     killed = kill_when_stopped(workers, where, run_dir, done)
     try:

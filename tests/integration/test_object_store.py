@@ -15,7 +15,7 @@ import pytest
 from helpers.s3_server import BUCKET, free_ports
 
 from corpora.storage import StorageError, StoreSettings, node_copy, open_store
-from tasks.framework.contract import MANIFEST, describe_files
+from tasks.framework.manifest import MANIFEST, describe_files
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 from parsing.linearize import POS_TAGS, structure_tokens
 from tasks.framework import runner
 from tasks.framework.config import load_config
-from tasks.framework.contract import read_manifest
+from tasks.framework.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO.parent / "shared" / "data" / "ptb_sample" / "combined"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +20,8 @@ from serving.stream import ModelNotFoundError, from_registry, translate_stream
 from serving.translator import Translator
 from tasks import register
 from tasks.framework.config import DecodeConfig, MlflowConfig, RegisterConfig, RunConfig
-from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import run_stage
 from transformer_core import presets
 
@@ -84,6 +87,115 @@ def _champion(config: RunConfig) -> str:
     return str(client.get_model_version_by_alias(config.register.model_name, "champion").version)
 
 
+def assert_version_tags(tags: dict[str, str], inputs: dict[str, Path], name: str) -> None:
+    """A version's tags: its score and protocol, the lineage of its inputs, the code behind each
+    stage and the checkout it came from, the run's config."""
+    from tasks.framework.code_fingerprint import REPO
+    from tasks.framework.config import fingerprint
+
+    assert tags["bleu_sacre"] == "20.0" and tags["test_set"] == "newstest2014"
+    assert tags["signature"] == SIGNATURE and tags["code_version"]
+    assert tags["lineage.average"] == read_manifest(inputs["average"])["fingerprint"]
+    assert tags["lineage.train"] == read_manifest(inputs["average"].parent / "train")["fingerprint"]
+    assert tags["lineage.tokenizer"] == read_manifest(inputs["tokenizer"])["fingerprint"]
+    # The code behind each stage, and the checkout it came from.
+    assert tags["code.average"] == fingerprint(read_manifest(inputs["average"])["code"])
+    assert tags["code.register"] and tags["code.register"] != tags["code.average"]
+    if (REPO / ".git").exists():
+        assert len(tags["git_commit"]) == 40 and tags["git_dirty"] in ("true", "false")
+    assert json.loads(tags["config"])["register"]["model_name"] == name
+
+
+def assert_params_change_decoding(
+    model, inputs: dict[str, Path], config: RunConfig, expected: list[str]
+) -> None:
+    """A request may change the decoding: each setting gives what the Translator gives with it;
+    an empty line is an empty translation; n-best lists come best first."""
+    # The tiny model being what it is, at least one setting changes some translation.
+    changed = False
+    for params in (
+        {"max_len_offset": 1},
+        {"beam_size": 1},
+        {"alpha": 0.0},
+        {"length_norm": "fairseq"},
+        {"max_len_offset": 0},
+    ):
+        here = translate_here(inputs, TEXTS, DecodeConfig(**{**asdict(config.decode), **params}))
+        assert model.predict(TEXTS, params=params) == here, params
+        changed |= here != expected
+    assert changed
+    # An empty line is an empty translation (nothing is decoded, so nothing is made up), also
+    # among other lines and with n-best.
+    assert model.predict(["", TEXTS[0], "  "]) == ["", expected[0], ""]
+    assert model.predict([""], params={"n_best": 3}) == [[{"translation": "", "score": 0.0}]]
+    # ... or ask for the n best translations, best first, the first being the translation.
+    nbest = model.predict(TEXTS, params={"n_best": 3})
+    assert [hyps[0]["translation"] for hyps in nbest] == expected
+    for hyps in nbest:
+        assert len(hyps) == 3
+        assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
+
+
+def assert_model_carries_only_its_code(name: str, root: Path) -> None:
+    """The model carries the serving code, the model library and parsing (for tree-constrained
+    decoding), nothing else of this project; nothing is unpickled on load."""
+    import mlflow
+
+    local = Path(
+        mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl"))
+    )
+    assert sorted(p.name for p in (local / "code").iterdir()) == [
+        "parsing",
+        "serving",
+        "transformer_core",
+    ]
+    # Nothing is unpickled on load: the version is code (models from code) and artifacts.
+    mlmodel = (local / "MLmodel").read_text()
+    assert "model_code_path" in mlmodel and not list(local.rglob("*.pkl"))
+
+
+def predict_in_a_fresh_process(config: RunConfig, name: str, root: Path) -> dict:
+    """The champion's predictions for TEXTS in a fresh process, importing the code the model
+    carries (code_paths), and the file its serving code came from."""
+    script = (
+        "import json, sys, mlflow\n"
+        f"mlflow.set_tracking_uri({config.tracking_uri!r})\n"
+        f"m = mlflow.pyfunc.load_model('models:/{name}@champion')\n"
+        f"out = m.predict({TEXTS!r})\n"
+        "import serving.translator as t\n"
+        "print(json.dumps({'out': out, 'code': t.__file__}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_tfm_translate(config: RunConfig, name: str, expected: list[str]) -> None:
+    """`tfm translate`: stdin lines to stdout lines; with --n-best, Moses' n-best lines."""
+    stdout = io.StringIO()
+    predict = from_registry(f"models:/{name}@champion", config.tracking_uri)
+    count = translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
+    assert count == len(TEXTS) and stdout.getvalue().splitlines() == expected
+    stdout = io.StringIO()
+    translate_stream(predict, io.BytesIO(f"{TEXTS[0]}\n\n{TEXTS[1]}\n".encode()), stdout)
+    assert stdout.getvalue().split("\n") == [expected[0], "", expected[1], ""]
+    # With --n-best: Moses' "LINE ||| TRANSLATION ||| SCORE" lines, best first per line.
+    stdout = io.StringIO()
+    predict = from_registry(f"models:/{name}@champion", config.tracking_uri, {"n_best": 2})
+    translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
+    lines = [line.split(" ||| ") for line in stdout.getvalue().splitlines()]
+    assert [int(n) for n, _, _ in lines] == [i for i in range(len(TEXTS)) for _ in range(2)]
+    assert [text for _, text, _ in lines[::2]] == expected
+
+
 def test_registry_promotion_and_pyfunc(setup) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -98,21 +210,7 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
         "name": "bleu_sacre",
         "value": 20.0,
     }
-    tags = client.get_model_version(name, "1").tags
-    assert tags["bleu_sacre"] == "20.0" and tags["test_set"] == "newstest2014"
-    assert tags["signature"] == SIGNATURE and tags["code_version"]
-    assert tags["lineage.average"] == read_manifest(inputs["average"])["fingerprint"]
-    assert tags["lineage.train"] == read_manifest(inputs["average"].parent / "train")["fingerprint"]
-    assert tags["lineage.tokenizer"] == read_manifest(inputs["tokenizer"])["fingerprint"]
-    # The code behind each stage, and the checkout it came from.
-    from tasks.framework.code_fingerprint import REPO
-    from tasks.framework.config import fingerprint
-
-    assert tags["code.average"] == fingerprint(read_manifest(inputs["average"])["code"])
-    assert tags["code.register"] and tags["code.register"] != tags["code.average"]
-    if (REPO / ".git").exists():
-        assert len(tags["git_commit"]) == 40 and tags["git_dirty"] in ("true", "false")
-    assert json.loads(tags["config"])["register"]["model_name"] == name
+    assert_version_tags(client.get_model_version(name, "1").tags, inputs, name)
 
     # 2. A worse one is only a candidate; the champion stays.
     worse = _register(config, inputs, root, bleu=15.0)
@@ -146,82 +244,16 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert model.predict(TEXTS) == expected
     assert list(model.predict(pd.DataFrame({"text": TEXTS}))) == expected
-    # A request may change the decoding: each setting gives what the Translator gives with it,
-    # and (the tiny model being what it is) at least one of them changes some translation.
-    changed = False
-    for params in (
-        {"max_len_offset": 1},
-        {"beam_size": 1},
-        {"alpha": 0.0},
-        {"length_norm": "fairseq"},
-        {"max_len_offset": 0},
-    ):
-        here = translate_here(inputs, TEXTS, DecodeConfig(**{**asdict(config.decode), **params}))
-        assert model.predict(TEXTS, params=params) == here, params
-        changed |= here != expected
-    assert changed
-    # An empty line is an empty translation (nothing is decoded, so nothing is made up), also
-    # among other lines and with n-best.
-    assert model.predict(["", TEXTS[0], "  "]) == ["", expected[0], ""]
-    assert model.predict([""], params={"n_best": 3}) == [[{"translation": "", "score": 0.0}]]
-    # ... or ask for the n best translations, best first, the first being the translation.
-    nbest = model.predict(TEXTS, params={"n_best": 3})
-    assert [hyps[0]["translation"] for hyps in nbest] == expected
-    for hyps in nbest:
-        assert len(hyps) == 3
-        assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
-    # The model carries the serving code, the model library and parsing (for tree-constrained
-    # decoding), nothing else of this project.
-    local = Path(
-        mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=str(root / "dl"))
-    )
-    assert sorted(p.name for p in (local / "code").iterdir()) == [
-        "parsing",
-        "serving",
-        "transformer_core",
-    ]
-    # Nothing is unpickled on load: the version is code (models from code) and artifacts.
-    mlmodel = (local / "MLmodel").read_text()
-    assert "model_code_path" in mlmodel and not list(local.rglob("*.pkl"))
+    assert_params_change_decoding(model, inputs, config, expected)
+    assert_model_carries_only_its_code(name, root)
 
     # 7. ... and in a fresh process, importing the code the model carries (code_paths).
-    script = (
-        "import json, sys, mlflow\n"
-        f"mlflow.set_tracking_uri({config.tracking_uri!r})\n"
-        f"m = mlflow.pyfunc.load_model('models:/{name}@champion')\n"
-        f"out = m.predict({TEXTS!r})\n"
-        "import serving.translator as t\n"
-        "print(json.dumps({'out': out, 'code': t.__file__}))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = predict_in_a_fresh_process(config, name, root)
     assert result["out"] == expected
     assert f"{os.sep}code{os.sep}serving{os.sep}" in result["code"]
 
     # 8. `tfm translate`: stdin lines to stdout lines.
-    stdout = io.StringIO()
-    predict = from_registry(f"models:/{name}@champion", config.tracking_uri)
-    count = translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
-    assert count == len(TEXTS) and stdout.getvalue().splitlines() == expected
-    stdout = io.StringIO()
-    translate_stream(predict, io.BytesIO(f"{TEXTS[0]}\n\n{TEXTS[1]}\n".encode()), stdout)
-    assert stdout.getvalue().split("\n") == [expected[0], "", expected[1], ""]
-    # With --n-best: Moses' "LINE ||| TRANSLATION ||| SCORE" lines, best first per line.
-    stdout = io.StringIO()
-    predict = from_registry(f"models:/{name}@champion", config.tracking_uri, {"n_best": 2})
-    translate_stream(predict, io.BytesIO("".join(t + "\n" for t in TEXTS).encode()), stdout)
-    lines = [line.split(" ||| ") for line in stdout.getvalue().splitlines()]
-    assert [int(n) for n, _, _ in lines] == [i for i in range(len(TEXTS)) for _ in range(2)]
-    assert [text for _, text, _ in lines[::2]] == expected
+    assert_tfm_translate(config, name, expected)
 
 
 def test_pip_requirements_are_pinned_and_installable() -> None:
@@ -303,31 +335,22 @@ def test_decide_champion_rules() -> None:
     assert not took and "no bleu_sacre tag" in why
 
 
-@pytest.mark.slow
-def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
-    """`mlflow models serve` (local env) on the registered model:
-    {"inputs": [...]} -> predictions."""
+@contextlib.contextmanager
+def mlflow_models_serve(model_uri: str, tracking_uri: str, folder: Path) -> Iterator[int]:
+    """`mlflow models serve` (local env) of ``model_uri`` on a free port, until the block ends;
+    its port once it answers ``/ping``."""
     import signal
     import socket
     import time
     import urllib.request
-
-    config, inputs, root = setup
-    config = config.replace(
-        workdir=str(tmp_path / "run"), register=RegisterConfig(model_name="served-translator")
-    )
-    record = _register(config, inputs, tmp_path, bleu=1.0)
-    texts = [*TEXTS, ""]  # an empty line is served an empty translation
-    expected = translate_here(inputs, texts, config.decode)
-    assert expected[-1] == ""
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # mlflow runs `uvicorn` by name: the environment's own scripts must come first on the PATH.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = {**os.environ, "MLFLOW_TRACKING_URI": config.tracking_uri, "PATH": path}
-    log_path = tmp_path / "serve.log"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": path}
+    log_path = folder / "serve.log"
     with open(log_path, "w") as log_file:
         server = subprocess.Popen(
             [
@@ -337,7 +360,7 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
                 "models",
                 "serve",
                 "-m",
-                record["model_uri"],
+                model_uri,
                 "--env-manager",
                 "local",
                 "-h",
@@ -348,7 +371,7 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
                 "1",
             ],
             env=env,
-            cwd=tmp_path,
+            cwd=folder,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -365,39 +388,7 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
                     "server did not start: " + log_path.read_text()[-3000:]
                 )
                 time.sleep(1)
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/invocations",
-            data=json.dumps({"inputs": texts}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
-        assert answer["predictions"] == expected
-        # Per-request decoding settings travel as params.
-        short = translate_here(inputs, TEXTS, DecodeConfig(max_len_offset=1))
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/invocations",
-            data=json.dumps({"inputs": TEXTS, "params": {"max_len_offset": 1}}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        assert (
-            json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"] == short
-        )
-        # ... the beam size too: three hypotheses each from a beam of three.
-        wide = Translator.load(
-            inputs["average"], inputs["tokenizer"], dataclasses.replace(config.decode, beam_size=3)
-        ).translate_nbest(TEXTS, 3)
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/invocations",
-            data=json.dumps({"inputs": TEXTS, "params": {"beam_size": 3, "n_best": 3}}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        served = json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"]
-        assert [[h["translation"] for h in hyps] for hyps in served] == [
-            [t for t, _ in hyps] for hyps in wide
-        ]
-        assert [h["score"] for hyps in served for h in hyps] == pytest.approx(
-            [score for hyps in wide for _, score in hyps], abs=1e-5
-        )
+        yield port
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -406,6 +397,49 @@ def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
+
+
+def invoke(port: int, body: dict) -> list:
+    """The served model's predictions for ``body`` (``inputs`` and maybe ``params``)."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/invocations",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    return json.loads(urllib.request.urlopen(request, timeout=120).read())["predictions"]
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_with_translations(setup, tmp_path) -> None:
+    """`mlflow models serve` (local env) on the registered model:
+    {"inputs": [...]} -> predictions."""
+    config, inputs, root = setup
+    config = config.replace(
+        workdir=str(tmp_path / "run"), register=RegisterConfig(model_name="served-translator")
+    )
+    record = _register(config, inputs, tmp_path, bleu=1.0)
+    texts = [*TEXTS, ""]  # an empty line is served an empty translation
+    expected = translate_here(inputs, texts, config.decode)
+    assert expected[-1] == ""
+
+    with mlflow_models_serve(record["model_uri"], config.tracking_uri, tmp_path) as port:
+        assert invoke(port, {"inputs": texts}) == expected
+        # Per-request decoding settings travel as params.
+        short = translate_here(inputs, TEXTS, DecodeConfig(max_len_offset=1))
+        assert invoke(port, {"inputs": TEXTS, "params": {"max_len_offset": 1}}) == short
+        # ... the beam size too: three hypotheses each from a beam of three.
+        wide = Translator.load(
+            inputs["average"], inputs["tokenizer"], dataclasses.replace(config.decode, beam_size=3)
+        ).translate_nbest(TEXTS, 3)
+        served = invoke(port, {"inputs": TEXTS, "params": {"beam_size": 3, "n_best": 3}})
+        assert [[h["translation"] for h in hyps] for hyps in served] == [
+            [t for t, _ in hyps] for hyps in wide
+        ]
+        assert [h["score"] for hyps in served for h in hyps] == pytest.approx(
+            [score for hyps in wide for _, score in hyps], abs=1e-5
+        )
 
 
 def test_a_ctranslate2_version_carries_its_export_and_serves_from_it(setup, tmp_path) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from evaluation.bleu import score_texts
 from tasks.framework.config import DataConfig, MlflowConfig, RunConfig
-from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import build_folder, run_stage
 
 pytestmark = pytest.mark.integration
@@ -145,13 +146,13 @@ def test_missing_hypothesis_file(tmp_path):
 
 def test_the_result_reaches_the_stage_run_in_mlflow_once(tmp_path):
     mlflow = pytest.importorskip("mlflow")
-    from tasks.framework import tracking
+    from tasks.framework import mlflow_runs
 
     config = _config(tmp_path)
-    with tracking.stage_run(config, "score") as run:
+    with mlflow_runs.stage_run(config, "score") as run:
         # The stage itself logs nothing: the runner logs its result into the stage's run, once.
         result = run_stage(config, "score", _inputs(tmp_path))
-    assert tracking.drain(run) and run.run_id is not None  # the journal reached the server
+    assert run.drain() and run.run_id is not None  # the journal reached the server
     scores = json.loads((result.path / "scores.json").read_text(encoding="utf-8"))
     client = mlflow.MlflowClient(config.tracking_uri)
     logged = client.get_run(run.run_id).data

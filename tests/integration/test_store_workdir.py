@@ -212,7 +212,7 @@ def test_a_store_that_goes_away_mid_training_fails_it_in_one_line_and_a_rerun_re
 
     from pipelines.cli import error_line
     from tasks.framework.config import load_config
-    from tasks.framework.contract import StageError
+    from tasks.framework.results import StageError
     from tasks.framework.runner import run_stage
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import it

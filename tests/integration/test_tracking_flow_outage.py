@@ -1,7 +1,8 @@
 """Whole flows (the tiny synthetic WMT14 config of test_flow) against a real MLflow server
 (``mlflow server`` on 127.0.0.1 and a free port, SQLite) that is down when they start, or that
 dies between two stages: every stage runs, the console says once that the server does not
-answer and once that it answers again, and once it is back MLflow holds every stage's run,
+answer and once that it answers again (or, in the next command, that it sends what the last one
+kept), and once it is back MLflow holds every stage's run,
 every record once and in order, and the registered version. Only register needs the server:
 it fails in one line naming it, and a rerun registers without training again."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,8 @@ import pytest
 from helpers.flow_configs import WMT14_STAGES, ran, tiny_config, write_config
 from helpers.mlflow_server import MlflowServer
 
-from training.tracking_journal import REJECTED, journals
+from tasks.framework.config import RunConfig
+from tracking.journal import REJECTED, journals
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,17 +55,16 @@ class Said(logging.Handler):
         self.lines.append(record.getMessage())
 
     def tracking(self) -> list[str]:
-        return [
-            "down" if "is unreachable" in line else "back"
-            for line in self.lines
-            if "is unreachable" in line or "answers again" in line
-        ]
+        """What the lines said of the server: ``down`` (it does not answer), ``back`` (it
+        answers again), ``earlier`` (a command sends what an earlier one kept)."""
+        words = {"is unreachable": "down", "answers again": "back", "an earlier command": "earlier"}
+        return [word for line in self.lines for phrase, word in words.items() if phrase in line]
 
 
 @contextlib.contextmanager
 def said():
     handler = Said()
-    loggers = [logging.getLogger(name) for name in ("training.tracking_sender", "tasks.framework")]
+    loggers = [logging.getLogger(name) for name in ("tracking", "tasks.framework")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.addHandler(handler)
@@ -146,17 +148,34 @@ def check_mlflow(config, server: MlflowServer, flows: int) -> dict:
     return {"parents": parents, "children": children}
 
 
+def loaded(path: str, monkeypatch) -> RunConfig:
+    """The config at ``path``, with the MLflow HTTP budget a command sets for it
+    (``pipelines.environment.configured``), for this test: what it sets, as a deployment's run
+    does, goes with the test too."""
+    from pipelines import environment
+    from tasks.framework import mlflow_runs
+    from tasks.framework.config import load_config
+
+    for name in environment.COMMAND_VARIABLES:  # recorded as they are, restored after the test
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
+    config = load_config(path)
+    for name, value in mlflow_runs.http_environment(config).items():
+        monkeypatch.setenv(name, value)
+    return config
+
+
 @pytest.mark.timeout(1800)
 def test_a_flow_started_while_the_server_is_down_runs_and_mlflow_gets_everything_once(
-    tmp_path, harness, ray_local
+    tmp_path, harness, ray_local, monkeypatch
 ):
     """The server is down when the flow starts and is started mid-training."""
     from pipelines.flows import Loaded, pipeline_flow
-    from tasks.framework.config import load_config
 
     server = MlflowServer(tmp_path / "server")
     path = flow_config(tmp_path, server, "started-down")
-    config = load_config(path)
+    config = loaded(path, monkeypatch)
     try:
         with said() as lines:
             starter = when(lambda: losses_in_journal(config.root) >= 5, server.start)
@@ -173,20 +192,19 @@ def test_a_flow_started_while_the_server_is_down_runs_and_mlflow_gets_everything
 
 @pytest.mark.timeout(1800)
 def test_a_server_killed_between_two_stages_fails_only_register_and_a_rerun_registers(
-    tmp_path, harness, ray_local
+    tmp_path, harness, ray_local, monkeypatch
 ):
     """The server dies after clean and stays down: every stage through score runs and register
     fails in one line naming it; once it is back, the journals reach it and a rerun registers
     without running any other stage."""
     from pipelines.cli import error_line
     from pipelines.flows import Loaded, pipeline_flow
-    from tasks.framework.config import load_config
-    from tasks.framework.contract import StageError
+    from tasks.framework.results import StageError
 
     server = MlflowServer(tmp_path / "server")
     server.start()
     path = flow_config(tmp_path, server, "killed", **{"mlflow.registry_wait_seconds": 5})
-    config = load_config(path)
+    config = loaded(path, monkeypatch)
     try:
         with said() as lines:
             killer = when(lambda: (config.root / "clean" / "manifest.json").exists(), server.kill)
@@ -200,7 +218,9 @@ def test_a_server_killed_between_two_stages_fails_only_register_and_a_rerun_regi
             server.start()
             outcomes = pipeline_flow(config_path=path)
         assert ran(outcomes) == ["register"]
-        assert lines.tracking() == ["down", "back"], lines.lines
+        # The first command said once that the server does not answer; the rerun, a command of
+        # its own, that it sends first what the first one kept.
+        assert lines.tracking() == ["down", "earlier"], lines.lines
         held = check_mlflow(config, server, flows=2)
         first, second = held["parents"]
         assert first.info.status == "FAILED" and second.info.status == "FINISHED"

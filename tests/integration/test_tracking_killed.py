@@ -16,19 +16,19 @@ import pytest
 import yaml
 from helpers.mlflow_server import MlflowServer
 
-from training.tracking_journal import journals
+from tracking.journal import journals
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # 40 s of it the server's start
 
 FLOW = """
 import sys, time, yaml
-from tasks.framework import tracking, tracking_session
+from tasks.framework import mlflow_runs
 from tasks.framework.config import config_from_dict
 
 config = config_from_dict(yaml.safe_load(open(sys.argv[1])))
-with tracking.pipeline_run(config, "p", {}) as flow:
-    with tracking.stage_run(config, "train") as stage:
-        assert tracking.drain(flow) and tracking.drain(stage)
+with mlflow_runs.pipeline_run(config, "p", {}) as flow:
+    with mlflow_runs.stage_run(config, "train") as stage:
+        assert flow.drain() and stage.drain()
         print(flow.run_id, stage.run_id, flush=True)
         time.sleep(600)
 """
@@ -80,7 +80,7 @@ def test_a_killed_flows_runs_end_as_killed_and_a_live_ones_stay_running(
 ):
     from mlflow.tracking import MlflowClient
 
-    from tasks.framework import tracking
+    from tasks.framework import mlflow_runs
     from tasks.framework.config import load_config
 
     config = write(tmp_path, server)
@@ -96,7 +96,7 @@ def test_a_killed_flows_runs_end_as_killed_and_a_live_ones_stay_running(
         assert client.get_run(flow_id).info.status == "RUNNING"  # status changed nothing
 
         caplog.set_level("WARNING")
-        with tracking.stage_run(load_config(config), "clean"):  # as `tfm stage clean` opens it
+        with mlflow_runs.stage_run(load_config(config), "clean"):  # as `tfm stage clean` opens it
             pass
         for run_id in (flow_id, stage_id):
             info = client.get_run(run_id).info

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from training.tracking import Tracker
-from training.tracking_journal import Journal, new_key, open_record
-from training.tracking_sender import Sender, TrackingOptions
+from tracking.journal import Journal, new_key, open_record
+from tracking.relay import Tracker
+from tracking.sender import Sender, TrackingOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ def wait_for(condition, seconds: float) -> None:
 def test_tracking_outage_loses_nothing_and_never_stops_the_loop(server, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    for key, value in BUDGET.http_env().items():  # what a tfm command sets for its sender
+    for key, value in BUDGET.http_environment().items():  # what a tfm command sets for its sender
         monkeypatch.setenv(key, value)
     journal = Journal.create(tmp_path, new_key(), server.uri, "outage")
     journal.append([open_record("outage", "train", {"stage": "train"})])

@@ -11,8 +11,7 @@ import shutil
 
 import pytest
 
-from training.tracking_journal import (
-    JOURNALS,
+from tracking.journal import (
     Journal,
     log_record,
     new_key,
@@ -30,8 +29,8 @@ def test_replay_of_an_object_store_work_dir_sends_a_dead_nodes_journal_once(
 
     from corpora.storage import StoreSettings, open_store
     from pipelines.cli import main
-    from tasks.framework.config import node_folder_suffix
-    from tasks.framework.stored import StoreWorkDir
+    from tasks.framework.workdir_place import node_folder_suffix
+    from tracking.copies import JournalCopies
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     workdir = f"s3://tfm/replay-{secrets.token_hex(4)}/r"
@@ -50,9 +49,7 @@ def test_replay_of_an_object_store_work_dir_sends_a_dead_nodes_journal_once(
     )
     journal.append([log_record(metrics={"loss": 10.0 / step}, step=step) for step in range(1, 31)])
     journal.append([log_record(params={"steps": 30}), status_record("FINISHED")])
-    StoreWorkDir(open_store(workdir, StoreSettings()), dead).keep(
-        journal.folder, f"{JOURNALS}/{key}"
-    )
+    JournalCopies(open_store(workdir, StoreSettings())).upload(journal)
     shutil.rmtree(dead)  # the node is gone; the bucket holds its journal
 
     monkeypatch.setenv("HOME", str(tmp_path / "other-node"))  # another machine's default cache

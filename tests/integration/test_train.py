@@ -26,8 +26,9 @@ from helpers.tiny_training import (
     write_split,
 )
 
-from tasks.framework import contract
-from tasks.framework.contract import StageError, read_manifest
+from tasks.framework import stage_fingerprint
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import build_folder, run_stage
 
 pytestmark = pytest.mark.integration
@@ -44,14 +45,14 @@ def trained_and_sockets(ray_local, tmp_path_factory):
     config = tiny_config(root, bleu_sentences=24)
     outcome: list = []
     checked: list[str] = []  # the input folders whose fingerprint (and damage) was checked
-    check = contract.input_fingerprint
+    check = stage_fingerprint.input_fingerprint
 
     def counted(folder: Path, name: str) -> str:
         checked.append(name)
         return check(folder, name)
 
     patch = pytest.MonkeyPatch()
-    patch.setattr(contract, "input_fingerprint", counted)
+    patch.setattr(stage_fingerprint, "input_fingerprint", counted)
     thread = threading.Thread(
         target=lambda: outcome.append(_attempt(run_stage, config, "train", inputs))
     )

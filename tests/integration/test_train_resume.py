@@ -21,7 +21,8 @@ from helpers.tiny_training import (
     traces,
 )
 
-from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import run_stage
 
 # Slow (three Ray Train runs, ~2 min): `make test-slow`, which CI runs too. The default suite

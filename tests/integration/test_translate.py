@@ -12,7 +12,8 @@ from corpora.text import read_lines
 from serving.translator import Translator
 from tasks import translate
 from tasks.framework.config import DataConfig, DecodeConfig, RayConfig, RunConfig
-from tasks.framework.contract import StageError, read_manifest
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import run_stage
 from transformer_core import presets
 

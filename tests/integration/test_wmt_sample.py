@@ -17,7 +17,7 @@ from tasks.framework.config import (
     ShardConfig,
     TokenizerConfig,
 )
-from tasks.framework.contract import read_manifest
+from tasks.framework.manifest import read_manifest
 from tasks.framework.runner import run_stage
 from transformer_core.config import UNK_ID
 

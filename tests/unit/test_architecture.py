@@ -10,20 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.code_size import MAX_FUNCTION_LINES, MAX_MODULE_LINES, long_functions, module_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "transformer_core",
     "corpora",
     "parsing",
+    "tracking",
     "training",
     "evaluation",
     "serving",
     "tasks",
     "pipelines",
 )
-MAX_FUNCTION_LINES = 80
-MAX_MODULE_LINES = 450  # as `ruff format` writes them (make lint checks the format)
 DATA_TABLES = {
     # word lists and inflection tables of the synthetic English-German grammar
     "corpora/synthetic_lexicon.py",
@@ -132,16 +132,10 @@ def test_import_contracts_catch_a_broken_rule(tmp_path, module, source, contract
 @pytest.mark.parametrize("path", production_modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_production_functions_and_modules_stay_small(path: Path):
     rel = str(path.relative_to(ROOT))
-    source = path.read_text(encoding="utf-8")
-    long = [
-        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
-    ]
+    long = long_functions(path.read_text(encoding="utf-8"), MAX_FUNCTION_LINES)
     assert not long, f"{rel}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
     if rel not in DATA_TABLES:
-        lines = source.count("\n")
+        lines = module_lines(path)
         assert lines <= MAX_MODULE_LINES, f"{rel}: {lines} lines (limit {MAX_MODULE_LINES})"
 
 
@@ -171,3 +165,145 @@ def test_the_top_level_of_tasks_holds_only_stages_and_none_runs_itself():
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "tasks.framework.runner" not in imported, name
+
+
+def test_tracking_lives_in_its_one_package():
+    """Experiment tracking is one room: no production module named ``tracking*`` outside the
+    ``tracking`` package (two ``tracking.py`` and a ``tracking_send.py`` beside a
+    ``tracking_sender.py`` once told a reader nothing)."""
+    outside = [
+        str(p.relative_to(ROOT))
+        for p in production_modules()
+        if p.stem.startswith("tracking") and p.parent != ROOT / "tracking"
+    ]
+    assert outside == []
+    assert (ROOT / "tracking" / "__init__.py").is_file()
+
+
+STORE_SEAM = {
+    "corpora/storage.py",  # the store itself: a local folder or an object store's prefix
+    "tasks/framework/workdir.py",  # the work dir seam and its local side
+    "tasks/framework/workdir_store.py",  # the work dir seam's object-store side
+    "tasks/framework/workdir_place.py",  # what a config's workdir names: its kind, node folder
+}
+"""The modules that may ask which kind of store a work dir is on: nowhere else says
+``if remote:`` (a choice between two kinds is a seam with two implementations)."""
+
+
+def store_kind_tests(tree: ast.Module) -> list[int]:
+    """Lines of ``tree`` that ask a store's kind: ``is_remote(...)``, ``<x>.remote``, or a string
+    compared with (or searched for) an ``s3://`` / ``gs://`` scheme."""
+    schemes = ("s3://", "gs://", "s3", "gs")
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "is_remote":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr == "remote":
+            # Ray's ``f.remote(...)`` and ``ray.remote`` are calls or decorators, not the kind
+            if id(node) not in called and not (
+                isinstance(node.value, ast.Name) and node.value.id == "ray"
+            ):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Compare | ast.Call):
+            parts = [node.left, *node.comparators] if isinstance(node, ast.Compare) else node.args
+            if isinstance(node, ast.Call) and not (
+                isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
+            ):
+                continue
+            if any(isinstance(p, ast.Constant) and p.value in schemes for p in parts):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_store_kind_test_outside_the_work_dir_seam():
+    """Which kind of store a work dir is on (a local folder, an object store) is asked only in
+    the store's own modules (``STORE_SEAM``); everyone else is handed the work dir object."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in production_modules()
+        if str(path.relative_to(ROOT)) not in STORE_SEAM
+        for line in store_kind_tests(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert found == []
+
+
+def test_the_store_kind_check_sees_each_form():
+    """The check above can fail: each way of asking the kind is caught, ``ray.remote`` is not."""
+    source = (
+        "is_remote(w)\nconfig.store.remote\nuri.startswith('s3://')\nscheme == 'gs'\n"
+        "ray.remote(f)\nactor.append.remote(x)\n"
+    )
+    assert store_kind_tests(ast.parse(source)) == [1, 2, 3, 4]
+
+
+ENVIRON_WRITERS = {
+    "pipelines/environment.py",  # a tfm process, at its start
+    "training/process_group.py",  # a Ray Train worker: its rank's rendezvous
+}
+"""The one module per process kind that writes ``os.environ`` (STYLE: settings are passed)."""
+ENVIRON_SETTERS = {"putenv", "unsetenv", "_enable_token_auth"}
+"""Calls that write the environment: ``os``'s, and Ray's switch for token authentication."""
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+
+def environ_writes(tree: ast.Module) -> list[int]:
+    """Lines that write the environment: ``os.environ[k] = v``, ``del os.environ[k]``, its
+    ``update``/``setdefault``/``pop``/``clear``, ``putenv``, and known setters' calls."""
+    lines = []
+    for node in ast.walk(tree):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign | ast.Delete)
+            else [node.target]
+            if isinstance(node, ast.AugAssign)
+            else []
+        )
+        if any(isinstance(t, ast.Subscript) and _is_environ(t.value) for t in targets):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            owner = node.func.value if isinstance(node.func, ast.Attribute) else None
+            mutators = ("update", "setdefault", "pop", "popitem", "clear")
+            if (name in mutators and _is_environ(owner)) or name in ENVIRON_SETTERS:
+                lines.append(node.lineno)
+    return lines
+
+
+def import_time_environ_reads(tree: ast.Module) -> list[int]:
+    """Lines that read the environment when the module is imported (outside any function)."""
+    lines = []
+    follow: list[ast.AST] = list(tree.body)
+    while follow:
+        node = follow.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if _is_environ(node) or (isinstance(node, ast.Attribute) and node.attr == "getenv"):
+            lines.append(node.lineno)
+        follow.extend(ast.iter_child_nodes(node))
+    return sorted(lines)
+
+
+def test_the_environment_is_written_in_one_module_per_process_kind_and_never_read_at_import():
+    writes, reads = [], []
+    for path in production_modules():
+        name, tree = str(path.relative_to(ROOT)), ast.parse(path.read_text(encoding="utf-8"))
+        if name not in ENVIRON_WRITERS:
+            writes += [f"{name}:{line}" for line in environ_writes(tree)]
+        reads += [f"{name}:{line}" for line in import_time_environ_reads(tree)]
+    assert writes == [] and reads == []
+
+
+def test_the_environment_checks_see_each_form():
+    """The checks above can fail: each way of writing is caught, a read in a function is not."""
+    source = (
+        "os.environ['A'] = '1'\ndel os.environ['A']\nos.environ.update(x)\n"
+        "os.environ.setdefault('A', '1')\nos.environ.pop('A')\nos.putenv('A', '1')\n"
+        "_enable_token_auth()\nos.environ.get('A')\nx = {}.pop('A')\n"
+    )
+    assert environ_writes(ast.parse(source)) == [1, 2, 3, 4, 5, 6, 7]
+    at_import = "A = os.environ.get('A')\ndef f():\n    return os.getenv('B')\nB = os.getenv('C')\n"
+    assert import_time_environ_reads(ast.parse(at_import)) == [1, 4]

@@ -7,16 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.framework.contract import (
-    MANIFEST,
-    StageError,
-    check,
-    input_fingerprint,
-    read_manifest,
-    stage_fingerprint,
-    stage_identity,
-)
+from tasks.framework.freshness import check
+from tasks.framework.manifest import MANIFEST, read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runner import build_folder
+from tasks.framework.stage_fingerprint import input_fingerprint, stage_fingerprint, stage_identity
 from transformer_core.folders import sha256_file
 
 
@@ -147,7 +142,7 @@ def test_damaged_files_are_found_before_anyone_reads_them(tmp_path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tasks.framework.contract import SMALL_FILE
+    from tasks.framework.damage import SMALL_FILE
 
     def build(tmp: Path) -> dict:
         (tmp / "small.txt").write_text("abcdef")

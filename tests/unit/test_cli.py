@@ -9,7 +9,8 @@ import yaml
 from helpers.flow_configs import WMT14_STAGES
 
 from pipelines.cli import build_parser, main
-from pipelines.commands import _prefect_env, mlflow_ui_hint
+from pipelines.commands import mlflow_ui_hint
+from pipelines.environment import started
 
 COMMANDS = ["version", "run", "stage", "status", "tracking", "translate", "export", "deploy", "ui"]
 
@@ -38,11 +39,12 @@ def test_a_first_run_waits_for_prefect_to_create_its_database(tmp_path, monkeypa
         monkeypatch.setenv(key, "")  # recorded, so the test's end takes back what tfm sets
         monkeypatch.delenv(key)
     assert Settings().server.ephemeral.startup_timeout_seconds == 20  # Prefect's own
-    _prefect_env()
-    assert Settings().server.ephemeral.startup_timeout_seconds >= 120
+    with started(verbose=False):
+        assert Settings().server.ephemeral.startup_timeout_seconds >= 120
+    assert Settings().server.ephemeral.startup_timeout_seconds == 20  # as it was, after
     monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "45")
-    _prefect_env()
-    assert Settings().server.ephemeral.startup_timeout_seconds == 45
+    with started(verbose=False):
+        assert Settings().server.ephemeral.startup_timeout_seconds == 45
 
 
 def test_version(capsys):

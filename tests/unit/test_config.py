@@ -127,7 +127,6 @@ def test_name_defaults_to_file_stem_and_overrides_apply(tmp_path: Path):
 def test_a_work_dir_on_an_object_store_loads_and_keeps_its_local_files_in_the_node_cache(
     tmp_path: Path, monkeypatch
 ):
-    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", None)
     data = {
         "name": "r",
         "workdir": "s3://bucket/team/{name}/",
@@ -177,7 +176,6 @@ def test_a_work_dir_on_an_object_store_loads_and_keeps_its_local_files_in_the_no
 def test_a_store_work_dir_that_cannot_work_fails_at_load_in_one_line(
     data: dict, key: str, words: str, monkeypatch
 ):
-    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", None)
     monkeypatch.delenv("TFM_TEST_UNSET_KEY", raising=False)
     with pytest.raises(ConfigError) as err:
         config_from_dict({"name": "r", **data})
@@ -191,7 +189,6 @@ def test_preset_table3_rows_load(tmp_path: Path):
 
 
 def test_tracking_uri_defaults_to_sqlite_in_workdir(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", None)
     config = config_from_dict({"name": "r", "workdir": str(tmp_path / "{name}")})
     assert config.tracking_uri == f"sqlite:///{tmp_path / 'r' / 'mlflow.db'}"
     config = config_from_dict({"name": "r", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}})
@@ -199,12 +196,20 @@ def test_tracking_uri_defaults_to_sqlite_in_workdir(tmp_path: Path, monkeypatch)
 
 
 def test_tracking_uri_null_takes_the_team_server_the_process_started_with(monkeypatch):
-    # MLFLOW_TRACKING_URI as read at start (mlflow.set_tracking_uri rewrites the variable later).
-    monkeypatch.setattr("tasks.framework.config.TRACKING_URI_AT_START", "http://10.0.0.5:5000")
+    # MLFLOW_TRACKING_URI as read at start (mlflow.set_tracking_uri rewrites the variable later),
+    # handed to the loader; the variable now is not read.
+    team = "http://10.0.0.5:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/the-last-run.db")
-    assert config_from_dict({"name": "r"}).tracking_uri == "http://10.0.0.5:5000"
+    config = config_from_dict({"name": "r"}, team_tracking_uri=team)
+    assert config.tracking_uri == team
+    assert config.replace(seed=1).tracking_uri == team  # a copy keeps it
+    assert "team_tracking_uri" not in to_dict(config)  # not a setting: never hashed nor logged
+    assert config_from_dict({"name": "r"}).tracking_uri.startswith("sqlite:///")
     explicit = {"name": "r", "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}
-    assert config_from_dict(explicit).tracking_uri == "http://127.0.0.1:5000"  # the config wins
+    assert (
+        config_from_dict(explicit, team_tracking_uri=team).tracking_uri
+        == explicit["mlflow"]["tracking_uri"]
+    )  # the config wins
 
 
 def test_name_is_required():

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
 import pytest
 
-from pipelines import console
+from pipelines import console, environment
 
 
 def _record(name: str, level: int) -> logging.LogRecord:
@@ -75,15 +76,15 @@ def test_a_record_for_the_run_log_only_stays_off_the_console():
 def test_rays_worker_prefix_is_off_unless_verbose(monkeypatch, clean_logging):
     for name in console.QUIET_RAY:
         monkeypatch.delenv(name, raising=False)
-    with console.routed(verbose=False):
+    with environment.started(verbose=False):
         assert os.environ["RAY_DISABLE_WORKER_LOG_PREFIX"] == "1"
     assert "RAY_DISABLE_WORKER_LOG_PREFIX" not in os.environ
-    with console.routed(verbose=True):
+    with environment.started(verbose=True):
         assert "RAY_DISABLE_WORKER_LOG_PREFIX" not in os.environ
 
 
 def test_ray_trains_own_lines_are_at_warning_unless_verbose(clean_logging):
-    from training.job import ray_train_log_level
+    from training.ray_trainer import ray_train_log_level
 
     with console.routed(verbose=False):
         assert ray_train_log_level() == "WARNING"
@@ -94,7 +95,7 @@ def test_ray_trains_own_lines_are_at_warning_unless_verbose(clean_logging):
 @pytest.fixture
 def clean_logging(monkeypatch):
     """Leave the root and ``ray.data`` loggers and the environment as they were."""
-    # Set, then removed: monkeypatch records that it was absent, and removes what log_to sets.
+    # Set, then removed: monkeypatch records that it was absent, and removes what logging_to sets.
     monkeypatch.setenv(console.RAY_DATA_CONFIG_VAR, "")
     monkeypatch.delenv(console.RAY_DATA_CONFIG_VAR)
     root, ray_data = logging.getLogger(), logging.getLogger("ray.data")
@@ -111,7 +112,7 @@ def clean_logging(monkeypatch):
 def test_ray_data_info_lines_go_to_the_run_log_not_the_console(tmp_path, clean_logging):
     from ray.data._internal.logging import configure_logging
 
-    log = console.log_to(tmp_path, verbose=False)
+    log = environment.logging_to(tmp_path, verbose=False)
     configure_logging()  # what importing ray.data does, in the driver and in each worker
     logging.getLogger("ray.data.test").info("Execution plan of Dataset x")
     logging.getLogger("ray.data.test").warning("a warning of Ray Data's")
@@ -122,7 +123,7 @@ def test_ray_data_info_lines_go_to_the_run_log_not_the_console(tmp_path, clean_l
 
 
 def test_verbose_leaves_ray_data_as_it_is(tmp_path, clean_logging):
-    console.log_to(tmp_path, verbose=True)
+    environment.logging_to(tmp_path, verbose=True)
     assert console.RAY_DATA_CONFIG_VAR not in os.environ
 
 
@@ -134,8 +135,8 @@ def test_a_command_leaves_logging_and_the_environment_as_it_found_them(tmp_path,
     root.addHandler(prefects)
     handlers, bars = list(root.handlers), os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     try:
-        with console.routed(verbose=False):
-            console.log_to(tmp_path, verbose=False)
+        with environment.started(verbose=False), console.routed(verbose=False):
+            environment.logging_to(tmp_path, verbose=False)
             assert console.RAY_DATA_CONFIG_VAR in os.environ
             # The console and the run log, in place of Prefect's console handler(s).
             kept = [h for h in handlers if not isinstance(h, PrefectConsoleHandler)]
@@ -146,3 +147,51 @@ def test_a_command_leaves_logging_and_the_environment_as_it_found_them(tmp_path,
         root.removeHandler(prefects)
     assert console.RAY_DATA_CONFIG_VAR not in os.environ
     assert os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR") == bars
+
+
+def test_a_loaded_config_sets_mlflows_budget_and_its_local_rays_switches_for_the_command(
+    tmp_path, monkeypatch
+):
+    from tasks.framework import runtime
+    from tasks.framework.config import config_from_dict
+
+    for name in ("RAY_ADDRESS", runtime.AUTH_MODE_VAR, runtime.PREEMPTION_WATCHER_VAR):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(runtime, "dashboard_port", lambda: 8300)
+    local = config_from_dict({"name": "x", "workdir": str(tmp_path), "mlflow": {"http_timeout": 3}})
+    cluster = local.replace(ray=dataclasses.replace(local.ray, address="10.0.0.1:6379"))
+    before = dict(os.environ)
+    with environment.started(verbose=False):
+        assert environment.configured(cluster).ray.dashboard_port is None
+        assert os.environ.get(runtime.API_SERVER_VAR) == before.get(runtime.API_SERVER_VAR)
+        configured = environment.configured(local)
+        assert configured.ray.dashboard_port == 8300
+        assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "3"
+        assert os.environ[runtime.API_SERVER_VAR] == "http://127.0.0.1:8300"
+        assert os.environ[runtime.PREEMPTION_WATCHER_VAR] == "0"
+        assert os.environ[runtime.AUTH_MODE_VAR] == "token"
+    # The command's switches leave with it; Ray's token mode stays, as ray.init leaves it.
+    assert {k: v for k, v in os.environ.items() if k != runtime.AUTH_MODE_VAR} == before
+
+
+def test_a_cluster_gets_token_authentication_only_with_a_token_at_hand(tmp_path, monkeypatch):
+    from tasks.framework import runtime
+    from tasks.framework.config import RayConfig
+
+    monkeypatch.setattr(runtime, "TOKEN_FILE", tmp_path / "no-token")
+    cluster = RayConfig(address="10.0.0.1:6379")
+    token = {runtime.AUTH_MODE_VAR: "token"}
+    assert runtime.ray_switches(cluster, {}) == (cluster, {})
+    assert runtime.ray_switches(RayConfig(), {"RAY_ADDRESS": "auto"})[1] == {}
+    assert runtime.ray_switches(cluster, {"RAY_AUTH_TOKEN": "s3cr3t"})[1] == token
+    named = tmp_path / "token"
+    assert runtime.ray_switches(cluster, {"RAY_AUTH_TOKEN_PATH": str(named)})[1] == {}
+    named.write_text("s3cr3t")
+    assert runtime.ray_switches(cluster, {"RAY_AUTH_TOKEN_PATH": str(named)})[1] == token
+    # The user's own mode stays; the machine's token file counts.
+    assert (
+        runtime.ray_switches(cluster, {runtime.AUTH_MODE_VAR: "disabled", "RAY_AUTH_TOKEN": "x"})[1]
+        == {}
+    )
+    monkeypatch.setattr(runtime, "TOKEN_FILE", named)
+    assert runtime.ray_switches(cluster, {})[1] == token

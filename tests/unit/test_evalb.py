@@ -18,7 +18,7 @@ from evaluation.evalb import (
 from parsing.linearize import linearize
 from parsing.trees import Tree, parse_tree, write_tree
 from tasks.framework.config import config_from_dict
-from tasks.framework.contract import StageError
+from tasks.framework.results import StageError
 from tasks.framework.runner import build_folder, run_stage
 
 PARSING_DATA = {"source": "treebank", "pair": "words-tree"}

@@ -1,4 +1,4 @@
-"""benchmarks/peers*.py (``make bench-peers``) and benchmarks/gpu_peers.py: the peers' commands
+"""benchmarks/peers/ (``make bench-peers``) and benchmarks/gpu_peers.py: the peers' commands
 say the recipe, and their logs are read into the figures the table shows."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_peers  # noqa: E402
-import peers  # noqa: E402
-import peers_eole  # noqa: E402
-import peers_fairseq  # noqa: E402
-from peers_env import Peer, Recipe, Shape  # noqa: E402
+from peers import eole as peers_eole  # noqa: E402
+from peers import fairseq as peers_fairseq  # noqa: E402
+from peers import ours as peers_ours  # noqa: E402
+from peers import report, run  # noqa: E402
+from peers.env import Peer, Recipe, Shape  # noqa: E402
 
 from training.data import TokenData  # noqa: E402
 from transformer_core import presets  # noqa: E402
@@ -168,7 +169,7 @@ def test_the_table_gives_the_ratio_line_and_a_problem_in_one_row():
         "decode": {},
         "ours_over_fairseq": 1.25,
     }
-    text = peers.tables(results)
+    text = report.tables(results)
     assert "train tokens/s ours/fairseq: 1.25" in text.splitlines()
     assert "| eole | not run: eole: installing eole failed |" in text
     assert "| ours (Ray Train, as tfm run) | x | 2,500 | 1.25 |" in text
@@ -178,7 +179,7 @@ def test_a_parse_failure_is_a_problem_line_not_a_crash():
     def broken() -> dict:
         return peers_fairseq.train_rates("no lines", 10)
 
-    assert peers.guarded("fairseq training", broken)["problem"].startswith(
+    assert run.guarded("fairseq training", broken)["problem"].startswith(
         "fairseq training: ValueError: fairseq logged 0 train_inner lines"
     )
 
@@ -208,9 +209,7 @@ def test_a_gpu_peer_without_its_wheels_is_one_line(tmp_path):
 def test_a_shorter_warm_up_reaches_the_recipe_s_peak_in_every_toolkit(tmp_path):
     """``--warmup``: fairseq and eole get it as their warm-up; ours scales the schedule so that
     its peak learning rate is still the recipe's (fairseq's --lr), only sooner."""
-    import peers_ours
-
-    recipe = peers.recipe(argparse.Namespace(threads=2, warmup=300))
+    recipe = run.recipe(argparse.Namespace(threads=2, warmup=300))
     assert (recipe.warmup, recipe.lr) == (300, Recipe().lr)
     ours = peers_ours.recipe_config(tmp_path, 600, 50, warmup=300)
     d_model, train = ours.model.d_model, ours.train
@@ -225,10 +224,8 @@ def test_a_shorter_warm_up_reaches_the_recipe_s_peak_in_every_toolkit(tmp_path):
 
 
 def test_ours_takes_the_recipe_s_overrides_and_keeps_its_warm_up_scaling(tmp_path):
-    """``peers_ours.py plain --seed --set``: the overrides reach the config the Trainer gets;
-    the bench's own settings (steps, warm-up) still apply on top."""
-    import peers_ours
-
+    """``benchmarks/peers ours plain --seed --set``: the overrides reach the config the Trainer
+    gets; the bench's own settings (steps, warm-up) still apply on top."""
     config = peers_ours.recipe_config(
         tmp_path, 300, 50, warmup=200, overrides={"model.init": "torch", "seed": 4321}
     )
@@ -240,8 +237,6 @@ def test_ours_takes_the_recipe_s_overrides_and_keeps_its_warm_up_scaling(tmp_pat
 
 
 def test_decoding_refuses_training_overrides_in_one_line(tmp_path, capsys):
-    import peers_ours
-
     with pytest.raises(SystemExit) as exc:
         peers_ours.main(["decode", str(tmp_path), str(tmp_path / "model.pt"), "--seed", "3"])
     assert exc.value.code == 2

@@ -76,7 +76,7 @@ def test_merges_go_with_the_kind_and_nothing_else(changes):
 
 def test_train_takes_the_pieces_the_merges_made_up_to_vocab_size(tmp_path):
     from tasks.framework.config import config_from_dict
-    from tasks.framework.contract import StageError
+    from tasks.framework.results import StageError
     from tasks.train import vocab_size
 
     _, _, tok = model(tmp_path)

@@ -14,7 +14,8 @@ import pytest
 
 from corpora.encoding import SHARD_SCHEMA
 from corpora.parquet import ParquetShardWriter
-from tasks.framework.contract import damage, read_manifest
+from tasks.framework.damage import damage
+from tasks.framework.manifest import read_manifest
 from tasks.framework.runner import build_folder
 from training.data import BatchStream, TokenData, ipc_folder, token_files
 

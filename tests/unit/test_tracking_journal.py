@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from training.tracking import Tracker, new_params
-from training.tracking_journal import (
+from tracking.journal import (
     KEY_TAG,
     REJECTED,
     Journal,
@@ -26,7 +25,10 @@ from training.tracking_journal import (
     open_record,
     status_record,
 )
-from training.tracking_sender import Sender, TrackingOptions
+from tracking.relay import Tracker
+from tracking.run import Run
+from tracking.sender import Sender, TrackingOptions
+from tracking.session import Session, Target
 
 FAST = TrackingOptions(probe_seconds=0.05, drain_seconds=20)
 
@@ -285,9 +287,12 @@ def test_other_ranks_log_nothing(tmp_path):
 
 def test_new_params_logs_what_is_new_and_tags_what_changed(tmp_path):
     journal = Journal.create(tmp_path, new_key(), "sqlite://", "x")
-    journal.append([new_params(journal, {"steps": 100, "d_model": 64})])
-    assert new_params(journal, {"steps": 100, "d_model": 64}) is None
-    record = new_params(journal, {"steps": 200, "d_model": 64, "seed": 1})
+    run = Run(journal, Target(tmp_path, "sqlite://", "x"), Session(FAST), owns_session=False)
+    run.log_new_params({"steps": 100, "d_model": 64})
+    run.log_new_params({"steps": 100, "d_model": 64})  # nothing new: no record
+    run.log_new_params({"steps": 200, "d_model": 64, "seed": 1})
+    first, record = run.journal.records("log")
+    assert first["params"] == [["steps", "100"], ["d_model", "64"]]
     assert record["params"] == [["seed", "1"]] and record["tags"] == [
         ["param_changed.steps", "200"]
     ]
@@ -339,12 +344,12 @@ def test_tfm_tracking_replay_keeps_the_journal_while_the_server_is_down(tmp_path
 
 
 def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_keeps_its_records(
-    tmp_path, caplog
+    tmp_path, caplog, monkeypatch
 ):
     """A stage run (as `tfm stage` opens it) against a server that does not answer: the stage
     and its end take no longer than one try, the console says so once, and the journal holds
     the run's opening, the stage's result, its files and its end, in that order."""
-    from tasks.framework import tracking
+    from tasks.framework import mlflow_runs
     from tasks.framework.config import config_from_dict
     from tasks.framework.runner import build_folder
 
@@ -360,13 +365,15 @@ def test_a_stage_that_ends_while_the_server_is_down_succeeds_and_keeps_its_recor
             },
         }
     )
+    for key, value in mlflow_runs.http_environment(config).items():  # as a command sets them
+        monkeypatch.setenv(key, value)
     caplog.set_level("WARNING")
     started = time.monotonic()
-    with tracking.stage_run(config, "clean") as run:
+    with mlflow_runs.stage_run(config, "clean") as run:
         result = build_folder(
             "clean", config.root / "clean", {"k": 1}, {}, lambda tmp: {"kept": 5, "note": "x"}
         )
-        tracking.log_stage_result(result)
+        mlflow_runs.log_stage_result(result)
     assert time.monotonic() - started < 20  # not drain_seconds: the server is known down
     kinds = [r["kind"] for r in run.journal.records()]
     assert kinds == ["open", "log", "artifact", "status"]

@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from training.tracking_journal import Journal, Record, log_record, new_key, open_record
-from training.tracking_journal import status_record as status
-from training.tracking_owner import Owner, end_abandoned, gone, killed_runs, this_process
+from tracking.journal import Journal, Record, log_record, new_key, open_record
+from tracking.journal import status_record as status
+from tracking.owner import Owner, end_abandoned, gone, killed_runs, this_process
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from parsing.trees import (
     write_tree,
 )
 from tasks.framework.config import ParsingConfig, config_from_dict
-from tasks.framework.contract import StageError
+from tasks.framework.results import StageError
 from tasks.framework.runner import run_stage
 from tasks.treebank import split_files
 

@@ -1,4 +1,4 @@
-"""eole (OpenNMT-py's successor) in ``benchmarks/peers.py`` (and ``benchmarks/gpu.py --peers``):
+"""eole (OpenNMT-py's successor) in ``benchmarks/peers`` (and ``benchmarks/gpu.py --peers``):
 its config and commands, built from the shared shape and recipe, and what its logs say.
 
 Training is ``eole train`` on the same BPE text with one shared vocabulary (``eole
@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 
 import yaml
-from peers_env import Peer, Recipe, Shape
+
+from .env import Peer, Recipe, Shape
 
 STEP_LINE = re.compile(
     r"Step\s+(\d+)/\s*\d+;.*?sents:\s*([\d.]+); bsz:\s*([\d.]+)/\s*([\d.]+)/\s*([\d.]+);"
@@ -30,6 +31,25 @@ TIMES = {
     "step0": re.compile(r"Step 0 time \(s\): ([\d.]+)"),
     "rest": re.compile(r"Subsequent prediction time including all \(s\): ([\d.]+)"),
 }
+
+
+def model_section(shape: Shape) -> dict:
+    """eole's ``model`` section: our Transformer's shape in its words."""
+    return {
+        "architecture": "transformer",
+        "hidden_size": shape.d_model,
+        "layers": shape.layers,
+        "heads": shape.heads,
+        "transformer_ff": shape.d_ff,
+        "add_qkvbias": True,
+        "add_ffnbias": True,
+        "share_embeddings": shape.share,
+        "share_decoder_embeddings": shape.share,
+        "embeddings": {
+            "word_vec_size": shape.d_model,
+            "position_encoding_type": "SinusoidalConcat",
+        },
+    }
 
 
 def config(
@@ -97,21 +117,7 @@ def config(
                 "transforms": [],
             },
         },
-        "model": {
-            "architecture": "transformer",
-            "hidden_size": shape.d_model,
-            "layers": shape.layers,
-            "heads": shape.heads,
-            "transformer_ff": shape.d_ff,
-            "add_qkvbias": True,
-            "add_ffnbias": True,
-            "share_embeddings": shape.share,
-            "share_decoder_embeddings": shape.share,
-            "embeddings": {
-                "word_vec_size": shape.d_model,
-                "position_encoding_type": "SinusoidalConcat",
-            },
-        },
+        "model": model_section(shape),
         "training": training,
     }
 

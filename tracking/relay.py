@@ -1,7 +1,6 @@
-"""MLflow for training: a rank's ``Tracker``, which appends its records to the run's journal
-(``training.tracking_journal``) through a ``JournalRelay`` on the driver's node, and never calls
-the server; on the driver, the run's new params and its learning curve from the journal. The
-run itself is opened by ``tasks.framework.tracking``, and its one sender drains the journal."""
+"""What a training rank writes through: its ``Tracker`` appends its records to the run's journal
+(``tracking.journal``) through a ``JournalRelay`` on the driver's node, and never calls the
+server. The run itself is opened by the driver (``tracking.run``), whose sender drains it."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from training.tracking_journal import Journal, Record, RecordSink, log_record
+from tracking.journal import Journal, Record, RecordSink, log_record
 
 RELAY_SYNC_SECONDS = 60.0
 """How long a rank's ``close`` waits for the relay to have written its records."""
@@ -115,66 +114,3 @@ def stop_relay(sink: RelaySink) -> None:
         sink.sync()
     finally:
         ray.kill(sink.handle)
-
-
-def new_params(journal: Journal, params: Mapping[str, Any]) -> Record | None:
-    """A record of the params the run does not have yet; a changed value (more steps on a
-    resume) becomes a tag ``param_changed.<key>`` (MLflow refuses to change a param)."""
-    existing = journal.params()
-    new, changed = {}, {}
-    for key, value in params.items():
-        text = str(value)[:6000]
-        if key not in existing:
-            new[key] = text
-        elif existing[key] != text:
-            changed[f"param_changed.{key}"] = text
-    if not (new or changed):
-        return None
-    return log_record(params=new, tags=changed)
-
-
-CURVES = ("loss", "val_loss", "val_bleu")
-"""The metrics a learning curve shows."""
-
-
-def learning_curve(journal: Journal, path: Path) -> Path | None:
-    """Train and validation loss, and dev BLEU when measured (right axis), against step (left
-    panel) and wall-clock minutes since the run's first metric (right panel), from the run's
-    journal (the server need not answer); matplotlib, Agg."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = journal.history(CURVES)
-    if not ("loss" in series or "val_loss" in series):
-        return None
-    t0 = min(t for points in series.values() for _, t, _ in points)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, x_label, x_of in (
-        (axes[0], "step", lambda p: p[0]),
-        (axes[1], "wall-clock minutes", lambda p: (p[1] - t0) / 60_000),
-    ):
-        lines = []
-        for key, label in (("loss", "train loss"), ("val_loss", "validation loss")):
-            if key in series:
-                ms = series[key]
-                marker = "." if len(ms) < 50 else None
-                lines += ax.plot(
-                    [x_of(p) for p in ms], [p[2] for p in ms], label=label, marker=marker
-                )
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("label-smoothed loss per token")
-        ax.grid(alpha=0.3)
-        if "val_bleu" in series:
-            bleu_ax = ax.twinx()
-            ms = series["val_bleu"]
-            lines += bleu_ax.plot(
-                [x_of(p) for p in ms], [p[2] for p in ms], "g.-", label="dev BLEU (greedy)"
-            )
-            bleu_ax.set_ylabel("sacreBLEU")
-        ax.legend(lines, [line.get_label() for line in lines], loc="center right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

@@ -15,17 +15,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from corpora.location import Location
 from corpora.storage import StorageError, Store, StoredFolder, node_copy
-from corpora.store_sync import download_missing, upload
-from tasks.framework.contract import (
-    MANIFEST,
-    StageError,
-    StageResult,
-    Status,
-    accepted,
-    judge,
-    read_manifest,
-)
+from tasks.framework.freshness import accepted, judge
+from tasks.framework.manifest import MANIFEST, read_manifest
+from tasks.framework.results import StageError, StageResult, Status
 from transformer_core.folders import (
     publish,
     remove_stale_temporaries,
@@ -42,10 +36,6 @@ class StoreWorkDir:
         self.store, self.root = store, Path(root)
 
     @property
-    def uri(self) -> str:
-        return self.store.uri
-
-    @property
     def copies(self) -> Path:
         """This node's cache of the store's folders (``node_copy``'s root)."""
         return self.root / "copies"
@@ -55,6 +45,10 @@ class StoreWorkDir:
 
     def locate(self, name: str) -> str:
         return f"{self.store.uri}/{name}"
+
+    def location(self, rel: str) -> Location:
+        path = self.store.path(rel)
+        return Location(self.store.filesystem, path, path)
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return self.store.read_manifest(name)
@@ -70,7 +64,7 @@ class StoreWorkDir:
         full: bool = False,
         outdated: Callable[[Path], str | None] | None = None,
     ) -> Status:
-        """``contract.freshness`` for the store's folder: its manifest against ``identity``, the
+        """``freshness.freshness`` for the store's folder: its manifest against ``identity``, the
         files the store lists against their sizes (every sha256 read back with ``full``), then
         the stage's ``outdated`` rule on this node's copy."""
         store = self.store
@@ -92,7 +86,7 @@ class StoreWorkDir:
         self, inputs: Mapping[str, str], given: Mapping[str, Path] | None = None
     ) -> dict[str, str]:
         """The fingerprints of the finished input folders; a clear error for one that is
-        missing or incomplete (``contract.input_fingerprint`` for the store)."""
+        missing or incomplete (``stage_fingerprint.input_fingerprint`` for the store)."""
         if given is not None:
             raise StageError(f"inputs given by hand need a local work dir, not {self.store.uri}")
         fps = {}
@@ -198,9 +192,3 @@ class StoreWorkDir:
             return node_copy(self.store, name, self.copies)
         except StorageError as exc:
             raise StageError(str(exc)) from None
-
-    def keep(self, local: Path, rel: str) -> None:
-        upload(self.store, local, rel)
-
-    def kept(self, rel: str, local: Path) -> list[str]:
-        return download_missing(self.store, rel, local)

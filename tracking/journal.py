@@ -1,7 +1,7 @@
 """One MLflow run's tracking journal: every record of the run (its opening, params, tags,
 metrics, artifacts, its end), in the order they were made, appended to a JSON-lines file that
 outlives the process, whoever makes them (the driver, a training rank through its relay).
-``training.tracking_sender`` drains it to the server with MLflow's own client.
+``tracking.sender`` drains it to the server with MLflow's own client.
 
 Hand-written because MLflow has no such thing: its async logging keeps records in memory, drops a
 batch whose call fails and sends batches through a pool of threads, in no fixed order; and
@@ -9,7 +9,9 @@ creating a run needs the server, so a run opened while it is down has no MLflow 
 journal is named by its own key and learns its MLflow run id when the run is created.
 
 A journal folder ``<root>/tracking/<key>/`` holds:
-- ``meta.json``: the key, the tracking URI (a password masked), the experiment; written once;
+- ``meta.json``: the key, the tracking server without its secret (``server_of``) and where the
+  secret came from (the config or the environment: never written), the experiment; written once
+  (an older version's holds ``tracking_uri``, the URI with its password masked);
 - ``journal.jsonl``: the records, one JSON object a line, appended under an exclusive lock;
 - ``state.json``: what the sender has: the bytes of the journal the server acknowledged (the
   watermark, replaced atomically after each acknowledged call), the run's MLflow id;
@@ -37,6 +39,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 JOURNALS = "tracking"
 """The folder of a work dir (this node's, for an object store) that holds the journals."""
@@ -70,22 +73,23 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-_last_key: list[str] = [""]
-_key_lock = threading.Lock()
+def new_key(after: str = "") -> str:
+    """A journal key of the time now, in a later millisecond than key ``after`` (so that it
+    sorts after it): ``20261201T143000123-1a2b3c4d``."""
+    while True:
+        t = time.time()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f"{int(t * 1000) % 1000:03d}"
+        if stamp > after[:18]:
+            return f"{stamp}-{secrets.token_hex(4)}"
+        time.sleep(0.001)
 
 
-def new_key() -> str:
-    """A journal key that sorts after every key this process made before it (then by time):
-    ``20261201T143000123-1a2b3c4d``."""
-    with _key_lock:
-        while True:
-            t = time.time()
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f"{int(t * 1000) % 1000:03d}"
-            key = f"{stamp}-{secrets.token_hex(4)}"
-            if key[:18] > _last_key[0][:18]:
-                _last_key[0] = key
-                return key
-            time.sleep(0.001)
+def server_of(uri: str) -> str:
+    """A tracking URI without its secret (``user:password@``): what names the server."""
+    if "@" not in uri or "://" not in uri:
+        return uri
+    parts = urlsplit(uri)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 # ----------------------------------------------------------------------------- records
@@ -102,7 +106,7 @@ def open_record(
 ) -> Record:
     """Open the run: create it (in ``experiment``, under the run of journal ``parent``), or set
     it running again when it exists (a resumed training); ``owner``: the process that opens it
-    (``training.tracking_owner``: its host, pid and start time)."""
+    (``tracking.owner``: its host, pid and start time)."""
     record: Record = {
         "kind": "open",
         "t": now_ms(),
@@ -143,7 +147,7 @@ def log_record(
 
 
 def artifact_record(file: str, path: str | None = None) -> Record:
-    """The journal's copy ``file`` (``Journal.keep_file``) as an artifact under ``path``."""
+    """The journal's copy ``file`` (``Journal.copy_artifact``) as an artifact under ``path``."""
     return {"kind": "artifact", "t": now_ms(), "file": file, "path": path}
 
 
@@ -182,15 +186,25 @@ class Journal:
         return self.folder.name
 
     @classmethod
-    def create(cls, root: Path, key: str, tracking_uri: str, experiment: str) -> Journal:
+    def create(
+        cls,
+        root: Path,
+        key: str,
+        tracking_uri: str,
+        experiment: str,
+        *,
+        secret_from: str | None = None,
+    ) -> Journal:
         """The journal ``key`` under ``root`` (its ``tracking`` folder), made with its meta if
-        new."""
+        new: the server ``tracking_uri`` names, without its secret, and ``secret_from``, where
+        a later process takes the secret again (``tracking.session.SECRET_SOURCES``)."""
         journal = cls(Path(root) / JOURNALS / key)
         if not (journal.folder / META).exists():
             journal.folder.mkdir(parents=True, exist_ok=True)
             meta = {
                 "key": key,
-                "tracking_uri": tracking_uri,
+                "server": server_of(tracking_uri),
+                "secret_from": secret_from if server_of(tracking_uri) != tracking_uri else None,
                 "experiment": experiment,
                 "created": now_ms(),
             }
@@ -243,7 +257,7 @@ class Journal:
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         return self._fd
 
-    def keep_file(self, path: Path) -> str:
+    def copy_artifact(self, path: Path) -> str:
         """A copy of ``path`` in the journal (``artifacts/<id>/<name>``), for an ``artifact``
         record: the stage's folder may move or go before the server takes it."""
         rel = f"{ARTIFACTS}/{secrets.token_hex(6)}/{Path(path).name}"

@@ -1,4 +1,4 @@
-"""Running a training job (``training.train_job.TrainJob``, what every Ray Train worker is given):
+"""Running a training job (``training.job_spec.TrainJob``, what every Ray Train worker is given):
 ``run_job`` runs it under ``TorchTrainer`` (DDP) with Ray Train's storage and checkpointing, and
 exports the checkpoints it kept into a folder.
 
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corpora.location import Location
 from training.allocator import worker_runtime_env
-from training.train_job import TrainJob
+from training.job_spec import TrainJob
 from training.worker import JOB_KEY, train_loop_per_worker
 from transformer_core import checkpoint as ckpt
 from transformer_core.checkpoint import MODEL_FILE
@@ -67,14 +68,12 @@ def run_job(job: TrainJob, out: Path) -> TrainOutcome:
         result = torch_trainer(job).fit()
     except ray.train.TrainingFailedError as exc:
         raise JobError(
-            f"training failed (Ray Train run folder {job.run_dir}; rerun the same config to "
+            f"training failed (Ray Train run folder {job.run_dir.name}; rerun the same config to "
             f"resume from its latest checkpoint): {exc}"
         ) from exc
     assert isinstance(result, Result)  # V2's; Ray annotates fit with ray.train's V1-or-V2 name
     summary = result.return_value or {}
-    exported = export(
-        result, out, job.storage_fs(job.best_path) if job.train.bleu_sentences else None
-    )
+    exported = export(result, out, job.best_path if job.train.bleu_sentences else None)
     tc, last = job.train, exported["step"]
     scaling = job.scaling()
     stats = {
@@ -85,7 +84,7 @@ def run_job(job: TrainJob, out: Path) -> TrainOutcome:
         "world_size": summary.get("world_size", scaling["world_size"]),  # the last group's
         "accumulation": summary.get("accumulation", scaling["accumulation"]),
         **{k: summary.get(k) for k in SUMMARY_STATS},
-        "ray_run_dir": job.run_dir,
+        "ray_run_dir": job.run_dir.name,
     }
     return TrainOutcome(stats=stats, summary=summary)
 
@@ -136,8 +135,8 @@ def torch_trainer(job: TrainJob) -> TorchTrainer:
         ),
         run_config=RunConfig(
             name=job.run_name,
-            storage_path=job.storage_path,
-            storage_filesystem=job.storage_filesystem,
+            storage_path=job.storage.path,
+            storage_filesystem=job.storage.filesystem,
             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
             failure_config=FailureConfig(max_failures=tc.max_failures),
             worker_runtime_env=worker_runtime_env(tc),
@@ -153,7 +152,7 @@ def ray_train_log_level() -> str:
     return "INFO" if logging.getLogger().isEnabledFor(logging.DEBUG) else "WARNING"
 
 
-def export(result: Result, out: Path, best: tuple[Any, str] | None = None) -> dict[str, Any]:
+def export(result: Result, out: Path, best: Location | None = None) -> dict[str, Any]:
     """Weights-only copies of the kept checkpoints, ``final/model.pt``, ``best/model.pt`` (the
     best by ``val_bleu``, from ``best``, when training measured it) and ``checkpoints.json``."""
     if result.checkpoint is None:
@@ -199,12 +198,12 @@ def export(result: Result, out: Path, best: tuple[Any, str] | None = None) -> di
     }
 
 
-def export_best(best: tuple[Any, str], out: Path) -> dict[str, Any]:
+def export_best(best: Location, out: Path) -> dict[str, Any]:
     """``best`` (a filesystem and the path in it) copied to ``out/best/model.pt``; its listing
     entry."""
     import pyarrow.fs as pafs
 
-    fs, path = best
+    fs, path = best.filesystem, best.path
     if fs.get_file_info(path).type != pafs.FileType.File:
         raise JobError(f"training measured val_bleu but left no best checkpoint {path}")
     (out / "best").mkdir()

@@ -1,6 +1,6 @@
 """The one sender of a process: a background thread that drains the journals it watches to
 their MLflow servers, in order, a batch a call, committing each journal's watermark after each
-acknowledged call (``training.tracking_journal``, ``training.tracking_send``).
+acknowledged call (``tracking.journal``, ``tracking.delivery``).
 
 Nothing waits on it: stages and training ranks only append to journals. While a server does not
 answer, the sender says so once, tries one record every ``probe_seconds``, and says once when it
@@ -19,22 +19,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from corpora.redact import redact_text, redact_uri
-from training.tracking_journal import REJECTED, Journal, Record, SendState
-from training.tracking_send import MAX_METRICS, Blocked, first_group, send, sent, verdict
+from tracking.delivery import MAX_METRICS, Blocked, first_group, send, sent, verdict
+from tracking.journal import REJECTED, Journal, Record, SendState
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+
+    from tracking.copies import JournalCopies
 
 log = logging.getLogger(__name__)
 
 THREAD_NAME = "tracking-sender"
 POLL_SECONDS = 0.5
 """How often the thread looks for records appended by other processes (a training's relay)."""
-KEEP_SECONDS = 30.0
-"""While a server does not answer, how often a journal is kept in its work dir (``keep``)."""
-
-Keep = Callable[[Journal], None]
-"""Keeps a copy of a journal in its work dir (an object store's), where any machine finds it."""
+UPLOAD_SECONDS = 30.0
+"""While a server does not answer, how often a journal is uploaded to its work dir's store
+(``tracking.copies``), where any machine finds it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +53,9 @@ class TrackingOptions:
     probe_seconds: float = 2.0
     """While a server does not answer, seconds between two tries."""
 
-    def http_env(self) -> dict[str, str]:
-        """MLflow's HTTP budget as its environment variables, which it reads at every call."""
+    def http_environment(self) -> dict[str, str]:
+        """MLflow's HTTP budget as its environment variables: MLflow's client reads them at
+        every call and takes them from nowhere else, so a process sets them once at its start."""
         return {
             "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(self.http_retries),
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(self.http_backoff),
@@ -74,8 +75,8 @@ class _QuietRetries(logging.Filter):
 class _Watched:
     journal: Journal
     uri: str
-    keep: Keep | None = None
-    kept: float = 0.0
+    copies: JournalCopies | None = None
+    uploaded: float = 0.0
 
 
 def _mlflow_client(uri: str) -> MlflowClient:
@@ -110,15 +111,16 @@ class Sender:
         self._failures = 0  # tries a server did not answer, so far
         self._clients: dict[str, MlflowClient] = {}
         self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._stop = threading.Event()  # the running thread's: a new thread gets a new one
 
     # ------------------------------------------------------------------ what callers use
 
-    def watch(self, journal: Journal, uri: str, keep: Keep | None = None) -> None:
-        """Send ``journal`` to ``uri`` (from now on, as records arrive)."""
+    def watch(self, journal: Journal, uri: str, copies: JournalCopies | None = None) -> None:
+        """Send ``journal`` to ``uri`` (from now on, as records arrive); while the server does
+        not answer, upload it to ``copies``."""
         with self._cond:
-            watched = self._watched.setdefault(str(journal.folder), _Watched(journal, uri, keep))
-            watched.uri, watched.keep = uri, keep or watched.keep
+            watched = self._watched.setdefault(str(journal.folder), _Watched(journal, uri, copies))
+            watched.uri, watched.copies = uri, copies or watched.copies
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -132,18 +134,22 @@ class Sender:
                 pool = logging.getLogger("urllib3.connectionpool")
                 if not any(isinstance(f, _QuietRetries) for f in pool.filters):
                     pool.addFilter(_QuietRetries())
-                self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+                self._stop = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._stop,), name=THREAD_NAME, daemon=True
+                )
                 self._thread.start()
 
-    def stop(self) -> None:
-        """End the thread (after the call it is making); the journals keep what it did not send."""
+    def stop(self, wait: bool = True) -> None:
+        """End the thread after the call it is making (waited for unless not ``wait``: a call to
+        a server that does not answer takes its whole HTTP budget); the journals keep what it
+        did not send."""
         with self._cond:
-            self._stopping = True
+            self._stop.set()
             self._cond.notify_all()
-        if self._thread is not None:
+        if self._thread is not None and wait:
             self._thread.join()
-            self._thread = None
-        self._stopping = False
+        self._thread = None
 
     def down(self, uri: str) -> bool:
         """Whether the server at ``uri`` did not answer the last call."""
@@ -186,22 +192,22 @@ class Sender:
         left = sum(journal.count() for journal in journals if not self.delivered(journal))
         return left, busy
 
-    def keep_pending(self) -> int:
-        """Keep every watched journal that holds records the server lacks in its work dir
-        (``keep``); the records they hold."""
+    def upload_pending(self) -> int:
+        """Upload every watched journal that holds records the server lacks to its work dir's
+        store (``copies``); the records they hold."""
         left = 0
         with self._cond:
             watched = list(self._watched.values())
         for w in watched:
             if not self.delivered(w.journal):
                 left += w.journal.count()
-                self._keep(w, force=True)
+                self._upload(w, force=True)
         return left
 
     # ------------------------------------------------------------------ the thread
 
-    def _run(self) -> None:
-        while not self._stopping:
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 progressed = self._pass()
             except Exception as exc:  # noqa: BLE001 - a bug here must not end the process's tracking
@@ -209,7 +215,7 @@ class Sender:
                 progressed = False
             with self._cond:
                 self._cond.notify_all()  # flushers look again
-                if not progressed and not self._stopping:
+                if not progressed and not stop.is_set():
                     self._cond.wait(POLL_SECONDS)
 
     def _pass(self) -> bool:
@@ -221,7 +227,7 @@ class Sender:
                 continue
             retry_at = self._retry_at.get(w.uri)
             if retry_at is not None and time.monotonic() < retry_at:
-                self._keep(w)
+                self._upload(w)
                 continue
             progressed |= bool(self._deliver(w))
         return progressed
@@ -285,7 +291,7 @@ class Sender:
                 "answers; the stages go on"
             )
         self._retry_at[w.uri] = time.monotonic() + self.options.probe_seconds
-        self._keep(w)
+        self._upload(w)
 
     def _answered(self, uri: str) -> None:
         if self._retry_at.pop(uri, None) is not None:
@@ -294,15 +300,18 @@ class Sender:
                 "meanwhile are being sent in order"
             )
 
-    def _keep(self, w: _Watched, force: bool = False) -> None:
-        if w.keep is None or (not force and time.monotonic() - w.kept < KEEP_SECONDS):
+    def _upload(self, w: _Watched, force: bool = False) -> None:
+        if w.copies is None or (not force and time.monotonic() - w.uploaded < UPLOAD_SECONDS):
             return
-        w.kept = time.monotonic()
+        w.uploaded = time.monotonic()
         try:
-            w.keep(w.journal)
+            w.copies.upload(w.journal)
         except Exception as exc:  # noqa: BLE001 - the local journal still holds everything
             log.warning(
-                "tracking: could not keep %s in the work dir (%s)", w.journal.folder, reason(exc)
+                "tracking: could not upload %s to %s (%s)",
+                w.journal.folder,
+                w.copies.uri,
+                reason(exc),
             )
 
     def _client(self, uri: str) -> MlflowClient:

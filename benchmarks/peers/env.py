@@ -1,4 +1,4 @@
-"""What ``benchmarks/peers.py`` shares between the toolkits: the model shape and recipe every one
+"""What ``benchmarks/peers`` shares between the toolkits: the model shape and recipe every one
 of them trains, and each peer's own Python environment.
 
 A peer (fairseq, eole) lives in a virtual environment of its own under ``.peers/<name>`` (git
@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / ".peers"
 TORCH = "torch==2.13.0"  # the Makefile's pin: a local CPU wheel here, never a CUDA download
 BUILD = {"fairseq": ("setuptools", "wheel", "cython", "numpy>=1.21.3")}

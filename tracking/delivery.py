@@ -1,20 +1,22 @@
-"""A journal's records as MLflow calls, with MLflow's own client: consecutive ``log`` records
-batched into one ``log_batch`` within its limits, a run opened (found by its journal tag or
-created, under its parent's run), an artifact logged, a run ended. ``send`` makes the calls of
-one group; ``verdict`` says what a failure means for the sender."""
+"""The delivery of one group of a journal's records as MLflow calls, with MLflow's own client:
+consecutive ``log`` records batched into one ``log_batch`` within its limits, a run opened
+(found by its journal tag or created, under its parent's run), an artifact logged, a run ended.
+``send`` makes the calls of one group; ``verdict`` says what a failure means for the sender
+(``tracking.sender``, the background thread that drains the journals)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from training.tracking_journal import ARTIFACTS, KEY_TAG, Journal, Record, SendState
+from tracking.journal import ARTIFACTS, KEY_TAG, Journal, Record, SendState
 
 if TYPE_CHECKING:  # imported where it is used: a process that never sends never loads MLflow
     from mlflow import MlflowClient
 
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000
-"""MLflow's limits for one ``log_batch`` call."""
+"""MLflow's limits for one ``log_batch`` call (a run's params are appended in records of
+``MAX_PARAMS``, ``tracking.run``)."""
 
 Resolve = Callable[[str], "str | None"]
 """A journal key of the same work dir -> its run's MLflow id (None: not created yet)."""

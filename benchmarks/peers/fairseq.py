@@ -1,4 +1,4 @@
-"""fairseq in ``benchmarks/peers.py`` (and ``benchmarks/gpu.py --peers``): its commands, built
+"""fairseq in ``benchmarks/peers`` (and ``benchmarks/gpu.py --peers``): its commands, built
 from the shared shape and recipe, and what its logs say.
 
 Training is ``fairseq-train`` as a fairseq user runs the published recipe (``--arch transformer``
@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from peers_env import Peer, Recipe, Shape
+from .env import Peer, Recipe, Shape
 
 TRAIN_LINE = re.compile(r"\| train_inner \| (\{.*\})\s*$")
 GENERATED = re.compile(

@@ -4,9 +4,9 @@ published Multi30k recipe, on this machine's CPU (``make bench-peers``).
 1. Data: our pipeline's stages (download, clean, tokenizer, shard) of
    configs/multi30k_en_de_tiny.yaml in ``--workdir`` (on the shared Multi30k mirror when it is
    beside the checkout), and the same lowercased, Moses-tokenized, subword-nmt 10k-merge text as
-   plain files for the peers (``benchmarks/peers_data.py``): the same 28,989 training pairs.
+   plain files for the peers (``benchmarks/peers/data.py``): the same 28,989 training pairs.
 2. Each peer in its own environment under ``.peers/`` over the same CPU torch
-   (``benchmarks/peers_env.py``); a peer that cannot be installed or run is reported in one line
+   (``benchmarks/peers/env.py``); a peer that cannot be installed or run is reported in one line
    and the others go on.
 3. Training, one toolkit after the other: the same model (4+4 layers, d_model 128, d_ff 256, 4
    heads, shared embeddings, dropout 0.3, label smoothing 0.1, Adam, inverse-sqrt) for
@@ -20,7 +20,7 @@ published Multi30k recipe, on this machine's CPU (``make bench-peers``).
    generator alone (after loading), the output's length, and bleu_tok_lc (so that a faster
    decoder is not one that stopped earlier).
 
-    python benchmarks/peers.py [--updates 30 --log-every 10] [--peers fairseq,eole] [--no-install]
+    python benchmarks/peers [--updates 30 --log-every 10] [--peers fairseq,eole] [--no-install]
 
 Writes ``peers.json`` and ``peers.md`` under ``--out`` (benchmarks/results/ by default) and
 prints the table. Every figure is from this one run; other load on the machine moves them all.
@@ -41,14 +41,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(ROOT), str(HERE)]
+from . import eole, fairseq
+from .data import Corpus, default_mirror, prepare
+from .env import Peer, Recipe, Shape, ensure, last_line
+from .report import LAYOUTS, cpu_model, tables
 
-import peers_data  # noqa: E402
-import peers_eole  # noqa: E402
-import peers_fairseq  # noqa: E402
-from peers_env import Peer, Recipe, Shape, ensure, last_line  # noqa: E402
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 PEERS = ("fairseq", "eole")
 BEAM, DECODE_TOKENS, MAX_LEN_B = 5, 4096, 50
@@ -78,8 +77,8 @@ def ours_env(threads: int) -> dict[str, str]:
 
 
 def ours(what: str, args: list[str], threads: int, log: Path) -> dict[str, Any]:
-    """``benchmarks/peers_ours.py WHAT ...``'s JSON result; ``problem`` when it failed."""
-    cmd = [sys.executable, str(HERE / "peers_ours.py"), what, *args]
+    """``benchmarks/peers ours WHAT ...``'s JSON result; ``problem`` when it failed."""
+    cmd = [sys.executable, str(HERE), "ours", what, *args]
     code, out, seconds = run(cmd, ours_env(threads), log)
     line = next((x for x in reversed(out.splitlines()) if x.startswith("PEERS-RESULT ")), None)
     if code != 0 or line is None:
@@ -104,17 +103,17 @@ def guarded(what: str, function: Callable[..., dict[str, Any]], *args: Any) -> d
 # ------------------------------------------------------------------------------ training
 
 
-def train_fairseq(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dict[str, Any]:
+def train_fairseq(peer: Peer, corpus: Corpus, out: Path, args) -> dict[str, Any]:
     data_bin = out / "fairseq" / "data-bin"
     if not (data_bin / "dict.en.txt").is_file():
         shutil.rmtree(data_bin, ignore_errors=True)
-        cmd = peers_fairseq.preprocess_command(peer, corpus.text, corpus.languages, data_bin)
+        cmd = fairseq.preprocess_command(peer, corpus.text, corpus.languages, data_bin)
         code, text, _ = run(cmd, peer.env(args.threads), out / "fairseq" / "preprocess.log")
         if code != 0:
             return {"problem": f"fairseq-preprocess: exit {code}: {last_line(text)}"}
     save = out / "fairseq" / "checkpoints"
     shutil.rmtree(save, ignore_errors=True)
-    cmd = peers_fairseq.train_command(
+    cmd = fairseq.train_command(
         peer,
         data_bin,
         save,
@@ -127,17 +126,17 @@ def train_fairseq(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dic
     code, text, seconds = run(cmd, peer.env(args.threads), out / "fairseq" / "train.log")
     if code != 0:
         return {"problem": f"fairseq-train: exit {code}: {last_line(text)}"}
-    return peers_fairseq.train_rates(text, args.log_every) | {
+    return fairseq.train_rates(text, args.log_every) | {
         "wall_s": seconds,
         "checkpoint": str(save / "checkpoint_last.pt"),
         "data_bin": str(data_bin),
     }
 
 
-def train_eole(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dict[str, Any]:
+def train_eole(peer: Peer, corpus: Corpus, out: Path, args) -> dict[str, Any]:
     folder = out / "eole"
     shutil.rmtree(folder / "model", ignore_errors=True)
-    config = peers_eole.write_config(
+    config = eole.write_config(
         folder,
         corpus.text,
         corpus.languages,
@@ -147,22 +146,22 @@ def train_eole(peer: Peer, corpus: peers_data.Corpus, out: Path, args) -> dict[s
         args.log_every,
     )
     code, text, _ = run(
-        peers_eole.vocab_command(peer, config), peer.env(args.threads), folder / "vocab.log"
+        eole.vocab_command(peer, config), peer.env(args.threads), folder / "vocab.log"
     )
     if code != 0:
         return {"problem": f"eole build_vocab: exit {code}: {last_line(text)}"}
     code, text, seconds = run(
-        peers_eole.train_command(peer, config), peer.env(args.threads), folder / "train.log"
+        eole.train_command(peer, config), peer.env(args.threads), folder / "train.log"
     )
     if code != 0:
         return {"problem": f"eole train: exit {code}: {last_line(text)}"}
-    return peers_eole.train_rates(text, args.log_every) | {
+    return eole.train_rates(text, args.log_every) | {
         "wall_s": seconds,
-        "checkpoint": str(peers_eole.last_checkpoint(folder / "model")),
+        "checkpoint": str(eole.last_checkpoint(folder / "model")),
     }
 
 
-def train_ours(kind: str, corpus: peers_data.Corpus, out: Path, args) -> dict[str, Any]:
+def train_ours(kind: str, corpus: Corpus, out: Path, args) -> dict[str, Any]:
     folder = out / f"ours-{kind}"
     shutil.rmtree(folder, ignore_errors=True)
     extra = ["--threads", str(args.threads)] if kind == "plain" else []
@@ -182,8 +181,8 @@ def train_ours(kind: str, corpus: peers_data.Corpus, out: Path, args) -> dict[st
 # ------------------------------------------------------------------------------ decoding
 
 
-def decode_fairseq(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Path, args) -> dict:
-    cmd = peers_fairseq.generate_command(
+def decode_fairseq(peer: Peer, trained: dict, corpus: Corpus, out: Path, args) -> dict:
+    cmd = fairseq.generate_command(
         peer,
         Path(trained["data_bin"]),
         Path(trained["checkpoint"]),
@@ -195,17 +194,17 @@ def decode_fairseq(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Pa
     code, text, seconds = run(cmd, peer.env(args.threads), out / "fairseq" / "generate.log")
     if code != 0:
         return {"problem": f"fairseq-generate: exit {code}: {last_line(text)}"}
-    rates = peers_fairseq.generate_rates(text)
+    rates = fairseq.generate_rates(text)
     return rates | {
         "wall_s": seconds,
-        "hypotheses": peers_fairseq.hypotheses(text),
+        "hypotheses": fairseq.hypotheses(text),
         "tokenized": True,
     }
 
 
-def decode_eole(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Path, args) -> dict:
+def decode_eole(peer: Peer, trained: dict, corpus: Corpus, out: Path, args) -> dict:
     output = out / "eole" / "test.hyp"
-    cmd = peers_eole.predict_command(
+    cmd = eole.predict_command(
         peer,
         Path(trained["checkpoint"]),
         corpus.text / f"test.{corpus.languages[0]}",
@@ -217,8 +216,8 @@ def decode_eole(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Path,
     code, text, seconds = run(cmd, peer.env(args.threads), out / "eole" / "predict.log")
     if code != 0:
         return {"problem": f"eole predict: exit {code}: {last_line(text)}"}
-    hypotheses = peers_eole.hypotheses(output)
-    return peers_eole.predict_rates(text) | {
+    hypotheses = eole.hypotheses(output)
+    return eole.predict_rates(text) | {
         "sentences": len(hypotheses),
         "wall_s": seconds,
         "hypotheses": hypotheses,
@@ -226,13 +225,13 @@ def decode_eole(peer: Peer, trained: dict, corpus: peers_data.Corpus, out: Path,
     }
 
 
-def decode_ours(engine: str, trained: dict, corpus: peers_data.Corpus, out: Path, args) -> dict:
+def decode_ours(engine: str, trained: dict, corpus: Corpus, out: Path, args) -> dict:
     argv = [str(corpus.workdir), trained["checkpoint"], "--engine", engine,
             "--source", str(corpus.raw_test()), "--beam", str(BEAM)]  # fmt: skip
     return ours("decode", argv, args.threads, out / "logs" / f"ours-decode-{engine}.log")
 
 
-def score(result: dict, corpus: peers_data.Corpus) -> dict:
+def score(result: dict, corpus: Corpus) -> dict:
     """bleu_tok_lc and the mean output length (Moses tokens) of a decode's hypotheses."""
     from corpora.text import read_lines
     from evaluation.bleu import moses_tokenize, score_texts
@@ -252,84 +251,14 @@ def score(result: dict, corpus: peers_data.Corpus) -> dict:
     }
 
 
-# ------------------------------------------------------------------------------ report
-
-
-def tables(results: dict[str, Any]) -> str:
-    """The markdown tables of a run's results."""
-    train, decode = results["train"], results["decode"]
-    reference = train.get("fairseq", {}).get("target_tokens_per_s")
-    lines = [
-        "| training | layout | target tokens/s | vs fairseq | target tokens an update "
-        "| timed updates | timed s |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in train.items():
-        if "problem" in r:
-            lines.append(f"| {name} | not run: {r['problem']} | | | | | |")
-            continue
-        ratio = f"{r['target_tokens_per_s'] / reference:.2f}" if reference else "n/a"
-        lines.append(
-            f"| {name} | {r['layout']} | {r['target_tokens_per_s']:,.0f} | {ratio} | "
-            f"{r['target_tokens_per_update']:,.0f} | {r['timed_updates']} | "
-            f"{r['timed_seconds']:.0f} |"
-        )
-    lines += [
-        "",
-        "| decoding (test2016, beam 5) | sentences/s | vs fairseq-generate | decode s | command s "
-        "| mean output tokens | bleu_tok_lc |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    ref = decode.get("fairseq-generate", {})
-    ref_rate = ref["sentences"] / ref["decode_seconds"] if "decode_seconds" in ref else None
-    for name, r in decode.items():
-        if "problem" in r:
-            lines.append(f"| {name} | not run: {r['problem']} | | | | | |")
-            continue
-        rate = r["sentences"] / r["decode_seconds"]
-        ratio = f"{rate / ref_rate:.2f}" if ref_rate else "n/a"
-        lines.append(
-            f"| {name} | {rate:.1f} | {ratio} | {r['decode_seconds']:.1f} | {r['wall_s']:.0f} | "
-            f"{r['mean_output_tokens']:.1f} | {r['bleu_tok_lc']:.2f} |"
-        )
-    ratio = results.get("ours_over_fairseq")
-    lines += [
-        "",
-        f"train tokens/s ours/fairseq: {ratio:.2f}"
-        if ratio
-        else "train tokens/s ours/fairseq: n/a",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-LAYOUTS = {
-    "fairseq": "fairseq-train, 1 process x 2 threads, 2 x 4,096 accumulated",
-    "eole": "eole train, 1 process x 2 threads, 2 x 4,096 accumulated",
-    "ours (Ray Train, as tfm run)": "Ray Train, 2 workers x 1 thread, 4,096 each",
-    "ours (one process)": "Trainer, 1 process x 2 threads, 2 x 4,096 accumulated",
-}
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` says."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "bench-peers")
     parser.add_argument(
         "--mirror",
-        default=peers_data.default_mirror(),
+        default=default_mirror(),
         help="data.mirror (default: the shared Multi30k mirror if present)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -353,20 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-install", action="store_true", help="use the peers' environments as they are"
     )
     parser.add_argument("--skip-decode", action="store_true")
-    args = parser.parse_args(argv)
-    if args.updates < 2 * args.log_every or args.updates % args.log_every:
-        parser.error("--updates must be a multiple of --log-every and at least two intervals")
-    work = args.workdir / "peers"
-    started = time.time()
-    print("data: our stages through shard, then the text files", flush=True)
-    corpus = peers_data.prepare(args.workdir, args.mirror)
-    peers: dict[str, Peer] = {}
-    for name in filter(None, args.peers.split(",")):
-        peer = ensure(name, install=not args.no_install)
-        if peer.problem:
-            print(f"skipped: {peer.problem}", flush=True)
-        peers[name] = peer
+    return parser
 
+
+def train_all(peers: dict[str, Peer], corpus: Corpus, work: Path, args) -> dict[str, Any]:
+    """Every toolkit's training, one after the other: a row each, ``problem`` if it failed."""
     train: dict[str, Any] = {}
     trainers = {"fairseq": train_fairseq, "eole": train_eole}
     for name, peer in peers.items():
@@ -383,38 +303,59 @@ def main(argv: list[str] | None = None) -> int:
         r.setdefault("layout", LAYOUTS[name])
         if "problem" in r:
             print(f"  {name}: not run: {r['problem']}", flush=True)
+    return train
 
+
+def decode_all(
+    peers: dict[str, Peer], train: dict[str, Any], corpus: Corpus, work: Path, args
+) -> dict[str, Any]:
+    """Each generator on the model its toolkit trained, scored: a row each."""
+    ray = "ours (Ray Train, as tfm run)"
+    jobs = [
+        (
+            "fairseq-generate",
+            "fairseq",
+            lambda t: decode_fairseq(peers["fairseq"], t, corpus, work, args),
+        ),
+        ("eole predict", "eole", lambda t: decode_eole(peers["eole"], t, corpus, work, args)),
+        ("tfm translate, engine torch", ray, lambda t: decode_ours("torch", t, corpus, work, args)),
+        (
+            "tfm translate, engine ctranslate2",
+            ray,
+            lambda t: decode_ours("ctranslate2", t, corpus, work, args),
+        ),
+    ]
     decode: dict[str, Any] = {}
-    if not args.skip_decode:
-        jobs = [
-            (
-                "fairseq-generate",
-                "fairseq",
-                lambda t: decode_fairseq(peers["fairseq"], t, corpus, work, args),
-            ),
-            ("eole predict", "eole", lambda t: decode_eole(peers["eole"], t, corpus, work, args)),
-            (
-                "tfm translate, engine torch",
-                "ours (Ray Train, as tfm run)",
-                lambda t: decode_ours("torch", t, corpus, work, args),
-            ),
-            (
-                "tfm translate, engine ctranslate2",
-                "ours (Ray Train, as tfm run)",
-                lambda t: decode_ours("ctranslate2", t, corpus, work, args),
-            ),
-        ]
-        for label, trained_by, job in jobs:
-            trained = train.get(trained_by)
-            if trained is None:
-                continue
-            print(f"decoding: {label}", flush=True)
-            if "problem" in trained:
-                decode[label] = {"problem": f"no model ({trained_by} did not train)"}
-                continue
-            result = guarded(label, job, trained)
-            decode[label] = result if "problem" in result else guarded(label, score, result, corpus)
+    for label, trained_by, job in jobs:
+        trained = train.get(trained_by)
+        if trained is None:
+            continue
+        print(f"decoding: {label}", flush=True)
+        if "problem" in trained:
+            decode[label] = {"problem": f"no model ({trained_by} did not train)"}
+            continue
+        result = guarded(label, job, trained)
+        decode[label] = result if "problem" in result else guarded(label, score, result, corpus)
+    return decode
 
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.updates < 2 * args.log_every or args.updates % args.log_every:
+        cli.error("--updates must be a multiple of --log-every and at least two intervals")
+    work = args.workdir / "peers"
+    started = time.time()
+    print("data: our stages through shard, then the text files", flush=True)
+    corpus = prepare(args.workdir, args.mirror)
+    peers: dict[str, Peer] = {}
+    for name in filter(None, args.peers.split(",")):
+        peer = ensure(name, install=not args.no_install)
+        if peer.problem:
+            print(f"skipped: {peer.problem}", flush=True)
+        peers[name] = peer
+    train = train_all(peers, corpus, work, args)
+    decode = {} if args.skip_decode else decode_all(peers, train, corpus, work, args)
     ours_rate = train["ours (Ray Train, as tfm run)"].get("target_tokens_per_s")
     fairseq_rate = train.get("fairseq", {}).get("target_tokens_per_s")
     results = {
@@ -444,7 +385,3 @@ def main(argv: list[str] | None = None) -> int:
         + f"\n{args.out / 'peers.md'}, {args.out / 'peers.json'} ({results['wall_s']} s)"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

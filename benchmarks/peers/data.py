@@ -1,4 +1,4 @@
-"""The published Multi30k recipe's data for every toolkit of ``benchmarks/peers.py``.
+"""The published Multi30k recipe's data for every toolkit of ``benchmarks/peers``.
 
 Our pipeline's own stages (download, clean, tokenizer, shard of configs/multi30k_en_de_tiny.yaml,
 as ``tfm stage`` runs them) prepare it once in a work dir; then the clean text goes through the
@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "multi30k_en_de_tiny.yaml"
 MIRROR = ROOT.parent / "shared" / "data" / "multi30k"
 STAGES = ("download", "clean", "tokenizer", "shard")

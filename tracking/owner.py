@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from training.tracking_journal import JOURNALS, Journal, Record, journals, now_ms, status_record
+from tracking.journal import JOURNALS, Journal, Record, journals, now_ms, status_record
 
 TAIL_BYTES = 64 << 10
 """How much of a journal's end is read to find its last record (a run that ended)."""

@@ -1,13 +1,13 @@
 """Where a training update's time goes, ours against fairseq's, on the same batches (issue 58
 item 2): torch.profiler's per-op tables side by side.
 
-    python benchmarks/peers_profile.py WORKDIR DATA_BIN [--steps 8 --warmup 4 --threads 2]
+    python benchmarks/peers profile WORKDIR DATA_BIN [--steps 8 --warmup 4 --threads 2]
 
-WORKDIR is a ``benchmarks/peers.py`` work dir (its shard folder), DATA_BIN the fairseq-preprocess
+WORKDIR is a ``benchmarks/peers`` work dir (its shard folder), DATA_BIN the fairseq-preprocess
 folder it made (``WORKDIR/peers/fairseq/data-bin``). Both sides train the recipe's model in one
 process of ``--threads`` threads, 2 x 4,096-token micro-batches an update:
 
-1. ours: the ``Trainer`` of ``benchmarks/peers_ours.py plain`` (our hot path, the prefetch
+1. ours: the ``Trainer`` of ``benchmarks/peers ours plain`` (our hot path, the prefetch
    thread included); the row indices of every micro-batch it took are written out;
 2. fairseq: ``fairseq.trainer.Trainer.train_step`` (fairseq-train's own step: its model,
    label-smoothed criterion, Adam, clipping) in fairseq's environment under ``.peers/``, fed
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 
 
 def profile(step, warmup: int, steps: int) -> dict:
@@ -59,10 +59,8 @@ def profile(step, warmup: int, steps: int) -> dict:
 
 def ours(workdir: Path, rows_out: Path, warmup: int, steps: int, threads: int) -> dict:
     """Our Trainer's updates profiled; the micro-batches' row indices to ``rows_out``."""
-    sys.path[:0] = [str(ROOT), str(HERE)]
     import dataclasses
 
-    import peers_ours
     import torch
 
     from training.data import TokenData
@@ -70,11 +68,13 @@ def ours(workdir: Path, rows_out: Path, warmup: int, steps: int, threads: int) -
     from training.worker import set_threads
     from transformer_core.model import Transformer
 
+    from . import ours as ours_side
+
     set_threads(threads)
     updates = warmup + steps
-    config = peers_ours.recipe_config(workdir, updates, updates)
+    config = ours_side.recipe_config(workdir, updates, updates)
     train = dataclasses.replace(config.train, num_workers=1, torch_threads=threads)
-    vocab = peers_ours.vocab_size(workdir)
+    vocab = ours_side.vocab_size(workdir)
     data = TokenData.read(str(workdir / "shard" / "train"), vocab)
     torch.manual_seed(config.seed)
     module = Transformer(config.model, vocab)
@@ -111,16 +111,17 @@ def ours(workdir: Path, rows_out: Path, warmup: int, steps: int, threads: int) -
 
 def fairseq(data_bin: Path, rows_file: Path, warmup: int, steps: int, threads: int) -> dict:
     """fairseq-train's ``Trainer.train_step`` profiled on the rows of ``rows_file``."""
-    import peers_fairseq
     import torch
     from fairseq import options, tasks
     from fairseq.data.language_pair_dataset import collate
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
-    from peers_env import Peer, Recipe, Shape
+
+    from .env import Peer, Recipe, Shape
+    from .fairseq import train_command
 
     torch.set_num_threads(threads)
-    cmd = peers_fairseq.train_command(
+    cmd = train_command(
         Peer("fairseq", Path(sys.prefix)), data_bin, Path(tempfile.gettempdir()), Shape(),
         Recipe(threads=threads), warmup + steps, 1,
     )  # fmt: skip
@@ -197,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     if args.side == "fairseq":
-        sys.path.insert(0, str(HERE))
         result = fairseq(args.data_bin, args.rows, args.warmup, args.steps, args.threads)
         print("PROFILE " + json.dumps(result))
         return 0
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     python = ROOT / ".peers" / "fairseq" / "bin" / "python"
     env = {"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [str(python), __file__, "--side", "fairseq", "--rows", str(rows), "--steps",
+        [str(python), str(HERE), "profile", "--side", "fairseq", "--rows", str(rows), "--steps",
          str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
          "x", str(args.data_bin.resolve())],
         env=env, capture_output=True, text=True,
@@ -223,7 +223,3 @@ def main(argv: list[str] | None = None) -> int:
     rows.unlink()
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

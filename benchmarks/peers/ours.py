@@ -1,23 +1,23 @@
-"""Our side of ``benchmarks/peers.py``: the recipe's training as ``tfm run`` runs it and as one
+"""Our side of ``benchmarks/peers``: the recipe's training as ``tfm run`` runs it and as one
 plain process, and decoding with ``tfm translate``. Run as a script, one JSON line comes out:
 
-    python benchmarks/peers_ours.py ray WORKDIR OUT --updates 40 --log-every 10 \
+    python benchmarks/peers ours ray WORKDIR OUT --updates 40 --log-every 10 \
         [--seed N] [--set model.init=torch ...]
-    python benchmarks/peers_ours.py plain WORKDIR OUT --updates 40 --log-every 10 --threads 2 \
+    python benchmarks/peers ours plain WORKDIR OUT --updates 40 --log-every 10 --threads 2 \
         [--seed N] [--set model.init=torch ...]
-    python benchmarks/peers_ours.py decode WORKDIR CHECKPOINT --engine torch --source FILE
+    python benchmarks/peers ours decode WORKDIR CHECKPOINT --engine torch --source FILE
 
-``ray`` is the train stage's own path (``training.job.run_job``: Ray Train's ``TorchTrainer``,
-configs/multi30k_en_de_tiny.yaml's two workers of one torch thread, its allocator settings and
-batches) on the shards the pipeline wrote, without MLflow, validation BLEU or checkpoints
-before the last update. ``plain`` steps the same ``Trainer`` in this process with every update's
-two batches accumulated on ``--threads`` threads (the peers' layout); peers.py starts it with
-the workers' allocator settings. Both count target tokens over the logging intervals after the
-first (warm-up), and take ``--seed`` and ``--set`` overrides of the recipe (to ask what an
-early learning curve depends on); ``plain`` also prints and returns the training loss
-(label-smoothed, nats a target token) of every logging interval. ``decode`` times the
-``tfm translate`` path's translator (``--checkpoint``, ``--tokenizer``, the config's decoding,
-beam 5) over the whole test set after a warm-up call.
+``ray`` is the train stage's own path (``training.ray_trainer.run_job``: Ray Train's
+``TorchTrainer``, configs/multi30k_en_de_tiny.yaml's two workers of one torch thread, its allocator
+settings and batches) on the shards the pipeline wrote, without MLflow, validation BLEU or
+checkpoints before the last update. ``plain`` steps the same ``Trainer`` in this process with every
+update's two batches accumulated on ``--threads`` threads (the peers' layout); ``peers.run`` starts
+it with the workers' allocator settings. Both count target tokens over the logging intervals after
+the first (warm-up), and take ``--seed`` and ``--set`` overrides of the recipe (to ask what an early
+learning curve depends on); ``plain`` also prints and returns the training loss (label-smoothed,
+nats a target token) of every logging interval. ``decode`` times the ``tfm translate`` path's
+translator (``--checkpoint``, ``--tokenizer``, the config's decoding, beam 5) over the whole test
+set after a warm-up call.
 """
 
 from __future__ import annotations
@@ -25,16 +25,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import parse_overrides  # noqa: E402
+from common import parse_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
 
 if TYPE_CHECKING:
     from tasks.framework.config import RunConfig
@@ -83,8 +81,10 @@ def vocab_size(workdir: Path) -> int:
 
 def train_ray(config: RunConfig, workdir: Path, out: Path) -> dict:
     """The train stage's Ray Train job on ``recipe_config``'s ``config``; its rank-0 summary."""
+    from corpora.location import locate
     from tasks.framework.runtime import ensure_ray
-    from training.job import TrainJob, run_job
+    from training.job_spec import TrainJob, folder_at
+    from training.ray_trainer import run_job
 
     ensure_ray(config.ray)
     with tempfile.TemporaryDirectory(prefix="peers-ray-") as storage:
@@ -93,8 +93,8 @@ def train_ray(config: RunConfig, workdir: Path, out: Path) -> dict:
             train=config.train,
             seed=config.seed,
             vocab_size=vocab_size(workdir),
-            shard_dir=str((workdir / "shard").resolve()),
-            storage_path=storage,
+            shard_folder=folder_at(str((workdir / "shard").resolve())),
+            storage=locate(storage),
             run_name="bench-peers",
         )
         summary = run_job(job, out).summary
@@ -204,7 +204,3 @@ def main(argv: list[str] | None = None) -> int:
         result = decode(args.workdir, args.path, args.engine, args.source, args.beam)
     print("PEERS-RESULT " + json.dumps(result), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
