@@ -246,6 +246,15 @@ def cmd_import_fairseq(args: argparse.Namespace) -> int:
     from tasks.framework.workdir import open_workdir
 
     wd = open_workdir(config)
+    ours = {spec.name for spec in graph.pipeline(config)}
+    others = {spec.name for stages in graph.PIPELINES.values() for spec in stages} - ours
+    if any(wd.exists(name) for name in sorted(others)):  # its register would be replaced
+        raise ConfigError(
+            "name",
+            f"{redact_uri(config.workdir)} holds another pipeline's stages: give the import "
+            f"a run of its own, e.g. --set name={config.name}-fairseq",
+        )
+    stats: dict[str, Any] = {}
     for spec in graph.pipeline(config):
         with mlflow_runs.stage_run(config, spec.name):
             result = runner.run_stage(config, spec.name, force=args.force, workdir=wd)
@@ -253,7 +262,7 @@ def cmd_import_fairseq(args: argparse.Namespace) -> int:
         print(f"{result.stage}: {ran} ({result.reason}) -> {runner.place(config, spec.name, wd)}")
         if "warning" in result.stats:
             print(f"{result.stage}: warning: {result.stats['warning']}")
-    stats = result.stats
+        stats = result.stats  # the last stage's: register's
     print(
         f"registered: {stats['name']} version {stats['version']} "
         f"(aliases: {', '.join(stats['aliases'])}; {stats['decision']})"

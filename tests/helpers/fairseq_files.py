@@ -58,6 +58,12 @@ def write_bpe(folder: Path, merges: int = 60) -> tuple[Path, list[str]]:
     return folder / "bpe.codes", symbols + padding
 
 
+def read_dictionary(folder: Path) -> list[str]:
+    """The symbols of ``folder/dict.en.txt``."""
+    lines = (folder / "dict.en.txt").read_text(encoding="utf-8").splitlines()
+    return [line.rsplit(" ", 1)[0] for line in lines]
+
+
 def fairseq_ids(texts: list[str], lang: str, codes: Path, symbols: list[str]) -> list[list[int]]:
     """fairseq's ids of ``texts``: prepared, BPE-segmented, each word's dictionary id (unknown:
     ``<unk>``) and ``</s>`` (``Dictionary.encode_line``)."""

@@ -131,6 +131,8 @@ def test_refuses_missing_files_and_checkpoints_without_a_model(tmp_path):
     torch.save({"cfg": {}, "extra_state": {}}, tmp_path / "empty.pt")
     with pytest.raises(ServingError, match=r"empty\.pt holds no model state"):
         imported(tmp_path, Source(tmp_path / "empty.pt", tmp_path, source.bpe_codes))
+    with pytest.raises(ServingError, match=r"nowhere/dict\.en\.txt does not exist"):
+        imported(tmp_path, Source(source.checkpoint, tmp_path / "nowhere", source.bpe_codes))
     with pytest.raises(ServingError, match=r"nothing\.codes does not exist"):
         imported(tmp_path, Source(source.checkpoint, tmp_path, tmp_path / "nothing.codes"))
 
