@@ -106,18 +106,34 @@ def read(path: Path) -> dict[str, Any]:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             data = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        unsafe = sorted(set(names) - {"argparse.Namespace"}) or ["(unknown)"]
-        raise ServingError(
-            f"{path} holds pickled objects that torch.load(weights_only=True) refuses "
-            f"({', '.join(unsafe[:3])}): only tensors, plain data and argparse.Namespace are read"
-        ) from None
     except Exception as exc:  # torch raises many types for truncated or foreign files
-        raise ServingError(f"{path} is not a readable checkpoint: {exc}") from None
+        unsafe = _unsafe_globals(path) if isinstance(exc, pickle.UnpicklingError) else []
+        if unsafe:
+            raise ServingError(
+                f"{path} holds pickled objects that torch.load(weights_only=True) refuses "
+                f"({', '.join(unsafe[:3])}): only tensors, plain data and argparse.Namespace "
+                "are read"
+            ) from None
+        raise ServingError(f"{path} is not a readable checkpoint: {_reason(exc)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), Mapping):
         raise ServingError(f"{path} holds no model state (no 'model' weights)")
     return data
+
+
+def _reason(exc: Exception) -> str:
+    """The line of torch's message that says what was wrong (after its advice on trust)."""
+    _, marker, rest = str(exc).partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (rest if marker else str(exc)).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """What the checkpoint's pickle names beyond what ``read`` allows ([] if unreadable)."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a checkpoint at all: read says so
+        return []
+    return sorted(set(names) - {"argparse.Namespace"})
 
 
 def _settings(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -211,9 +227,12 @@ def load_weights(
     (``vocab``), fairseq's position table; every fairseq weight placed where its shape fits, or
     skipped, or one line naming the first that is not."""
     state: Mapping[str, Tensor] = data["model"]
-    embedding = state.get("encoder.embed_tokens.weight")
-    if embedding is None or embedding.size(0) != len(vocab.outputs):
-        rows = None if embedding is None else embedding.size(0)
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if name not in state:
+            raise ServingError(f"{path}: no {name} among its weights")
+    embedding = state["encoder.embed_tokens.weight"]
+    if embedding.size(0) != len(vocab.outputs):
+        rows = embedding.size(0)
         raise ServingError(
             f"{path}: the embeddings have {rows} rows but the dictionary gives "
             f"{len(vocab.outputs)} ids (4 specials and its symbols): import it with its own dict"
