@@ -17,6 +17,9 @@ dictionary lacks is ``<unk>``, as in fairseq's ``Dictionary.encode_line``.
 pre-softmax projection's rows, so every logit is fairseq's, column for column), ``inputs`` the
 same but for ``<s>``: fairseq's decoder starts from ``</s>``, ours from ``<s>``, so our ``<s>``
 embedding is fairseq's ``</s>`` row.
+
+Hand-written: reading ``dict.txt`` (a ``symbol count`` line each) is all of fairseq's
+``Dictionary`` this needs, and fairseq is no dependency of ours.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ fairseq 0.12.2's encoder layers also save copies of their weights for its fast i
 (``in_proj_weight``, ``fc1_weight``, ...; filled from the real ones when a model is loaded):
 they are skipped, as are the version buffers and old sinusoid placeholders. Any other weight,
 and any setting our model cannot express, is refused in one line naming the file.
+
+Hand-written: fairseq is no dependency of ours (it does not even build on every Python we run),
+and no library maps its weights onto another model; the sinusoid table is its formula, a few lines.
 """
 
 from __future__ import annotations
