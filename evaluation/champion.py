@@ -34,9 +34,12 @@ def decide_champion(
     champion_tags: Mapping[str, str] | None,
 ) -> tuple[bool, str]:
     """(take the champion alias?, why). Strictly better on the same protocol wins; a champion
-    measured under another protocol (or without the metric) is kept and never compared."""
+    measured under another protocol (or without the metric), or a new version without it, is
+    kept and never compared."""
     if champion_tags is None:
         return True, "no champion yet"
+    if metric not in new_scores:  # an imported model, scored by nobody yet
+        return False, f"not compared: this version has no {metric}; champion kept"
     new_protocol = protocol(new_scores, metric)
     old_protocol = protocol(champion_tags, metric)
     if new_protocol != old_protocol:

@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(_tracking_parser(sub))
     _translate_parser(sub)
     _export_parser(sub)
+    _import_parser(sub)
     _server_parsers(sub)
     return parser
 
@@ -110,6 +111,29 @@ def _export_parser(sub: Any) -> None:
     )
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
     p.set_defaults(func=commands.cmd_export)
+
+
+def _import_parser(sub: Any) -> None:
+    """``tfm import fairseq``: another toolkit's checkpoint as a registered model."""
+    p = sub.add_parser("import", help="another toolkit's checkpoint as a registered model")
+    isub = p.add_subparsers(dest="import_command", required=True, metavar="TOOLKIT")
+    p = isub.add_parser(
+        "fairseq",
+        help="a fairseq transformer checkpoint, its joined dictionary and its subword-nmt codes "
+        "(the stages fairseq_import and register)",
+    )
+    p.add_argument("checkpoint", help="the fairseq checkpoint, e.g. checkpoint_best.pt")
+    p.add_argument("--dict", required=True, help="the folder of dict.<src>.txt and dict.<tgt>.txt")
+    p.add_argument("--bpe", required=True, help="subword-nmt's BPE codes file")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="run config: its language pair, tokenizer.lowercase and tokenizer.moses (how the "
+        "text was prepared before BPE), decoding, registry and work dir",
+    )
+    p.add_argument("--force", action="store_true", help="import and register again")
+    _add_set(p)
+    p.set_defaults(func=commands.cmd_import_fairseq)
 
 
 def _server_parsers(sub: Any) -> None:

@@ -31,11 +31,18 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
     return parsed
 
 
-def _load(args: argparse.Namespace, path: str, overrides: list[str] | None = None) -> RunConfig:
-    """The command's config, loaded and validated once, and the switches it needs set in the
-    environment (``environment.configured``); what runs next is handed this."""
+def _load(
+    args: argparse.Namespace,
+    path: str,
+    overrides: list[str] | None = None,
+    given: dict[str, Any] | None = None,
+) -> RunConfig:
+    """The command's config with its ``--set`` ``overrides`` and the values its own options
+    ``given``, loaded and validated once, and the switches it needs set in the environment
+    (``environment.configured``); what runs next is handed this."""
     start: environment.Start = args.found_at_start
-    config = load_config(path, _overrides(overrides), team_tracking_uri=start.tracking_uri)
+    settings = {**_overrides(overrides), **(given or {})}
+    config = load_config(path, settings, team_tracking_uri=start.tracking_uri)
     return environment.configured(config)
 
 
@@ -225,6 +232,41 @@ def cmd_export(args: argparse.Namespace) -> int:
             decode = _load(args, args.config).decoding if args.config else None
         out = export(args.to, checkpoint, tokenizer_dir, Path(args.out), args.quantization, decode)
     print(out)
+    return 0
+
+
+def cmd_import_fairseq(args: argparse.Namespace) -> int:
+    """The fairseq pipeline's stages for the files given (fairseq_import, register), as
+    ``tfm stage`` runs each; a line a stage, then the registered version."""
+    files = {"checkpoint": args.checkpoint, "dict_dir": args.dict, "bpe_codes": args.bpe}
+    given = {f"fairseq.{key}": str(Path(value).resolve()) for key, value in files.items()}
+    config = _load(args, args.config, args.set, given)
+    environment.logging_to(config.root, args.verbose)
+    from tasks.framework import graph, mlflow_runs, runner
+    from tasks.framework.workdir import open_workdir
+
+    wd = open_workdir(config)
+    ours = {spec.name for spec in graph.pipeline(config)}
+    others = {spec.name for stages in graph.PIPELINES.values() for spec in stages} - ours
+    if any(wd.exists(name) for name in sorted(others)):  # its register would be replaced
+        raise ConfigError(
+            "name",
+            f"{redact_uri(config.workdir)} holds another pipeline's stages: give the import "
+            f"a run of its own, e.g. --set name={config.name}-fairseq",
+        )
+    stats: dict[str, Any] = {}
+    for spec in graph.pipeline(config):
+        with mlflow_runs.stage_run(config, spec.name):
+            result = runner.run_stage(config, spec.name, force=args.force, workdir=wd)
+        ran = "ran" if result.ran else "up to date, skipped"
+        print(f"{result.stage}: {ran} ({result.reason}) -> {runner.place(config, spec.name, wd)}")
+        if "warning" in result.stats:
+            print(f"{result.stage}: warning: {result.stats['warning']}")
+        stats = result.stats  # the last stage's: register's
+    print(
+        f"registered: {stats['name']} version {stats['version']} "
+        f"(aliases: {', '.join(stats['aliases'])}; {stats['decision']})"
+    )
     return 0
 
 

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INFO_FILE",
+    "LAYER_NAMES",
     "WEIGHTS_FILE",
     "check_exportable",
     "export_marian",
@@ -143,7 +144,7 @@ def permuted_state_dict(model: Transformer) -> dict[str, Tensor]:
     return out
 
 
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "encoder": {
         "self_attn": "self_attn",
         "norm1": "self_attn_layer_norm",
@@ -161,6 +162,7 @@ _LAYER_NAMES = {
         "norm3": "final_layer_norm",
     },
 }
+"""Our layer weights' names -> fairseq's, which Hugging Face's Marian kept (per stack)."""
 
 
 def _marian_name(name: str) -> str:
@@ -168,7 +170,7 @@ def _marian_name(name: str) -> str:
     ``model.encoder.layers.0.self_attn_layer_norm.weight``)."""
     stack, index, rest = name.split(".", 2)
     side = stack.removesuffix("_layers")
-    for ours, theirs in _LAYER_NAMES[side].items():
+    for ours, theirs in LAYER_NAMES[side].items():
         if rest.startswith(ours + "."):
             return f"model.{side}.layers.{index}.{theirs}{rest[len(ours) :]}"
     raise ServingError(f"no Marian name for weight {name!r}")

@@ -1,6 +1,7 @@
 """Stage register: the averaged model as an MLflow pyfunc "translator", versioned and aliased.
 
-In: ``average``, ``tokenizer``, ``score``. Out: ``registered.json`` (model name, version,
+In: ``average``, ``tokenizer``, ``score`` (the fairseq pipeline: ``fairseq_import`` as both of the
+first two, and no score). Out: ``registered.json`` (model name, version,
 aliases, the champion decision). Each registration logs the model (``serving.pyfunc``: weights,
 tokenizer, model and decoding configs as artifacts), creates a registry version with lineage
 tags (every upstream stage's fingerprint and code fingerprint, the run config, the git commit)
@@ -34,7 +35,13 @@ from evaluation.champion import decide_champion, protocol
 from tasks.framework import mlflow_runs
 from tasks.framework.code_fingerprint import git_state, stage_code
 from tasks.framework.config import RunConfig, fingerprint, to_dict
-from tasks.framework.contract import BuildContext, StageError, code_version, lineage
+from tasks.framework.contract import (
+    BuildContext,
+    StageError,
+    code_version,
+    lineage,
+    read_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +222,7 @@ def register_model(
         "model_uri": f"models:/{name}/{version}",
         "run_id": run_id,
         "tracking_uri": config.tracking_uri,
-        "metric": {"name": metric, "value": float(scores[metric])},
+        "metric": {"name": metric, "value": _float_or_none(scores.get(metric))},
         "protocol": protocol(scores, metric),
         "champion": take,
         "decision": reason,
@@ -229,7 +236,7 @@ def register_model(
     }
 
 
-def _float_or_none(value: str | None) -> float | None:
+def _float_or_none(value: str | float | None) -> float | None:
     try:
         return float(value) if value is not None else None
     except ValueError:
@@ -240,8 +247,9 @@ def version_tags(
     config: RunConfig, inputs: Mapping[str, Path], scores: Mapping[str, Any]
 ) -> dict[str, str]:
     """Lineage (each upstream stage's fingerprint and code fingerprint, the git commit and
-    whether the checkout was dirty), config, code version and every scalar of scores.json
-    (scores, signatures, test set: what ``protocol`` reads back) as registry tags (strings)."""
+    whether the checkout was dirty), config, code version, every scalar of scores.json
+    (scores, signatures, test set: what ``protocol`` reads back) and, for an imported model, the
+    file it came from (``imported_from.*``) as registry tags (strings)."""
     tags = {f"lineage.{stage}": fp for stage, fp in lineage(inputs).items()}
     codes = {**lineage(inputs, key="code"), STAGE: fingerprint(stage_code(STAGE))}
     tags.update({f"code.{stage}": fp for stage, fp in codes.items()})
@@ -252,6 +260,9 @@ def version_tags(
     tags["config_fingerprint"] = fingerprint(public)
     tags["pipeline.run"] = config.name
     tags["metric"] = config.register.metric
+    manifest = read_manifest(inputs["average"]) if "average" in inputs else None
+    origin = ((manifest or {}).get("stats") or {}).get("imported_from") or {}
+    tags.update({f"imported_from.{key}": str(value) for key, value in origin.items()})
     for key, value in scores.items():
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             tags[key] = str(value)
@@ -269,7 +280,9 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     weights = inputs["average"] / MODEL_FILE
     if not weights.is_file():
         raise StageError(f"register: no checkpoint at {weights} (run `tfm stage average` first)")
-    scores = read_scores(inputs["score"], config.register.metric)
+    # An imported model (the fairseq pipeline) comes unscored: it takes champion only where
+    # there is none.
+    scores = read_scores(inputs["score"], config.register.metric) if "score" in inputs else {}
     record = register_model(
         config, weights, inputs["tokenizer"], scores, version_tags(config, inputs, scores)
     )

@@ -33,6 +33,7 @@ from tasks.framework.config_errors import config_error, not_json, yaml_error
 from tasks.framework.config_sections import (
     AverageConfig,
     DataConfig,
+    FairseqConfig,
     MlflowConfig,
     ParsingConfig,
     RayConfig,
@@ -63,6 +64,7 @@ __all__ = [
     "MlflowConfig",
     "RayConfig",
     "ParsingConfig",
+    "FairseqConfig",
 ]
 
 Workdir = str
@@ -115,6 +117,8 @@ class RunConfig:
     """Where Ray runs: a cluster's address, or a local Ray that a stage starts."""
     parsing: ParsingConfig = field(default_factory=ParsingConfig)
     """Constituency parsing (the parsing pipeline only)."""
+    fairseq: FairseqConfig = field(default_factory=FairseqConfig)
+    """A fairseq checkpoint to import and register (the fairseq pipeline only)."""
     team_tracking_uri: ClassVar[str | None] = None
     """``MLFLOW_TRACKING_URI`` as the process found it at its start, given to the loader: the
     tracking server of a config that names none. Not a setting (never hashed nor logged)."""

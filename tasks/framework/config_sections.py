@@ -34,6 +34,7 @@ __all__ = [
     "MlflowConfig",
     "RayConfig",
     "ParsingConfig",
+    "FairseqConfig",
 ]
 
 
@@ -183,6 +184,26 @@ class RegisterConfig:
     metric: ScoreMetric = "bleu_sacre"
     """Metric of scores.json that decides whether a new version takes the champion alias; a
     lowercasing recipe compares ``bleu_tok_lc``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FairseqConfig:
+    """A fairseq model to import instead of training one (tfm import fairseq)."""
+
+    checkpoint: str | None = None
+    """A fairseq transformer checkpoint; set, the run is the fairseq pipeline (fairseq_import,
+    register), and the text is prepared as the tokenizer section says before its BPE."""
+    dict_dir: str | None = None
+    """The folder of its joined dictionary, dict.<src>.txt and dict.<tgt>.txt (fairseq-preprocess
+    --joined-dictionary)."""
+    bpe_codes: str | None = None
+    """Its subword-nmt BPE codes file (subword-nmt learn-bpe)."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint is not None:
+            for name in ("dict_dir", "bpe_codes"):
+                if getattr(self, name) is None:
+                    raise ConfigError(name, "is needed with fairseq.checkpoint")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -94,11 +94,26 @@ PARSING: tuple[StageSpec, ...] = (
     StageSpec("parse_score", {"translate": "translate", "linearize": "linearize"}),
 )
 
-PIPELINES: dict[str, tuple[StageSpec, ...]] = {"wmt14": WMT14, "parsing": PARSING}
+FAIRSEQ: tuple[StageSpec, ...] = (
+    StageSpec("fairseq_import"),
+    # The import's folder holds the model and its tokenizer; nothing scored it.
+    StageSpec(
+        "register", {"average": "fairseq_import", "tokenizer": "fairseq_import"}, io_bound=True
+    ),
+)
+
+PIPELINES: dict[str, tuple[StageSpec, ...]] = {
+    "wmt14": WMT14,
+    "parsing": PARSING,
+    "fairseq": FAIRSEQ,
+}
 
 
 def pipeline_name(config: RunConfig) -> str:
-    """``parsing`` for treebank data, ``wmt14`` for every translation source."""
+    """``fairseq`` for a config that names a fairseq checkpoint, ``parsing`` for treebank data,
+    ``wmt14`` for every translation source."""
+    if config.fairseq.checkpoint is not None:
+        return "fairseq"
     return "parsing" if config.data.source == "treebank" else "wmt14"
 
 
