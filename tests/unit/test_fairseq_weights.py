@@ -148,7 +148,8 @@ def test_reads_weights_only(tmp_path, capsys):
     source, state, s, _ = make_files(tmp_path)
     evil = tmp_path / "evil.pt"
     torch.save({"args": s, "model": state, "extra_state": Payload()}, evil)
-    with pytest.raises(ServingError, match=r"evil\.pt holds pickled objects .*builtins\.print"):
+    # The refused callable is named (builtins.print, or what Ray put in its place once imported).
+    with pytest.raises(ServingError, match=r"evil\.pt holds pickled objects .*\(\S*print\)"):
         imported(tmp_path, Source(evil, tmp_path, source.bpe_codes))
     assert "unpickled!" not in capsys.readouterr().out
     torch.load(evil, weights_only=False)  # what the refusal kept from running
