@@ -38,6 +38,7 @@ __all__ = [
     "Decoded",
     "Probe",
     "Progress",
+    "pool_size",
     "read_lengths",
     "translate_distributed",
 ]
@@ -207,7 +208,7 @@ def translate_distributed(
     if lengths is None:
         lengths = read_lengths(source)
     batches = plan_decode_batches(lengths, decode.max_tokens_per_batch)
-    actors, resources = _pool_size(decode.num_actors)
+    actors, resources = pool_size(decode.num_actors)
     ds = ray.data.from_items(
         [{"idx": rows.tolist()} for rows in batches], override_num_blocks=len(batches)
     ).map_batches(
@@ -259,9 +260,9 @@ def translate_distributed(
     )
 
 
-def _pool_size(wanted: int) -> tuple[int, dict[str, Any]]:
-    """Actors and each one's resources: one GPU (or one CPU) per actor, since more actors than
-    the cluster holds would wait forever."""
+def pool_size(wanted: int) -> tuple[int, dict[str, Any]]:
+    """Actors of a translating pool (Ray must be running) and each one's resources: one GPU (or
+    one CPU) per actor, since more actors than the cluster holds would wait forever."""
     import ray
 
     cluster = ray.cluster_resources()
