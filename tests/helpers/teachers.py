@@ -16,7 +16,7 @@ TEACHER = "flowtest"
 def register_teacher(root: Path, seed: int = 0) -> str:
     """Register a new version of ``TEACHER`` (made from ``seed``) in the registry under
     ``root``, without the weights' sha256 tag (as versions registered before the tag); the
-    registry's tracking URI. The first version takes the champion alias."""
+    registry's tracking URI. Its sacreBLEU is ``seed``: a later seed takes the champion alias."""
     import torch
 
     from tasks.framework.config import config_from_dict
@@ -32,5 +32,7 @@ def register_teacher(root: Path, seed: int = 0) -> str:
     weights = made / "model.pt"
     checkpoint.save(weights, Transformer(model_config, 64), model_config, vocab_size=64)
     scores = {"bleu_sacre": float(seed), "test_set": "synthetic", "test_variant": "synthetic"}
-    register_model(config, weights, tokenizer, {**scores, "pair": "en-de", "signature": "s"}, {})
+    scores = {**scores, "pair": "en-de", "signature": "s"}
+    # The scores as tags, as register sets them: the next version's champion decision reads them.
+    register_model(config, weights, tokenizer, scores, {k: str(v) for k, v in scores.items()})
     return config.tracking_uri
