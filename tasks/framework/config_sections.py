@@ -336,6 +336,7 @@ class ModelReference:
 
 
 def _model_uri(uri: str) -> str:
+    """A registered model's URI: models:/<name>/<version> or models:/<name>@<alias>."""
     ModelReference.parse(uri)
     return uri
 
