@@ -199,9 +199,10 @@ def _run_pool(
     )
     collecting: dict[int, _Shard] = {}
     busy = 0.0
-    progress = Progress(sum(len(shards[k]) for k in pending))
+    progress = Progress(sum(len(shards[k]) for k in pending), label="distill")
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            assert isinstance(batch, dict)  # Ray types a batch as any batch format's
             progress.update(len(batch["row"]))
             busy += float(batch["seconds"].sum())
             for k in _collect(collecting, shards, batch):
@@ -211,7 +212,9 @@ def _run_pool(
     return busy
 
 
-def _collect(collecting: dict[int, _Shard], shards: list[list[str]], batch: dict) -> list[int]:
+def _collect(
+    collecting: dict[int, _Shard], shards: list[list[str]], batch: dict[str, np.ndarray]
+) -> list[int]:
     """Add a batch of translated rows to their shards; the shards now whole."""
     for k, row, tgt, score, n in zip(
         batch["shard"], batch["row"], batch["tgt"], batch["score"], batch["tgt_len"], strict=True
