@@ -83,3 +83,21 @@ def test_the_score_is_the_mean_log_probability_of_the_decoded_positions(norm):
     hyp = Hypothesis(tokens, summed / length_penalty(4, decode.alpha, norm))
     assert mean_log_prob(hyp, decode) == pytest.approx(summed / 4)
     assert mean_log_prob(Hypothesis([], 0.0), decode) == 0.0  # an empty source, undecoded
+
+
+def test_the_teacher_is_resolved_once_per_loaded_config_however_the_alias_moves(monkeypatch):
+    """The flow's first stage pins the version; a stage after it, or the same stage's build
+    after its fingerprint, gets the same one. A config loaded anew (the next run) asks again."""
+    from tasks import teacher
+
+    answers = iter(
+        [teacher.TeacherVersion("t", v, f"sha{v}", "run", "models:/t@a") for v in (3, 4)]
+    )
+    monkeypatch.setattr(teacher, "resolve", lambda config: next(answers))
+    data = {"name": "d", "distill": {"teacher": "models:/t@a"}}
+    config = config_from_dict(data)
+    first = teacher.stage_config(config)
+    assert first == {"name": "t", "version": 3, "weights_sha256": "sha3"}
+    assert teacher.pinned(config).version == 3 and teacher.stage_config(config) == first
+    assert teacher.pinned(config.replace(seed=5)).version == 3  # the same section, still pinned
+    assert teacher.pinned(config_from_dict(data)).version == 4
