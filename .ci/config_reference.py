@@ -159,8 +159,8 @@ def undocumented(cls: type) -> list[str]:
         if not (docs.get(f.name) or "").strip():
             found.append(f"{_where(owner, f.name)}: {owner.__name__}.{f.name} has no docstring")
         hint = _hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
-            found += undocumented(hint)
+        if section_of(hint) is not None:
+            found += undocumented(section_of(hint))
             continue
         try:
             type_text(hint)
@@ -256,11 +256,26 @@ def anchor(key: str) -> str:
     return re.sub(r"[^\w\- ]", "", key.lower()).replace(" ", "-")
 
 
+def section_of(hint: Any) -> type | None:
+    """The section class a field holds: a dataclass, or one that may be null (``X | None``);
+    None for a plain value."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint
+    args = get_args(hint)
+    if get_origin(hint) in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        other = next(a for a in args if a is not type(None))
+        return other if isinstance(other, type) and dataclasses.is_dataclass(other) else None
+    return None
+
+
 def row(cls: type, f: dataclasses.Field[Any], prefix: str, doc: str) -> Row:
     key = f"{prefix}{f.name}"
     hint = _hints(cls)[f.name]
-    if dataclasses.is_dataclass(hint):
-        return Row(key, f"section [`{key}`](#{anchor(key)})", "", one_line(doc))
+    if section_of(hint) is not None:
+        link = f"section [`{key}`](#{anchor(key)})"
+        if section_of(hint) is hint:
+            return Row(key, link, "", one_line(doc))
+        return Row(key, f"{link} or `null`", value_text(default_of(f)), one_line(doc))
     text, notes = type_text(hint)
     kind = f"`{text}`" + "".join(f": {note}" for note in notes)
     return Row(key, kind, value_text(default_of(f)), one_line(doc))
@@ -272,9 +287,9 @@ def sections(cls: type, key: str = "") -> Iterator[Section]:
     prefix = f"{key}." if key else ""
     for f in dataclasses.fields(cls):
         rows.append(row(cls, f, prefix, docs.get(f.name) or ""))
-        hint = _hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
-            nested.append((f"{prefix}{f.name}", hint))
+        sub = section_of(_hints(cls)[f.name])
+        if sub is not None:
+            nested.append((f"{prefix}{f.name}", sub))
     yield Section(key, cls, rows)
     for sub_key, sub in nested:
         yield from sections(sub, sub_key)

@@ -41,7 +41,7 @@ class AttentionMap:
     tgt_pieces: list[str]
     weights: np.ndarray
     layer: int
-    """The layer drawn (the model's ``n_layers``)."""
+    """The layer drawn (the last: the model's decoder layer count)."""
 
 
 def short_enough(src_len: int) -> bool:
@@ -73,7 +73,7 @@ def attention_map(translator: Translator, src: Sequence[int], hyp: str) -> Atten
         [pieces(int(i)) for i in src],
         [pieces(int(i)) for i in tgt],
         weights,
-        int(model.config.n_layers),
+        int(model.config.n_decoder_layers),
     )
 
 

@@ -176,8 +176,10 @@ def pipeline_flow(
     loaded: Loaded | None = None,
 ) -> list[StageResult]:
     """The config's whole pipeline: download -> clean -> tokenizer -> shard -> train -> average ->
-    translate -> score -> register (WMT14 and every translation source), or treebank ->
-    linearize -> tokenizer -> shard -> train -> average -> translate -> parse_score (parsing)."""
+    translate -> score -> register (WMT14 and every translation source), treebank -> linearize
+    -> tokenizer -> shard -> train -> average -> translate -> parse_score (parsing), or teacher
+    -> download -> clean -> distill -> filter -> tokenizer -> ... -> score -> export -> register
+    (a config with ``distill.teacher``: docs/distillation.md)."""
     return run_pipeline(_config(config_path, overrides, loaded), tuple(force or ()))
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "Decoded",
     "Probe",
     "Progress",
+    "pool_size",
     "read_lengths",
     "translate_distributed",
 ]
@@ -73,13 +74,19 @@ class Progress:
     """Sentences translated so far: a tqdm bar for a person at a terminal, else (logs, CI) a
     plain line at every tenth of the total, with the rate, elapsed time and ETA."""
 
-    def __init__(self, total: int, out: IO[str] | None = None, bar: bool | None = None):
+    def __init__(
+        self,
+        total: int,
+        out: IO[str] | None = None,
+        bar: bool | None = None,
+        label: str = "translate",
+    ):
         from tqdm import tqdm
 
-        self.total, self.done, self.out = total, 0, out or sys.stderr
+        self.total, self.done, self.out, self.label = total, 0, out or sys.stderr, label
         if bar is None:
             bar = self.out.isatty() and os.environ.get("CI", "").lower() != "true"
-        self.bar = tqdm(total=total, unit="sent", desc="translate", file=self.out) if bar else None
+        self.bar = tqdm(total=total, unit="sent", desc=label, file=self.out) if bar else None
         self.started, self.next_line = time.time(), 0.1
 
     def update(self, n: int) -> None:
@@ -95,7 +102,8 @@ class Progress:
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
         self.out.write(
-            f"translate {self.done}/{self.total} sentences ({100 * self.done / self.total:.0f}%)"
+            f"{self.label} {self.done}/{self.total} sentences "
+            f"({100 * self.done / self.total:.0f}%)"
             f" | {rate:,.1f} sent/s | {tqdm.format_interval(elapsed)} elapsed, ETA "
             f"{tqdm.format_interval(eta)}\n"
         )
@@ -207,7 +215,7 @@ def translate_distributed(
     if lengths is None:
         lengths = read_lengths(source)
     batches = plan_decode_batches(lengths, decode.max_tokens_per_batch)
-    actors, resources = _pool_size(decode.num_actors)
+    actors, resources = pool_size(decode.num_actors)
     ds = ray.data.from_items(
         [{"idx": rows.tolist()} for rows in batches], override_num_blocks=len(batches)
     ).map_batches(
@@ -259,9 +267,9 @@ def translate_distributed(
     )
 
 
-def _pool_size(wanted: int) -> tuple[int, dict[str, Any]]:
-    """Actors and each one's resources: one GPU (or one CPU) per actor, since more actors than
-    the cluster holds would wait forever."""
+def pool_size(wanted: int) -> tuple[int, dict[str, Any]]:
+    """Actors of a translating pool (Ray must be running) and each one's resources: one GPU (or
+    one CPU) per actor, since more actors than the cluster holds would wait forever."""
     import ray
 
     cluster = ray.cluster_resources()

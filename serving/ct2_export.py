@@ -96,15 +96,14 @@ def build_spec(model: Transformer, pieces: Sequence[str]) -> Any:
     # Given only when it is not d_model / n_heads (Table 3 rows A change it).
     head_dim = None if config.head_dim_k * config.n_heads == config.d_model else config.head_dim_k
     layout = {
-        "num_layers": config.n_layers,
         "num_heads": config.n_heads,
         "pre_norm": config.norm_first,
         "activation": common_spec.Activation.RELU,
         "head_dim": head_dim,
     }
     spec = transformer_spec.TransformerSpec(
-        transformer_spec.TransformerEncoderSpec(**layout),
-        transformer_spec.TransformerDecoderSpec(**layout),
+        transformer_spec.TransformerEncoderSpec(config.n_layers, **layout),
+        transformer_spec.TransformerDecoderSpec(config.n_decoder_layers, **layout),
     )
     spec_config = spec.config
     # ctranslate2 has no type hints: its base class's None config reads as the only one.

@@ -231,7 +231,7 @@ def marian_config(model: Transformer) -> dict[str, Any]:
         "tie_word_embeddings": tied,
         "d_model": config.d_model,
         "encoder_layers": config.n_layers,
-        "decoder_layers": config.n_layers,
+        "decoder_layers": config.n_decoder_layers,
         "encoder_attention_heads": config.n_heads,
         "decoder_attention_heads": config.n_heads,
         "encoder_ffn_dim": config.d_ff,

@@ -48,6 +48,9 @@ ARTIFACT_MODEL_CONFIG = "model_config"
 ARTIFACT_DECODE = "decode"
 ARTIFACT_CTRANSLATE2 = "ctranslate2"
 """With decode.engine ctranslate2: the CTranslate2 export of the weights, made at registration."""
+WEIGHTS_TAG = "weights_sha256"
+"""The registry tag of every version: its weights file's sha256 (what a distillation run pins its
+teacher by, without downloading it)."""
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):

@@ -24,13 +24,12 @@ import numpy as np
 from serving.decode_config import DecodeConfig
 from serving.tokenizer import Tokenizer
 from transformer_core.config import ModelConfig
-from transformer_core.search_settings import SearchSettings
+from transformer_core.search_settings import Hypothesis, SearchSettings
 
 if TYPE_CHECKING:  # imported where they are used: the ctranslate2 engine needs no torch model
     from serving.ct2 import CTranslate2Engine
     from transformer_core.constraints import BracketVocab
     from transformer_core.model import Transformer
-    from transformer_core.search_settings import Hypothesis
 
 log = logging.getLogger(__name__)
 
@@ -261,8 +260,14 @@ class Translator:
     def translate_nbest(self, texts: Sequence[str], n_best: int) -> list[list[tuple[str, float]]]:
         """The ``n_best`` (<= beam size) best translations of each text with their scores
         (summed log-probabilities over GNMT's length penalty), best first, in input order."""
+        found = self.nbest_ids(self.encode(texts), n_best)
+        return [[(self.detokenize([h.tokens])[0], h.score) for h in hyps] for hyps in found]
+
+    def nbest_ids(self, src_ids: Sequence[Sequence[int]], n_best: int) -> list[list[Hypothesis]]:
+        """The ``n_best`` (<= beam size) best hypotheses of each source (ids and score), best
+        first, in input order, decoded in token-budget batches sorted by length. An empty
+        source gets one empty hypothesis scored 0, undecoded."""
         SearchSettings.of(self.decode, n_best=n_best)  # n_best checked against the beam
-        src_ids = self.encode(texts)
         rows = self._nonempty(src_ids)
         lengths = [len(src_ids[i]) for i in rows]
         batches = plan_decode_batches(lengths, self.decode.max_tokens_per_batch)
@@ -271,9 +276,9 @@ class Translator:
             for batch in batches
         ]
         found = restore_order(batches, results, len(rows))
-        out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in texts]  # an empty line's
+        out = [[Hypothesis([], 0.0)] for _ in src_ids]
         for i, hyps in zip(rows, found, strict=True):
-            out[i] = [(self.detokenize([h.tokens])[0], h.score) for h in hyps]
+            out[i] = hyps
         return out
 
 

@@ -1,11 +1,12 @@
 """Stage register: the averaged model as an MLflow pyfunc "translator", versioned and aliased.
 
-In: ``average``, ``tokenizer``, ``score`` (the fairseq pipeline: ``fairseq_import`` as both of the
-first two, and no score). Out: ``registered.json`` (model name, version,
-aliases, the champion decision). Each registration logs the model (``serving.pyfunc``: weights,
-tokenizer, model and decoding configs as artifacts), creates a registry version with lineage
-tags (every upstream stage's fingerprint and code fingerprint, the run config, the git commit)
-and its scores, and points the ``candidate`` alias at it; ``champion`` moves as
+In: ``average``, ``tokenizer``, ``score``, and in the distill pipeline ``teacher`` (the fairseq
+pipeline: ``fairseq_import`` as both of the first two, and no score). Out: ``registered.json``
+(model name, version, aliases, the champion decision). Each registration logs the model
+(``serving.pyfunc``: weights, tokenizer, model and decoding configs as artifacts), creates a
+registry version with lineage tags (every upstream stage's fingerprint and code fingerprint, the
+run config, the git commit, a distilled model's teacher, an imported model's file), the weights'
+sha256 and its scores, and points the ``candidate`` alias at it; ``champion`` moves as
 ``evaluation.champion`` decides, and the log and ``registered.json`` say why.
 
 The pyfunc carries its own code (``code_paths``: copies of ``serving``, ``transformer_core`` and
@@ -272,9 +273,24 @@ def version_tags(
 # ----------------------------------------------------------------------------- the stage
 
 
+def teacher_tags(inputs: Mapping[str, Path]) -> dict[str, str]:
+    """A distilled model's teacher (the distill pipeline's ``teacher`` input, its
+    ``teacher.json``) as tags: ``teacher.name``, ``teacher.version``, ``teacher.model_uri``,
+    ``teacher.found_by``, ``teacher.weights_sha256``; none for a model trained on references."""
+    if "teacher" not in inputs:
+        return {}
+    record = json.loads((inputs["teacher"] / "teacher.json").read_text(encoding="utf-8"))
+    tags = {f"teacher.{k}": str(record[k]) for k in ("name", "version", "found_by")}
+    tags["teacher.model_uri"] = f"models:/{record['name']}/{record['version']}"
+    tags["teacher.weights_sha256"] = str(record["weights_sha256"])
+    return tags
+
+
 def build(ctx: BuildContext) -> dict[str, Any]:
     """Register the averaged model; writes ``ctx.tmp/registered.json``."""
+    from serving.pyfunc import WEIGHTS_TAG
     from transformer_core.checkpoint import MODEL_FILE
+    from transformer_core.folders import sha256_file
 
     config, inputs = ctx.config, ctx.inputs
     weights = inputs["average"] / MODEL_FILE
@@ -283,9 +299,9 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     # An imported model (the fairseq pipeline) comes unscored: it takes champion only where
     # there is none.
     scores = read_scores(inputs["score"], config.register.metric) if "score" in inputs else {}
-    record = register_model(
-        config, weights, inputs["tokenizer"], scores, version_tags(config, inputs, scores)
-    )
+    tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs)}
+    tags[WEIGHTS_TAG] = sha256_file(weights)
+    record = register_model(config, weights, inputs["tokenizer"], scores, tags)
     (ctx.tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return {
         "name": record["name"],
@@ -294,6 +310,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
         "champion": record["champion"],
         "decision": record["decision"],
         config.register.metric: record["metric"]["value"],
+        **({"teacher": tags["teacher.model_uri"]} if "teacher.model_uri" in tags else {}),
     }
 
 

@@ -129,6 +129,11 @@ class Sender:
             self._cond.notify_all()
 
     def start(self) -> None:
+        # MLflow imported here first: its package has import cycles, and a first import in this
+        # thread and the caller's at once hands one of them a partly made module (an
+        # ImportError of `mlflow.tracking._get_store` in a stage that asked the registry).
+        import mlflow  # noqa: F401
+
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 pool = logging.getLogger("urllib3.connectionpool")

@@ -67,7 +67,10 @@ class ModelConfig:
     """Architecture of the encoder-decoder Transformer (paper section 3, Table 3 columns)."""
 
     n_layers: int = 6
-    """N: number of layers in the encoder and in the decoder."""
+    """N: number of layers in the encoder (and in the decoder, unless decoder_layers says)."""
+    decoder_layers: int | None = None
+    """Layers in the decoder; null means n_layers (the paper's one N). A distillation student
+    keeps a deep encoder and a shallow decoder (docs/distillation.md)."""
     d_model: int = 512
     """Width of every residual stream, embedding and sub-layer output."""
     d_ff: int = 2048
@@ -113,7 +116,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, f"{value!r} must be a positive integer")
-        for name in ("d_k", "d_v"):
+        for name in ("d_k", "d_v", "decoder_layers"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(name, f"{value!r} must be a positive integer or null")
@@ -126,6 +129,11 @@ class ModelConfig:
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         if len(set(ids.values())) != len(ids):
             raise ConfigError("pad_id", f"special ids must differ, got {ids}")
+
+    @property
+    def n_decoder_layers(self) -> int:
+        """Decoder layers actually built: ``decoder_layers``, else ``n_layers``."""
+        return self.decoder_layers if self.decoder_layers is not None else self.n_layers
 
     @property
     def head_dim_k(self) -> int:

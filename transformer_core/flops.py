@@ -33,6 +33,7 @@ def forward_flops(
     S = np.asarray(src_lens, dtype=np.float64)
     T = np.asarray(tgt_lens, dtype=np.float64)
     D, F, N = config.d_model, config.d_ff, config.n_layers
+    M = config.n_decoder_layers
     qk, v = config.n_heads * config.head_dim_k, config.n_heads * config.head_dim_v
     # Per token and layer: the projections (q, k, v in, heads out) and the feed-forward network.
     attn_proj = 2 * D * (2 * qk + v) + 2 * v * D
@@ -43,10 +44,10 @@ def forward_flops(
     cross_q_out = 2 * D * qk + 2 * v * D
     cross_kv = 2 * D * (qk + v)
     decoder = (
-        N * T.sum() * (attn_proj + cross_q_out + ffn)
-        + N * S.sum() * cross_kv
-        + N * (T * T).sum() * 2 * (qk + v)
-        + N * (T * S).sum() * 2 * (qk + v)
+        M * T.sum() * (attn_proj + cross_q_out + ffn)
+        + M * S.sum() * cross_kv
+        + M * (T * T).sum() * 2 * (qk + v)
+        + M * (T * S).sum() * 2 * (qk + v)
     )
     generator = T.sum() * 2 * D * tgt_vocab
     return float(encoder + decoder + generator)

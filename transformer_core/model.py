@@ -265,7 +265,9 @@ class Transformer(nn.Module):
             self.register_buffer("pos_table", sinusoids(config.max_len, D), persistent=False)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layers))
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(config) for _ in range(config.n_decoder_layers)
+        )
         if config.norm_first:  # pre-norm leaves the last residual sum unnormalised
             self.encoder_norm = nn.LayerNorm(D)
             self.decoder_norm = nn.LayerNorm(D)

@@ -33,6 +33,8 @@ from tasks.framework.config_errors import config_error, not_json, yaml_error
 from tasks.framework.config_sections import (
     AverageConfig,
     DataConfig,
+    DistillConfig,
+    ExportConfig,
     FairseqConfig,
     MlflowConfig,
     ParsingConfig,
@@ -65,6 +67,8 @@ __all__ = [
     "RayConfig",
     "ParsingConfig",
     "FairseqConfig",
+    "DistillConfig",
+    "ExportConfig",
 ]
 
 Workdir = str
@@ -111,6 +115,11 @@ class RunConfig:
     """How the translate stage (and the registered model) decodes: the search and its engine."""
     register: RegisterConfig = field(default_factory=RegisterConfig)
     """The register stage: the registered model's name and the metric that picks the champion."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """Knowledge distillation: the registered teacher (set, the config runs the distill
+    pipeline), how it translates the corpus, and the share of its translations dropped."""
+    export: ExportConfig = field(default_factory=ExportConfig)
+    """The export stage (the distill pipeline): the CTranslate2 folder's weight type."""
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     """Experiment tracking: the MLflow server, the experiment, and how calls to it retry."""
     ray: RayConfig = field(default_factory=RayConfig)
@@ -133,6 +142,10 @@ class RunConfig:
                 parsing = dataclasses.replace(self.parsing, treebank_dir=str(sample))
                 object.__setattr__(self, "parsing", parsing)
         check_store(self.workdir, self.storage)  # a store's URI and credential variables, now
+        if self.distill.teacher is not None and self.data.source == "treebank":
+            raise ConfigError(
+                "distill.teacher", "the parsing pipeline has no distillation: leave it null"
+            )
 
     @property
     def root(self) -> Path:

@@ -1,16 +1,16 @@
 """The run config's stage-only sections: where the corpus comes from, averaging, the registry,
-tracking, Ray and parsing. The libraries' sections (``ModelConfig``, ``CleanConfig``,
-``TokenizerConfig``, ``ShardConfig``, ``TrainConfig``, ``DecodeConfig``) live with their
-libraries; ``tasks.framework.config`` composes them all into ``RunConfig``."""
+tracking, Ray, parsing, distillation and the export. The libraries' sections (``ModelConfig``,
+``CleanConfig``, ``TokenizerConfig``, ``ShardConfig``, ``TrainConfig``, ``DecodeConfig``) live
+with their libraries; ``tasks.framework.config`` composes them all into ``RunConfig``."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Annotated, ClassVar, Literal
 
-from annotated_types import Ge, Gt
+from annotated_types import Ge, Gt, Lt
 from pydantic import AfterValidator
 
 from corpora import CorpusError
@@ -24,6 +24,8 @@ from corpora.sources import (
 from corpora.synthetic import PAIRS as SYNTHETIC_PAIRS
 from evaluation.bleu import METRICS
 from parsing.linearize import Form
+from serving.ct2_options import Quantization
+from serving.decode_config import DecodeConfig
 from transformer_core.config import ConfigError
 from transformer_core.search_settings import BeamSettings
 
@@ -35,6 +37,9 @@ __all__ = [
     "RayConfig",
     "ParsingConfig",
     "FairseqConfig",
+    "DistillConfig",
+    "ExportConfig",
+    "ModelReference",
 ]
 
 
@@ -186,6 +191,10 @@ class RegisterConfig:
     lowercasing recipe compares ``bleu_tok_lc``."""
 
 
+SQLITE = "sqlite:///"
+"""A SQLite tracking store's URI prefix; the database's path follows (absolute: a fourth /)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class FairseqConfig:
     """A fairseq model to import instead of training one (tfm import fairseq)."""
@@ -212,7 +221,8 @@ class MlflowConfig:
 
     tracking_uri: str | None = None
     """Tracking server; null means MLFLOW_TRACKING_URI if set, else
-    sqlite:///<workdir>/mlflow.db."""
+    sqlite:///<workdir>/mlflow.db. A relative SQLite path (sqlite:///runs/x/mlflow.db: another
+    run's registry) is from the CWD at load, where it is resolved once, as the work dir is."""
     experiment: str = "transformer"
     """Experiment name."""
     http_retries: Annotated[int, Ge(0)] = 2
@@ -230,6 +240,14 @@ class MlflowConfig:
     registry_wait_seconds: Annotated[float, Ge(0)] = 300.0
     """How long register waits for a server that does not answer before it fails (the other stages
     never wait; docs/training.md, "When the tracking server is down")."""
+
+    def __post_init__(self) -> None:
+        uri = self.tracking_uri
+        if uri is not None and uri.startswith(SQLITE) and not uri[len(SQLITE) :].startswith("/"):
+            # Every process of the run (Ray's workers start elsewhere) opens the same database.
+            object.__setattr__(
+                self, "tracking_uri", SQLITE + str(Path(uri[len(SQLITE) :]).resolve())
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,3 +319,78 @@ class ParsingConfig(BeamSettings):
     null scores them all."""
     silver_corpus: str | None = None
     """Semi-supervised setting: a file of extra (silver) trees added to the training split."""
+
+
+MODELS_SCHEME = "models:/"
+
+
+@dataclass(frozen=True)
+class ModelReference:
+    """A registered model by version or by alias: ``models:/<name>/<version>`` or
+    ``models:/<name>@<alias>`` (MLflow's model URIs)."""
+
+    name: str
+    version: int | None = None
+    alias: str | None = None
+
+    @classmethod
+    def parse(cls, uri: str) -> ModelReference:
+        """The reference ``uri`` writes; a ValueError saying the two forms otherwise."""
+        forms = f"{uri!r} is not models:/<name>/<version> nor models:/<name>@<alias>"
+        if not uri.startswith(MODELS_SCHEME):
+            raise ValueError(forms)
+        rest = uri[len(MODELS_SCHEME) :]
+        if "@" in rest:
+            name, _, alias = rest.partition("@")
+            if name and alias and "/" not in name + alias:
+                return cls(name, alias=alias)
+        else:
+            name, _, version = rest.partition("/")
+            if name and version.isdigit() and int(version) >= 1:
+                return cls(name, version=int(version))
+        raise ValueError(forms)
+
+    def __str__(self) -> str:
+        if self.alias is not None:
+            return f"{MODELS_SCHEME}{self.name}@{self.alias}"
+        return f"{MODELS_SCHEME}{self.name}/{self.version}"
+
+
+def _model_uri(uri: str) -> str:
+    """A registered model's URI: models:/<name>/<version> or models:/<name>@<alias>."""
+    ModelReference.parse(uri)
+    return uri
+
+
+ModelUri = Annotated[str, AfterValidator(_model_uri)]
+"""A registered model's URI by version or alias (``ModelReference``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistillConfig:
+    """Sequence-level knowledge distillation (Kim and Rush 2016; docs/distillation.md): a
+    registered teacher translates the training corpus, and the student trains on that."""
+
+    teacher: ModelUri | None = None
+    """The registered teacher, models:/<name>@<alias> or models:/<name>/<version>, in the run's
+    registry (mlflow.tracking_uri); set, the config runs the distill pipeline. The alias is
+    resolved to one version at the flow's start."""
+    decode: DecodeConfig | None = None
+    """How the teacher translates the corpus; null: as it was registered (its decoding)."""
+    rows_per_shard: Annotated[int, Ge(1)] = 2000
+    """Source sentences per distilled shard: the unit a killed run resumes by."""
+    drop_share: Annotated[float, Ge(0), Lt(1)] = 0.05
+    """The share of pairs the filter stage drops: those whose translation the teacher scored
+    lowest (mean log-probability per token)."""
+    max_failures: Annotated[int, Ge(0)] = 1
+    """Times the distill stage starts its translators again on the shards not yet written
+    when one of them died (a killed worker's batches are redone)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportConfig:
+    """The export stage (the distill pipeline): the averaged model as a CTranslate2 folder."""
+
+    quantization: Quantization = "int8"
+    """The weights' type in the export: int8 (what distilled students ship as), int8_float16,
+    float16, bfloat16, float32, ..."""

@@ -2,10 +2,12 @@
 
 A pipeline is an ordered tuple of ``StageSpec``; each names its stage and its inputs as
 ``role -> upstream stage``, so the parsing pipeline can hand its linearized corpus to the same
-tokenizer and shard stages under the role ``clean``. Stage ``x`` is the module ``tasks.x``
+tokenizer and shard stages under the role ``clean``, and the distill pipeline its filtered
+translations. Stage ``x`` is the module ``tasks.x``
 (``stage_module``), found by its name as the code fingerprint finds it, so the framework
 imports no stage: the stages import the framework. Every stage folder is
-``<workdir>/<stage name>``.
+``<workdir>/<stage name>``, so pipelines that share stage names (tokenizer, shard, train, ...)
+run in work dirs of their own: each config names its own.
 """
 
 from __future__ import annotations
@@ -102,19 +104,46 @@ FAIRSEQ: tuple[StageSpec, ...] = (
     ),
 )
 
+DISTILL: tuple[StageSpec, ...] = (
+    StageSpec("teacher", io_bound=True),
+    StageSpec("download", io_bound=True),
+    StageSpec("clean", {"download": "download"}),
+    StageSpec("distill", {"teacher": "teacher", "clean": "clean"}),
+    StageSpec("filter", {"distill": "distill", "clean": "clean"}),
+    StageSpec("tokenizer", {"clean": "filter"}),
+    StageSpec("shard", {"clean": "filter", "tokenizer": "tokenizer"}),
+    StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
+    StageSpec("average", {"train": "train"}),
+    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
+    StageSpec("score", {"translate": "translate", "download": "download"}),
+    StageSpec("export", {"average": "average", "tokenizer": "tokenizer"}),
+    StageSpec(
+        "register",
+        {"average": "average", "tokenizer": "tokenizer", "score": "score", "teacher": "teacher"},
+        io_bound=True,
+    ),
+)
+"""Sequence-level distillation: a registered teacher's translations of the training corpus
+(``distill``, less the worst ``filter`` drops) take the clean corpus's role for the usual
+stages, which train, score, export and register the student."""
+
 PIPELINES: dict[str, tuple[StageSpec, ...]] = {
     "wmt14": WMT14,
     "parsing": PARSING,
     "fairseq": FAIRSEQ,
+    "distill": DISTILL,
 }
 
 
 def pipeline_name(config: RunConfig) -> str:
     """``fairseq`` for a config that names a fairseq checkpoint, ``parsing`` for treebank data,
-    ``wmt14`` for every translation source."""
+    ``distill`` for a config with a teacher (``distill.teacher``), ``wmt14`` for every other
+    translation config."""
     if config.fairseq.checkpoint is not None:
         return "fairseq"
-    return "parsing" if config.data.source == "treebank" else "wmt14"
+    if config.data.source == "treebank":
+        return "parsing"
+    return "distill" if config.distill.teacher is not None else "wmt14"
 
 
 def pipeline(config: RunConfig) -> tuple[StageSpec, ...]:

@@ -10,6 +10,21 @@ import yaml
 
 from helpers.stage_folders import TINY_TRAINING
 
+DISTILL_STAGES = [
+    "teacher",
+    "download",
+    "clean",
+    "distill",
+    "filter",
+    "tokenizer",
+    "shard",
+    "train",
+    "average",
+    "translate",
+    "score",
+    "export",
+    "register",
+]
 WMT14_STAGES = [
     "download",
     "clean",
@@ -48,6 +63,24 @@ def tiny_config(workdir: Path, **overrides) -> dict:
             "ray": {"num_cpus": 2},
         }
     )
+    for dotted, value in overrides.items():
+        node = config
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return config
+
+
+def distill_config(workdir: Path, tracking_uri: str, **overrides) -> dict:
+    """A tiny distill pipeline's config: ``tiny_config``'s corpus, the teacher ``flowtest`` (the
+    tiny flow's model) found by its champion alias in ``tracking_uri``, 100-sentence shards, and
+    a student with a deeper encoder than decoder, registered as ``distilltest``."""
+    config = tiny_config(workdir, **{"name": "distilltest", "register.model_name": "distilltest"})
+    config["distill"] = {"teacher": "models:/flowtest@champion", "rows_per_shard": 100}
+    config["model"] = {**config["model"], "n_layers": 2, "decoder_layers": 1}
+    config["decode"] = {"beam_size": 1, "max_len_offset": 5}
+    config["mlflow"] = {"tracking_uri": tracking_uri, "experiment": "distillation"}
     for dotted, value in overrides.items():
         node = config
         *parents, last = dotted.split(".")

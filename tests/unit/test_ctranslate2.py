@@ -35,8 +35,14 @@ def padded(src_ids: list[list[int]]) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"norm_first": True}, {"positional": "learned"}, {"d_k": 8, "d_v": 8}],
-    ids=["post-norm", "pre-norm", "learned-positions", "narrow-heads"],
+    [
+        {},
+        {"norm_first": True},
+        {"positional": "learned"},
+        {"d_k": 8, "d_v": 8},
+        {"n_layers": 3, "decoder_layers": 1},
+    ],
+    ids=["post-norm", "pre-norm", "learned-positions", "narrow-heads", "shallow-decoder"],
 )
 def test_greedy_outputs_equal_ours_for_every_layout(tmp_path: Path, changes: dict) -> None:
     """Argmax decoding compares the logits of both implementations at every step, so equal

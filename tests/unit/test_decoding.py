@@ -17,9 +17,13 @@ from transformer_core.decoding import (
 )
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_incremental_decoding_equals_full_forward(norm_first):
-    model = tiny_model(norm_first=norm_first)
+@pytest.mark.parametrize(
+    "changes",
+    [{"norm_first": False}, {"norm_first": True}, {"n_layers": 3, "decoder_layers": 1}],
+    ids=["post-norm", "pre-norm", "shallow-decoder"],
+)
+def test_incremental_decoding_equals_full_forward(changes):
+    model = tiny_model(**changes)
     src = tiny_tokens(3, 9)
     src[1, 6:] = PAD_ID
     tgt = tiny_tokens(3, 8, seed=2, first=BOS_ID)

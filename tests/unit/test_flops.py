@@ -19,6 +19,8 @@ from transformer_core.flops import forward_flops, peak_flops, train_flops
         (ModelConfig(n_layers=2, d_model=32, d_ff=48, n_heads=4), 50, None),
         # Table 3 row A/B shapes: per-head widths apart from d_model / h; untied vocabularies.
         (ModelConfig(n_layers=1, d_model=24, d_ff=40, n_heads=3, d_k=5, d_v=7), 40, 60),
+        # A distillation student's shape: a deeper encoder than decoder.
+        (ModelConfig(n_layers=3, decoder_layers=1, d_model=32, d_ff=48, n_heads=4), 50, None),
     ],
 )
 @pytest.mark.parametrize(("S", "T"), [(7, 5), (2, 13)])

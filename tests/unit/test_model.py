@@ -310,3 +310,14 @@ def test_parameter_names_are_the_checkpoint_format():
     }
     ends = {"src_embed.weight", "tgt_embed.weight", "generator.weight", "decoder_norm.bias"}
     assert layer | ends <= names
+
+
+def test_a_shallow_decoder_has_its_own_layer_count():
+    """``decoder_layers`` sets the decoder's depth alone (a distillation student's shape); left
+    out, both stacks have ``n_layers``, as in the paper."""
+    config = presets.debug().replace(n_layers=3, decoder_layers=1)
+    model = Transformer(config, 40)
+    assert (len(model.encoder_layers), len(model.decoder_layers)) == (3, 1)
+    assert len(Transformer(presets.debug(), 40).decoder_layers) == presets.debug().n_layers
+    with pytest.raises(ConfigError, match="decoder_layers"):
+        presets.debug().replace(decoder_layers=0)

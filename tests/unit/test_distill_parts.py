@@ -1,0 +1,103 @@
+"""The distill pipeline's parts that need no services: the teacher's reference in a config, the
+pipeline's place in the stage table, the filter's choice and the score it ranks by."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from corpora.score_filter import worst
+from serving.corpus_translation import mean_log_prob
+from tasks.framework import graph
+from tasks.framework.config import ConfigError, config_from_dict
+from tasks.framework.config_sections import ModelReference
+from transformer_core.search_settings import BeamSettings, Hypothesis, length_penalty
+
+
+@pytest.mark.parametrize(
+    ("uri", "reference"),
+    [
+        ("models:/multi30k-en-de@champion", ModelReference("multi30k-en-de", alias="champion")),
+        ("models:/quickstart-translator/12", ModelReference("quickstart-translator", version=12)),
+    ],
+)
+def test_a_teacher_is_named_by_alias_or_by_version(uri, reference):
+    assert ModelReference.parse(uri) == reference
+    assert str(reference) == uri
+    config = config_from_dict({"name": "d", "distill": {"teacher": uri}})
+    assert graph.pipeline_name(config) == "distill"
+
+
+@pytest.mark.parametrize(
+    "uri", ["multi30k-en-de", "models:/x", "models:/x/0", "models:/x/v2", "models:/@a", "runs:/x"]
+)
+def test_a_malformed_teacher_is_a_config_error_naming_the_key(uri):
+    with pytest.raises(ConfigError, match=r"^distill\.teacher: .* is not models:/<name>/<vers"):
+        config_from_dict({"name": "d", "distill": {"teacher": uri}})
+
+
+def test_without_a_teacher_the_config_runs_the_main_pipeline_and_parsing_has_none():
+    assert graph.pipeline_name(config_from_dict({"name": "d"})) == "wmt14"
+    data = {"source": "treebank", "pair": "words-tree"}
+    with pytest.raises(ConfigError, match="^distill.teacher: the parsing pipeline"):
+        config_from_dict({"name": "d", "data": data, "distill": {"teacher": "models:/x/1"}})
+
+
+def test_the_distill_pipeline_reuses_the_stages_with_the_filtered_corpus_as_clean():
+    stages = {s.name: s for s in graph.DISTILL}
+    assert list(stages)[:5] == ["teacher", "download", "clean", "distill", "filter"]
+    assert stages["tokenizer"].inputs == {"clean": "filter"}
+    assert stages["shard"].inputs == {"clean": "filter", "tokenizer": "tokenizer"}
+    assert stages["score"].inputs["download"] == "download"  # scored on the references
+    assert stages["register"].inputs["teacher"] == "teacher"
+    # The same modules as the main pipeline's: composed, not copied.
+    main = {s.name: s for s in graph.WMT14}
+    for name in ("train", "average", "translate", "score"):
+        assert stages[name] == main[name]
+
+
+def test_a_relative_sqlite_registry_is_resolved_once_at_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = config_from_dict({"name": "d", "mlflow": {"tracking_uri": "sqlite:///runs/q/m.db"}})
+    assert config.tracking_uri == f"sqlite:///{tmp_path}/runs/q/m.db"
+    absolute = f"sqlite:///{tmp_path}/m.db"
+    assert config_from_dict({"name": "d", "mlflow": {"tracking_uri": absolute}}).tracking_uri == (
+        absolute
+    )
+
+
+def test_the_filter_drops_the_lowest_share_of_the_rows_it_may_keep_ties_in_row_order():
+    scores = np.array([-1.0, -3.0, -0.5, -3.0, -2.0, -9.0, -0.1, -3.0, -0.2, -0.3])
+    empty = np.zeros(10, dtype=bool)
+    empty[5] = True  # dropped anyway, and not counted in the share
+    dropped = worst(scores, 0.3, keep=~empty)  # 30% of the 9 it may keep: 2
+    assert np.flatnonzero(dropped).tolist() == [1, 3]  # three tie at -3.0: the first two go
+    assert worst(scores, 0.0).sum() == 0
+    assert np.flatnonzero(worst(scores, 0.1)).tolist() == [5]
+
+
+@pytest.mark.parametrize("norm", ["gnmt", "fairseq"])
+def test_the_score_is_the_mean_log_probability_of_the_decoded_positions(norm):
+    decode = BeamSettings(alpha=0.6, length_norm=norm)
+    tokens, summed = [5, 6, 7], -2.4  # three pieces and EOS
+    hyp = Hypothesis(tokens, summed / length_penalty(4, decode.alpha, norm))
+    assert mean_log_prob(hyp, decode) == pytest.approx(summed / 4)
+    assert mean_log_prob(Hypothesis([], 0.0), decode) == 0.0  # an empty source, undecoded
+
+
+def test_the_teacher_is_resolved_once_per_loaded_config_however_the_alias_moves(monkeypatch):
+    """The flow's first stage pins the version; a stage after it, or the same stage's build
+    after its fingerprint, gets the same one. A config loaded anew (the next run) asks again."""
+    from tasks import teacher
+
+    answers = iter(
+        [teacher.TeacherVersion("t", v, f"sha{v}", "run", "models:/t@a") for v in (3, 4)]
+    )
+    monkeypatch.setattr(teacher, "resolve", lambda config: next(answers))
+    data = {"name": "d", "distill": {"teacher": "models:/t@a"}}
+    config = config_from_dict(data)
+    first = teacher.stage_config(config)
+    assert first == {"name": "t", "version": 3, "weights_sha256": "sha3"}
+    assert teacher.pinned(config).version == 3 and teacher.stage_config(config) == first
+    assert teacher.pinned(config.replace(seed=5)).version == 3  # the same section, still pinned
+    assert teacher.pinned(config_from_dict(data)).version == 4
