@@ -51,7 +51,7 @@ def sweep(
     from evaluation.bleu import score_texts
     from serving.translator import Translator
     from tasks.framework.config import load_config
-    from transformer_core.config import ConfigError
+    from transformer_core.config_checks import ConfigError
 
     try:
         config = load_config(config_path, overrides)

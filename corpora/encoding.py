@@ -33,7 +33,8 @@ from corpora.parquet import ParquetShardWriter, part_files
 from corpora.pretokenize import Pretokenizer
 from corpora.storage import StoredFolder, fetch_all
 from corpora.text import read_lines
-from transformer_core.config import EOS_ID, ConfigError
+from transformer_core.config_checks import ConfigError
+from transformer_core.special_ids import EOS_ID
 
 __all__ = [
     "SHARD_SCHEMA",

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 
 __all__ = [
     "REASONS",

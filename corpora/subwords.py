@@ -46,7 +46,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from corpora import CorpusError
-from transformer_core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ConfigError
+from transformer_core.config_checks import ConfigError
+from transformer_core.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
     "MODEL_TYPES",

@@ -23,7 +23,8 @@ from serving.ct2_export import (
 )
 from serving.ct2_options import ct2_exponent, suppressed
 from serving.decode_config import DecodeConfig
-from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
+from transformer_core.config_checks import ConfigError
 from transformer_core.search_settings import (
     Hypothesis,
     LengthNorm,

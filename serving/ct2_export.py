@@ -31,7 +31,8 @@ from serving import ServingError
 from serving.ct2_options import QUANTIZATIONS, translate_batch_options
 from serving.decode_config import DecodeConfig
 from serving.tokenizer import FILES as TOKENIZER_FILES
-from transformer_core.config import UNK_ID, ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
+from transformer_core.config_checks import ConfigError
 from transformer_core.folders import (
     publish,
     remove_stale_temporaries,
@@ -40,6 +41,7 @@ from transformer_core.folders import (
     write_json_atomic,
 )
 from transformer_core.search_settings import beam_fields
+from transformer_core.special_ids import UNK_ID
 
 if TYPE_CHECKING:
     from transformer_core.model import Transformer

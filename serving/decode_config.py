@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from parsing.linearize import Form
 from serving.ct2_options import ComputeType
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 from transformer_core.search_settings import BeamSettings
 
 __all__ = ["DecodeConfig", "DecodeDtype", "Engine"]

@@ -31,7 +31,7 @@ from pathlib import Path
 from corpora import CorpusError
 from corpora.pretokenize import Pretokenizer
 from serving import ServingError
-from transformer_core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_core.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = ["SPECIALS", "Vocabulary", "dictionary_file", "read_dictionary", "write_tokenizer"]
 

@@ -51,7 +51,8 @@ from torch import Tensor
 from serving import ServingError
 from serving.fairseq_vocab import SPECIALS, Vocabulary
 from serving.marian import LAYER_NAMES
-from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
+from transformer_core.config_checks import ConfigError
 
 if TYPE_CHECKING:
     from transformer_core.model import Transformer

@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serving import ServingError
-from transformer_core.config import UNK_ID, ModelConfig
+from transformer_core.config import ModelConfig
 from transformer_core.folders import publish, sha256_file, temporary_sibling
 from transformer_core.search_settings import fitted_penalty_exponent
+from transformer_core.special_ids import UNK_ID
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -73,7 +73,7 @@ def from_checkpoint(
 ) -> Predict:
     """A checkpoint (a ``model.pt`` or a folder holding one) and a tokenizer folder, no registry."""
     from serving.translator import Translator
-    from transformer_core.config import ConfigError
+    from transformer_core.config_checks import ConfigError
     from transformer_core.search_settings import SearchSettings
 
     translator = Translator.load(checkpoint, tokenizer_dir, decode)

@@ -15,7 +15,7 @@ from corpora import CorpusError
 from corpora.pretokenize import CODES_FILE, Pretokenizer
 from corpora.pretokenize import FILE as PRETOKENIZE_FILE
 from serving import ServingError
-from transformer_core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_core.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = ["FILES", "MODEL_FILE", "VOCAB_FILE", "Tokenizer", "load"]
 

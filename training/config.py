@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from transformer_core.config import ConfigError, check_choices
+from transformer_core.config_checks import ConfigError, check_choices
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 """Ray placement-group strategies (``train.placement_strategy``)."""

@@ -18,9 +18,9 @@ import torch
 from serving.translator import plan_decode_batches
 from training.data import TokenData
 from training.distributed import all_reduce_sum
-from transformer_core.config import EOS_ID
 from transformer_core.model import Transformer
 from transformer_core.search import SearchSettings, search
+from transformer_core.special_ids import EOS_ID
 
 
 class DevBleu:

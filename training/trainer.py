@@ -32,7 +32,7 @@ from training.prefetch import Prefetcher
 from training.static_shapes import StaticShapeLoss, pad_to_bucket
 from training.throughput import ThroughputMeter
 from training.validation import Validation
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 from transformer_core.flops import peak_flops, train_flops
 from transformer_core.loss import (
     chunk_loss_and_grad,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
+from transformer_core.config_checks import ConfigError
 
 
 def base() -> ModelConfig:

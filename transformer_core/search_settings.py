@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol, get_args, overload
 
 from torch import Tensor
 
-from transformer_core.config import ConfigError, check_choices
+from transformer_core.config_checks import ConfigError, check_choices
 
 
 @dataclass(frozen=True)

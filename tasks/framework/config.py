@@ -44,7 +44,8 @@ from tasks.framework.config_sections import (
 from tasks.framework.workdir_place import check_store, holds_files, run_root, store_at, workdir_of
 from training.config import TrainConfig
 from transformer_core import presets
-from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
+from transformer_core.config_checks import ConfigError
 from transformer_core.search_settings import beam_fields
 
 __all__ = [

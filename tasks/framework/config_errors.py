@@ -16,7 +16,8 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
+from transformer_core.config_checks import ConfigError
 
 
 def yaml_error(path: Path, exc: yaml.YAMLError) -> str:

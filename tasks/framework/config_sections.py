@@ -26,7 +26,7 @@ from evaluation.bleu import METRICS
 from parsing.linearize import Form
 from serving.ct2_options import Quantization
 from serving.decode_config import DecodeConfig
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 from transformer_core.search_settings import BeamSettings
 
 __all__ = [

@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 
 from corpora.storage import StorageError, Store, StoreSettings, is_remote, open_store
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 
 
 def workdir_of(template: str | Path, name: str) -> str:

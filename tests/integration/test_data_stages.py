@@ -30,7 +30,7 @@ from tasks.framework.manifest import read_manifest
 from tasks.framework.results import StageError
 from tasks.framework.runner import build_folder, run_stage
 from training.data import TokenData
-from transformer_core.config import EOS_ID
+from transformer_core.special_ids import EOS_ID
 
 # Every test here runs stages on a local Ray.
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_local")]

@@ -26,6 +26,7 @@ def _archive(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
+@pytest.mark.slow  # a virtual environment made and installed into: ~18 s
 def test_site_archive_installs_beside_the_python_s_own_packages(tmp_path):
     site = _archive(tmp_path / "site.tar.xz", {"./bundled_pkg/__init__.py": b"VALUE = 41.02\n"})
     venv = tmp_path / "venv"

@@ -63,6 +63,7 @@ ANOTHER_RAY = (
 )
 
 
+@pytest.mark.slow  # a second local Ray beside the session's and a Ray Train run on it: ~16 s
 def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
     """Two runs on one machine: Ray Train's placement-group cleaner asks the State API, from an
     actor, whether its controller lives; it must ask this run's Ray, not fail on finding two."""
@@ -118,6 +119,7 @@ LOCAL_THEN_CLUSTER = (
 )
 
 
+@pytest.mark.slow  # a local Ray, then a cluster of its own in a subprocess: ~30 s
 def test_a_cluster_started_after_a_local_ray_runs_this_process_s_actors(tmp_path):
     """A local Ray turns on token authentication for its process (Ray 2.60's default); the nodes
     of a cluster this process starts later (``ray.cluster_utils``, as the cluster tests do) must

@@ -19,7 +19,7 @@ from tasks.framework.config import (
 )
 from tasks.framework.manifest import read_manifest
 from tasks.framework.runner import run_stage
-from transformer_core.config import UNK_ID
+from transformer_core.special_ids import UNK_ID
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wmt14_ende_sample"
 

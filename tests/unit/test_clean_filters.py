@@ -9,7 +9,7 @@ import pytest
 from corpora import cleaning, filters
 from corpora.filters import CleanConfig
 from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 
 
 def judge(pairs, config=CleanConfig(), contaminants=()):

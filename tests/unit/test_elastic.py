@@ -12,7 +12,7 @@ import pytest
 from helpers.trainer import as_checkpoint, consumed, make_trainer, settings
 
 from tasks.framework.config import config_from_dict
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 
 # 240 target tokens a step of 80-token micro-batches: 3 micro-batches, for 1, 2 or 3 workers.
 ELASTIC = dict(tokens_per_step=240, max_tokens_per_batch=80, num_workers=(1, 3))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -57,6 +58,7 @@ def exact_match(model: Transformer, settings: SearchSettings, n: int = 200) -> f
     return sum(o == w for o, w in zip(outputs, wanted, strict=True)) / n
 
 
+@pytest.mark.slow  # a few hundred training steps until the model reverses: ~18 s
 def test_debug_model_learns_to_reverse():
     # About 5-10 s on a loaded 2-core CPU, so it runs always.
     model, losses = train(steps=400)

@@ -24,8 +24,8 @@ from serving.marian import (
     residual_permutation,
 )
 from transformer_core import Transformer, checkpoint, presets
-from transformer_core.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_core.model import sinusoids
+from transformer_core.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SENTENCES = [
     f"the {a} cat sat on the {b} mat, number {i}."

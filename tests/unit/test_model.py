@@ -10,7 +10,7 @@ from helpers.tiny_models import V, tiny_model, tiny_tokens
 
 from evaluation.attention import cross_attention_maps
 from transformer_core import BOS_ID, PAD_ID, Transformer, count_parameters, presets
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 from transformer_core.model import sinusoids
 
 # -- padding ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from serving import tokenizer as tokenizer_lib
 from serving.translator import DecodeConfig, Translator
 from tasks.framework.config import config_from_dict
 from transformer_core import Transformer, presets
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 from transformer_core.constraints import TreeConstraint
 from transformer_core.search import SearchSettings, search
 

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from transformer_core import presets
-from transformer_core.config import ConfigError, ModelConfig
+from transformer_core.config import ModelConfig
+from transformer_core.config_checks import ConfigError
 
 
 def test_base_and_big_match_the_paper():

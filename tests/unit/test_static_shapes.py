@@ -12,7 +12,7 @@ from training.static_shapes import bucket, pad_to_bucket
 from training.trainer import Trainer
 from transformer_core import BOS_ID, EOS_ID, PAD_ID, Transformer, presets
 from transformer_core.batching import collate
-from transformer_core.config import ConfigError
+from transformer_core.config_checks import ConfigError
 from transformer_core.loss import label_smoothed_nll
 
 

@@ -8,7 +8,8 @@ from corpora import CorpusError
 from corpora.pretokenize import Pretokenizer
 from corpora.subwords import TokenizerConfig, learn_codes, train
 from serving.tokenizer import Tokenizer
-from transformer_core.config import UNK_ID, ConfigError
+from transformer_core.config_checks import ConfigError
+from transformer_core.special_ids import UNK_ID
 
 SENTENCES = [
     "a man in a red shirt is sitting on a bench .",
