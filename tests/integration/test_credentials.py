@@ -71,6 +71,7 @@ def test_the_fetcher_sends_the_credentials_and_names_urls_without_them(tmp_path:
     assert len(auth_mirror.refused) == 3
 
 
+@pytest.mark.slow  # a Prefect flow on the shared Multi30k files: ~20 s
 def test_a_download_flow_uses_the_mirror_password_and_shows_it_nowhere(
     tmp_path: Path, harness, auth_mirror, capfd, caplog
 ):

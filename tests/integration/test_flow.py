@@ -174,6 +174,7 @@ def test_status_reports_every_stage_up_to_date(first_run):
     assert all(st.up_to_date for _, st in rows), rows
 
 
+@pytest.mark.slow  # the benchmark's decoder on the flow's model: ~10 s
 def test_decode_dev_with_the_configs_settings_on_test_gives_the_score_stages_figure(
     first_run, tmp_path
 ):

@@ -35,6 +35,7 @@ def _stage_folder(root: Path, rows: int = 50) -> Path:
     return folder
 
 
+@pytest.mark.slow  # Ray Data's Parquet on the S3 server: ~12 s
 def test_ray_data_writes_and_reads_parquet_on_the_bucket(s3_env, ray_local):
     import ray
 

@@ -21,6 +21,7 @@ COMBINED = SAMPLE / "combined"
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,  # the shared real-data samples run in the slow suite: ~15 s in all
     pytest.mark.shared_data("ptb_sample/combined"),
 ]
 
