@@ -35,3 +35,16 @@ def pytest_runtest_setup(item):
     """A test marked ``shared_data(path)`` runs only with that sample (``require_shared_data``)."""
     for marker in item.iter_markers("shared_data"):
         require_shared_data(*marker.args)
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_tracking_uri_as_found():
+    """``MLFLOW_TRACKING_URI`` as the test found it, after it: ``mlflow.set_tracking_uri`` (a
+    test's, or the registry's fluent run) writes the variable, and a later flow in this process
+    would take it for the team server a command finds at its start."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if os.environ.get("MLFLOW_TRACKING_URI") != before:
+        import mlflow
+
+        mlflow.set_tracking_uri(before)  # None: MLflow's default again, the variable unset

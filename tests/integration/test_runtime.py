@@ -187,7 +187,7 @@ def training_run(tmp_path, name: str):
     # step (the tiny config's), which the killed run's rerun would otherwise spend its time on.
     config["train"] = {
         **config["train"],
-        "steps": 400,
+        "steps": 200,
         "checkpoint_every": 50,
         "eval_every": 100,
         "log_every": 10,
