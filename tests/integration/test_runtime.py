@@ -183,8 +183,9 @@ def training_run(tmp_path, name: str):
         "decode": {"beam_size": 2, "max_len_offset": 5},
         "ray": {"num_cpus": 2},
     }
-    # Long enough to be stopped after its first checkpoint; no validation or metrics at every
-    # step (the tiny config's), which the killed run's rerun would otherwise spend its time on.
+    # Long enough to be stopped after its first checkpoint (every 50 of 200 steps); no validation
+    # or metrics at every step (the tiny config's), which the killed run's rerun would otherwise
+    # spend its time on.
     config["train"] = {
         **config["train"],
         "steps": 200,
