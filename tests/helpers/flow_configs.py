@@ -63,13 +63,7 @@ def tiny_config(workdir: Path, **overrides) -> dict:
             "ray": {"num_cpus": 2},
         }
     )
-    for dotted, value in overrides.items():
-        node = config
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return config
+    return with_overrides(config, overrides)
 
 
 def distill_config(workdir: Path, tracking_uri: str, **overrides) -> dict:
@@ -81,6 +75,11 @@ def distill_config(workdir: Path, tracking_uri: str, **overrides) -> dict:
     config["model"] = {**config["model"], "n_layers": 2, "decoder_layers": 1}
     config["decode"] = {"beam_size": 1, "max_len_offset": 5}
     config["mlflow"] = {"tracking_uri": tracking_uri, "experiment": "distillation"}
+    return with_overrides(config, overrides)
+
+
+def with_overrides(config: dict, overrides: dict) -> dict:
+    """``config`` with each ``a.b.c`` key of ``overrides`` set in its nested sections."""
     for dotted, value in overrides.items():
         node = config
         *parents, last = dotted.split(".")
