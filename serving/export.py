@@ -10,6 +10,7 @@ import yaml
 
 from serving import ServingError
 from serving.decode_config import DecodeConfig
+from serving.mlflow_uris import pointed_at
 
 __all__ = ["TARGETS", "export", "registered_files"]
 
@@ -27,11 +28,9 @@ def registered_files(
     from serving.pyfunc import ARTIFACT_DECODE, ARTIFACT_TOKENIZER, ARTIFACT_WEIGHTS
     from serving.stream import ModelNotFoundError
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_registry_uri(tracking_uri)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(dst)))
+        with pointed_at(tracking_uri):
+            local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(dst)))
     except (MlflowException, OSError) as exc:
         raise ModelNotFoundError(f"model {model_uri} cannot be downloaded: {exc}") from exc
     flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from serving import ServingError
+from serving.mlflow_uris import pointed_at
 
 if TYPE_CHECKING:
     from mlflow.pyfunc import PyFuncModel
@@ -42,12 +43,10 @@ def load_translator(model_uri: str, tracking_uri: str | None = None) -> PyFuncMo
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_registry_uri(tracking_uri)
     where = tracking_uri or mlflow.get_tracking_uri()
     try:
-        return mlflow.pyfunc.load_model(model_uri)
+        with pointed_at(tracking_uri):
+            return mlflow.pyfunc.load_model(model_uri)
     except (MlflowException, OSError) as exc:
         # Imported here: a registered model carries serving/ but not corpora/.
         from corpora.redact import redact_uri

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from corpora.location import Location
 from corpora.redact import redact_uri, redacted
+from serving.mlflow_uris import pointed_at
 from tasks.framework.config import RunConfig, flatten
 from tasks.framework.manifest import MANIFEST
 from tasks.framework.results import StageError, StageResult
@@ -232,9 +233,7 @@ def registry(config: RunConfig, stage: str) -> Iterator[tuple[MlflowClient, str]
                 )
         run_id = run.run_id
         assert run_id is not None  # delivered: the server created the run
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_registry_uri(uri)
-        with mlflow.start_run(run_id=run_id):
+        with pointed_at(uri), mlflow.start_run(run_id=run_id):
             yield client(config), run_id
 
 

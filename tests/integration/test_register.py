@@ -203,8 +203,11 @@ def test_registry_promotion_and_pyfunc(setup) -> None:
     name = config.register.model_name
     client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
 
-    # 1. The first registration becomes champion (and candidate).
+    # 1. The first registration becomes champion (and candidate); the process's MLflow
+    # variables stay as they were (a later command in it would take them for its team server).
+    found = {v: os.environ.get(v) for v in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     first = _register(config, inputs, root, bleu=20.0)
+    assert {v: os.environ.get(v) for v in found} == found
     assert first["version"] == 1 and first["aliases"] == ["candidate", "champion"]
     assert first["previous_champion"] is None and first["metric"] == {
         "name": "bleu_sacre",
@@ -453,6 +456,7 @@ def test_a_ctranslate2_version_carries_its_export_and_serves_from_it(setup, tmp_
         register=RegisterConfig(model_name="ct2-translator"),
     )
     record = _register(config, inputs, tmp_path, bleu=1.0)
+    mlflow.set_tracking_uri(config.tracking_uri)  # the registry stage leaves the process's own
     local = Path(
         mlflow.artifacts.download_artifacts(record["model_uri"], dst_path=str(tmp_path / "dl"))
     )
