@@ -77,11 +77,24 @@ def started(verbose: bool) -> Iterator[Start]:
     after it the environment is as it was (tests run many commands in one process)."""
     start = found_at_start()
     wanted = switches(verbose, Path.cwd())
-    before = {name: os.environ.get(name) for name in (*wanted, *COMMAND_VARIABLES)}
+    before = {name: os.environ.get(name) for name in wanted}
     for name, value in wanted.items():
         os.environ.setdefault(name, value)
     try:
-        yield start
+        with restored():
+            yield start
+    finally:
+        _restore(before)
+
+
+@contextlib.contextmanager
+def restored() -> Iterator[None]:
+    """``COMMAND_VARIABLES`` as they were after the block: what ``configured`` set for one
+    command's config (a flow run's, in a process that runs several) must not name, for the next,
+    the State API of a Ray that has gone (a Ray started later inherits it: refused connections)."""
+    before = {name: os.environ.get(name) for name in COMMAND_VARIABLES}
+    try:
+        yield
     finally:
         _restore(before)
 

@@ -13,6 +13,8 @@ and what Prefect records; ``tfm run`` hands over the config it already loaded an
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -40,14 +42,20 @@ class Loaded:
         self.config = config
 
 
-def _config(config_path: str, overrides: dict[str, Any] | None, loaded: Loaded | None) -> RunConfig:
-    """The config the caller loaded, else the file's, validated here: a deployment's run, whose
-    process starts here, with the team server it was started with, as ``tfm``'s."""
+@contextlib.contextmanager
+def _config(
+    config_path: str, overrides: dict[str, Any] | None, loaded: Loaded | None
+) -> Iterator[RunConfig]:
+    """The config the caller loaded (its command set the switches), else the file's, validated
+    here, with the switches it needs for the flow run and not after it: a deployment's run,
+    whose process starts here, with the team server it was started with, as ``tfm``'s."""
     if loaded is not None:
-        return loaded.config
-    start = environment.found_at_start()
-    config = load_config(config_path, overrides, team_tracking_uri=start.tracking_uri)
-    return environment.configured(config)
+        yield loaded.config
+        return
+    with environment.restored():
+        start = environment.found_at_start()
+        config = load_config(config_path, overrides, team_tracking_uri=start.tracking_uri)
+        yield environment.configured(config)
 
 
 @task(name="stage", retries=0, cache_policy=NO_CACHE)
@@ -180,7 +188,8 @@ def pipeline_flow(
     -> tokenizer -> shard -> train -> average -> translate -> parse_score (parsing), or teacher
     -> download -> clean -> distill -> filter -> tokenizer -> ... -> score -> export -> register
     (a config with ``distill.teacher``: docs/distillation.md)."""
-    return run_pipeline(_config(config_path, overrides, loaded), tuple(force or ()))
+    with _config(config_path, overrides, loaded) as config:
+        return run_pipeline(config, tuple(force or ()))
 
 
 @flow(name="stage")
@@ -192,6 +201,6 @@ def stage_flow(
     loaded: Loaded | None = None,
 ) -> list[StageResult]:
     """Run one stage by name (for deployments that rerun a single stage)."""
-    config = _config(config_path, overrides, loaded)
-    graph.spec(config, stage)  # unknown names fail before anything starts
-    return run_pipeline(config, (stage,) if force else (), only=(stage,))
+    with _config(config_path, overrides, loaded) as config:
+        graph.spec(config, stage)  # unknown names fail before anything starts
+        return run_pipeline(config, (stage,) if force else (), only=(stage,))

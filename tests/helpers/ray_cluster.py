@@ -14,8 +14,8 @@ def local_cluster(workers: int) -> Iterator[tuple[Any, list[Any]]]:
     import ray
     from ray.cluster_utils import Cluster
 
-    # The session's local Ray (conftest.ray_local) goes: a driver joins one cluster at a time,
-    # and stages started later find none and start it again (tasks.framework.runtime.ensure_ray).
+    # The session's local Ray (conftest.ray_local) goes while the cluster is up: a driver joins
+    # one cluster at a time. It is back after it, as the tests after this one were promised.
     ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
@@ -33,3 +33,15 @@ def local_cluster(workers: int) -> Iterator[tuple[Any, list[Any]]]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        start_local_ray()
+
+
+def start_local_ray() -> None:
+    """The session's local 2-CPU Ray, started as a command's stages start it (``ensure_ray``,
+    with the switches ``tfm`` sets: its workers know where its State API is)."""
+    from pipelines import environment
+    from tasks.framework.config import RayConfig
+    from tasks.framework.runtime import ensure_ray
+
+    with environment.local_ray(RayConfig(num_cpus=2)) as config:
+        ensure_ray(config)

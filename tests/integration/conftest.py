@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.mlflow_server import MlflowServer
+from helpers.ray_cluster import start_local_ray
 from helpers.stage_folders import finished_folder, tiny_sentences, tokenizer_folder
 
 
@@ -17,12 +18,7 @@ def ray_local():
     switches ``tfm`` sets), shut down at the end."""
     import ray
 
-    from pipelines import environment
-    from tasks.framework.config import RayConfig
-    from tasks.framework.runtime import ensure_ray
-
-    with environment.local_ray(RayConfig(num_cpus=2)) as config:
-        ensure_ray(config)
+    start_local_ray()
     yield
     ray.shutdown()
 

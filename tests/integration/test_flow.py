@@ -8,11 +8,14 @@ One module-scoped first run, then reruns that check skipping, and (slow: each re
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 from helpers.flow_configs import MIRROR, SECRET, WMT14_STAGES, ran, tiny_config, write_config
+
+from pipelines import environment
 
 pytestmark = pytest.mark.integration
 
@@ -160,8 +163,12 @@ def test_second_run_skips_every_stage(first_run):
     from pipelines.flows import pipeline_flow
 
     _, path, _ = first_run
+    before = {name: os.environ.get(name) for name in environment.COMMAND_VARIABLES}
     outcomes = pipeline_flow(config_path=path)
     assert ran(outcomes) == []
+    # A flow that loaded its own config set Ray's and MLflow's switches for its run only: a Ray
+    # started later in this process must not be told where the State API of this one was.
+    assert {name: os.environ.get(name) for name in before} == before
 
 
 def test_status_reports_every_stage_up_to_date(first_run):
