@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import cast
 
 
 @contextlib.contextmanager
@@ -28,7 +29,9 @@ def pointed_at(uri: str | None) -> Iterator[None]:
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(tracking)  # None unsets the variable
-        mlflow.set_registry_uri(registry)
+        # MLflow 3.17 annotates str and takes None as "none set": tracking's unsets the variable,
+        # registry's leaves it.
+        mlflow.set_tracking_uri(cast(str, tracking))
+        mlflow.set_registry_uri(cast(str, registry))
         if registry is None:
-            MLFLOW_REGISTRY_URI.unset()  # set_registry_uri(None) leaves the variable
+            MLFLOW_REGISTRY_URI.unset()
