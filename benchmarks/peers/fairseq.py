@@ -63,13 +63,26 @@ def train_command(
     languages: tuple[str, str] = ("en", "de"),
     gpu: bool = False,
     fp16: bool = False,
+    processes: int = 1,
 ) -> list[str]:
     """``fairseq-train`` of ``shape`` with ``recipe`` for ``updates`` updates; no validation
     (a last checkpoint only), JSON log lines every ``log_interval`` updates. On CPU
-    (``gpu=False``) its data loading stays in the training process (``--num-workers 0``)."""
+    (``gpu=False``) its data loading stays in the training process (``--num-workers 0``).
+
+    ``processes`` > 1 (CPU): that many fairseq-train processes under torchrun, the layout of
+    fairseq's own data parallelism on one machine, their gradients summed over gloo (fairseq's
+    ``legacy_ddp``: torch's DDP takes no device ids for a CPU model); each accumulates
+    ``update_freq / processes`` batches, so an update holds the recipe's tokens as in one
+    process."""
+    if recipe.update_freq % processes:
+        raise ValueError(f"update_freq {recipe.update_freq} is not split by {processes} processes")
     d, ff, layers, heads = str(shape.d_model), str(shape.d_ff), str(shape.layers), str(shape.heads)
+    launch = peer.module("fairseq_cli.train")
+    if processes > 1:
+        launch = [*peer.module("torch.distributed.run"), "--standalone",
+                  "--nproc-per-node", str(processes), "-m", "fairseq_cli.train"]  # fmt: skip
     cmd = [
-        *peer.module("fairseq_cli.train"), str(data_bin),
+        *launch, str(data_bin),
         "--task", "translation", "--source-lang", languages[0], "--target-lang", languages[1],
         "--arch", "transformer",
         "--encoder-layers", layers, "--decoder-layers", layers,
@@ -84,7 +97,8 @@ def train_command(
         "--lr", str(recipe.lr), "--lr-scheduler", "inverse_sqrt",
         "--warmup-updates", str(recipe.warmup), "--warmup-init-lr", "1e-07",
         "--clip-norm", str(recipe.clip_norm),
-        "--max-tokens", str(recipe.max_tokens), "--update-freq", str(recipe.update_freq),
+        "--max-tokens", str(recipe.max_tokens),
+        "--update-freq", str(recipe.update_freq // processes),
         "--max-update", str(updates),
         "--seed", str(recipe.seed),
         "--save-dir", str(save_dir),
@@ -99,6 +113,8 @@ def train_command(
         cmd += ["--fp16"] if fp16 else []
     else:
         cmd += ["--cpu", "--num-workers", "0"]
+    if processes > 1:
+        cmd += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
     return cmd
 
 

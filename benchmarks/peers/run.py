@@ -44,7 +44,7 @@ from typing import Any
 from . import eole, fairseq
 from .data import Corpus, default_mirror, prepare
 from .env import Peer, Recipe, Shape, ensure, last_line
-from .report import LAYOUTS, cpu_model, tables
+from .report import FAIRSEQ, FAIRSEQ_2P, LAYOUTS, OURS, best, best_of, cpu_model, tables
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -103,7 +103,10 @@ def guarded(what: str, function: Callable[..., dict[str, Any]], *args: Any) -> d
 # ------------------------------------------------------------------------------ training
 
 
-def train_fairseq(peer: Peer, corpus: Corpus, out: Path, args) -> dict[str, Any]:
+def train_fairseq(
+    peer: Peer, corpus: Corpus, out: Path, args, processes: int = 1
+) -> dict[str, Any]:
+    """fairseq-train in ``processes`` processes of ``threads / processes`` threads each."""
     data_bin = out / "fairseq" / "data-bin"
     if not (data_bin / "dict.en.txt").is_file():
         shutil.rmtree(data_bin, ignore_errors=True)
@@ -111,7 +114,8 @@ def train_fairseq(peer: Peer, corpus: Corpus, out: Path, args) -> dict[str, Any]
         code, text, _ = run(cmd, peer.env(args.threads), out / "fairseq" / "preprocess.log")
         if code != 0:
             return {"problem": f"fairseq-preprocess: exit {code}: {last_line(text)}"}
-    save = out / "fairseq" / "checkpoints"
+    suffix = "" if processes == 1 else f"-{processes}p"
+    save = out / "fairseq" / f"checkpoints{suffix}"
     shutil.rmtree(save, ignore_errors=True)
     cmd = fairseq.train_command(
         peer,
@@ -122,8 +126,10 @@ def train_fairseq(peer: Peer, corpus: Corpus, out: Path, args) -> dict[str, Any]
         args.updates,
         args.log_every,
         languages=corpus.languages,
+        processes=processes,
     )
-    code, text, seconds = run(cmd, peer.env(args.threads), out / "fairseq" / "train.log")
+    threads = max(1, args.threads // processes)
+    code, text, seconds = run(cmd, peer.env(threads), out / "fairseq" / f"train{suffix}.log")
     if code != 0:
         return {"problem": f"fairseq-train: exit {code}: {last_line(text)}"}
     return fairseq.train_rates(text, args.log_every) | {
@@ -288,13 +294,20 @@ def parser() -> argparse.ArgumentParser:
 def train_all(peers: dict[str, Peer], corpus: Corpus, work: Path, args) -> dict[str, Any]:
     """Every toolkit's training, one after the other: a row each, ``problem`` if it failed."""
     train: dict[str, Any] = {}
-    trainers = {"fairseq": train_fairseq, "eole": train_eole}
-    for name, peer in peers.items():
-        print(f"training: {name}", flush=True)
-        train[name] = (
+    trainers: dict[str, tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]]] = {
+        "fairseq": ("fairseq", train_fairseq, ()),
+        FAIRSEQ_2P: ("fairseq", train_fairseq, (2,)),
+        "eole": ("eole", train_eole, ()),
+    }
+    for label, (name, trainer, extra) in trainers.items():
+        peer = peers.get(name)
+        if peer is None:
+            continue
+        print(f"training: {label}", flush=True)
+        train[label] = (
             {"problem": peer.problem}
             if peer.problem
-            else guarded(f"{name} training", trainers[name], peer, corpus, work, args)
+            else guarded(f"{label} training", trainer, peer, corpus, work, args, *extra)
         )
     for kind, label in (("ray", "ours (Ray Train, as tfm run)"), ("plain", "ours (one process)")):
         print(f"training: {label}", flush=True)
@@ -356,8 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         peers[name] = peer
     train = train_all(peers, corpus, work, args)
     decode = {} if args.skip_decode else decode_all(peers, train, corpus, work, args)
-    ours_rate = train["ours (Ray Train, as tfm run)"].get("target_tokens_per_s")
-    fairseq_rate = train.get("fairseq", {}).get("target_tokens_per_s")
+    ours_rate, fairseq_rate = best(train, OURS), best(train, FAIRSEQ)
     results = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {cpu_model()}",
@@ -373,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": train,
         "decode": decode,
         "ours_over_fairseq": ours_rate / fairseq_rate if ours_rate and fairseq_rate else None,
+        "best_layouts": {"ours": best_of(train, OURS), "fairseq": best_of(train, FAIRSEQ)},
         "wall_s": round(time.time() - started),
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -69,6 +69,22 @@ def test_fairseq_train_command_is_the_recipe():
                  "--label-smoothing 0.1", "--lr-scheduler inverse_sqrt", "--max-update 30",
                  "--share-all-embeddings", "--cpu"):  # fmt: skip
         assert flag in text, flag
+    assert "torch.distributed.run" not in text and "--ddp-backend" not in text
+    # Two processes: torchrun launches fairseq's data parallelism over gloo, and each process
+    # accumulates half the batches, so an update holds the same 2 x 4,096 tokens.
+    two = " ".join(
+        peers_fairseq.train_command(
+            PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, processes=2
+        )
+    )
+    assert "-m torch.distributed.run --standalone --nproc-per-node 2 -m fairseq_cli.train" in two
+    for flag in ("--max-tokens 4096", "--update-freq 1", "--distributed-backend gloo",
+                 "--ddp-backend legacy_ddp", "--cpu"):  # fmt: skip
+        assert flag in two, flag
+    with pytest.raises(ValueError, match="update_freq 2 is not split by 3"):
+        peers_fairseq.train_command(
+            PEER, Path("b"), Path("c"), Shape(), Recipe(), 30, 10, processes=3
+        )
     gpu = peers_fairseq.train_command(
         PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, gpu=True, fp16=True
     )
@@ -153,26 +169,38 @@ def test_eole_config_is_the_recipe(tmp_path):
     assert gpu["training"]["gpu_ranks"] == [0] and gpu["training"]["compute_dtype"] == "bf16"
 
 
-def test_the_table_gives_the_ratio_line_and_a_problem_in_one_row():
+def test_the_table_compares_best_layout_with_best_and_a_problem_is_one_row():
     rate = {
         "layout": "x",
         "target_tokens_per_update": 7000,
         "timed_updates": 20,
         "timed_seconds": 50,
     }
+    train = {
+        "fairseq": rate | {"target_tokens_per_s": 2000.0},
+        report.FAIRSEQ_2P: rate | {"target_tokens_per_s": 2400.0},
+        "eole": {"layout": "y", "problem": "eole: installing eole failed"},
+        "ours (Ray Train, as tfm run)": rate | {"target_tokens_per_s": 3000.0},
+        "ours (one process)": rate | {"target_tokens_per_s": 2600.0},
+    }
+    assert report.best_of(train, report.FAIRSEQ) == report.FAIRSEQ_2P
+    assert report.best(train, report.OURS) == 3000.0
+    assert report.best_of({"fairseq": {"problem": "no"}}, report.FAIRSEQ) is None
     results = {
-        "train": {
-            "fairseq": rate | {"target_tokens_per_s": 2000.0},
-            "eole": {"layout": "y", "problem": "eole: installing eole failed"},
-            "ours (Ray Train, as tfm run)": rate | {"target_tokens_per_s": 2500.0},
-        },
+        "train": train,
         "decode": {},
         "ours_over_fairseq": 1.25,
+        "best_layouts": {"ours": "ours (Ray Train, as tfm run)", "fairseq": report.FAIRSEQ_2P},
     }
     text = report.tables(results)
-    assert "train tokens/s ours/fairseq: 1.25" in text.splitlines()
+    assert (
+        "train tokens/s ours/fairseq (best layouts): 1.25 "
+        "(ours (Ray Train, as tfm run) / fairseq (2 processes))"
+    ) in text.splitlines()
     assert "| eole | not run: eole: installing eole failed |" in text
-    assert "| ours (Ray Train, as tfm run) | x | 2,500 | 1.25 |" in text
+    # Every row against fairseq's best layout.
+    assert "| ours (Ray Train, as tfm run) | x | 3,000 | 1.25 |" in text
+    assert "| fairseq | x | 2,000 | 0.83 |" in text
 
 
 def test_a_parse_failure_is_a_problem_line_not_a_crash():
