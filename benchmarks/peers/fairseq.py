@@ -63,26 +63,24 @@ def train_command(
     languages: tuple[str, str] = ("en", "de"),
     gpu: bool = False,
     fp16: bool = False,
-    processes: int = 1,
+    rank: tuple[int, int, int] | None = None,
 ) -> list[str]:
     """``fairseq-train`` of ``shape`` with ``recipe`` for ``updates`` updates; no validation
     (a last checkpoint only), JSON log lines every ``log_interval`` updates. On CPU
     (``gpu=False``) its data loading stays in the training process (``--num-workers 0``).
 
-    ``processes`` > 1 (CPU): that many fairseq-train processes under torchrun, the layout of
-    fairseq's own data parallelism on one machine, their gradients summed over gloo (fairseq's
-    ``legacy_ddp``: torch's DDP takes no device ids for a CPU model); each accumulates
-    ``update_freq / processes`` batches, so an update holds the recipe's tokens as in one
-    process."""
+    ``rank`` ``(rank, processes, port)`` (CPU): one of ``processes`` fairseq-train processes on
+    this machine, fairseq's own data parallelism, their gradients summed over gloo (its
+    ``legacy_ddp``: torch's DDP takes no device ids for a CPU model), met at 127.0.0.1:``port``;
+    each accumulates ``update_freq / processes`` batches, so an update holds the recipe's
+    tokens as in one process. fairseq 0.12.3 cannot take torchrun's rendezvous on a machine
+    without CUDA (it divides the rank by the GPU count), so each process is told its rank."""
+    processes = rank[1] if rank else 1
     if recipe.update_freq % processes:
         raise ValueError(f"update_freq {recipe.update_freq} is not split by {processes} processes")
     d, ff, layers, heads = str(shape.d_model), str(shape.d_ff), str(shape.layers), str(shape.heads)
-    launch = peer.module("fairseq_cli.train")
-    if processes > 1:
-        launch = [*peer.module("torch.distributed.run"), "--standalone",
-                  "--nproc-per-node", str(processes), "-m", "fairseq_cli.train"]  # fmt: skip
     cmd = [
-        *launch, str(data_bin),
+        *peer.module("fairseq_cli.train"), str(data_bin),
         "--task", "translation", "--source-lang", languages[0], "--target-lang", languages[1],
         "--arch", "transformer",
         "--encoder-layers", layers, "--decoder-layers", layers,
@@ -113,8 +111,11 @@ def train_command(
         cmd += ["--fp16"] if fp16 else []
     else:
         cmd += ["--cpu", "--num-workers", "0"]
-    if processes > 1:
-        cmd += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    if rank:
+        cmd += ["--distributed-init-method", f"tcp://127.0.0.1:{rank[2]}",
+                "--distributed-rank", str(rank[0]), "--distributed-world-size", str(processes),
+                "--distributed-no-spawn", "--distributed-backend", "gloo",
+                "--ddp-backend", "legacy_ddp"]  # fmt: skip
     return cmd
 
 

@@ -29,11 +29,13 @@ prints the table. Every figure is from this one run; other load on the machine m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -65,6 +67,35 @@ def run(
     seconds = time.perf_counter() - started
     log.write_text(" ".join(cmd) + "\n\n" + done.stdout, encoding="utf-8")
     return done.returncode, done.stdout, seconds
+
+
+def run_ranks(cmds: list[list[str]], env: dict[str, str], log: Path) -> tuple[int, str, float]:
+    """The ranks of one training at once (``run`` for one): the first nonzero exit code, rank
+    0's output (in ``log``; the others' beside it) and the wall seconds until the last ends."""
+    if len(cmds) == 1:
+        return run(cmds[0], env, log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    logs = [log if i == 0 else log.with_suffix(f".rank{i}.log") for i in range(len(cmds))]
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        sinks = [stack.enter_context(path.open("w", encoding="utf-8")) for path in logs]
+        for sink, cmd in zip(sinks, cmds, strict=True):
+            sink.write(" ".join(cmd) + "\n\n")
+            sink.flush()
+        ranks = [
+            subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+            for cmd, sink in zip(cmds, sinks, strict=True)
+        ]
+        codes = [rank.wait() for rank in ranks]
+    seconds = time.perf_counter() - started
+    return next((c for c in codes if c), 0), log.read_text(encoding="utf-8"), seconds
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the ranks' rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def ours_env(threads: int) -> dict[str, str]:
@@ -117,19 +148,23 @@ def train_fairseq(
     suffix = "" if processes == 1 else f"-{processes}p"
     save = out / "fairseq" / f"checkpoints{suffix}"
     shutil.rmtree(save, ignore_errors=True)
-    cmd = fairseq.train_command(
-        peer,
-        data_bin,
-        save,
-        Shape(),
-        recipe(args),
-        args.updates,
-        args.log_every,
-        languages=corpus.languages,
-        processes=processes,
-    )
+    port = free_port()
+    cmds = [
+        fairseq.train_command(
+            peer,
+            data_bin,
+            save,
+            Shape(),
+            recipe(args),
+            args.updates,
+            args.log_every,
+            languages=corpus.languages,
+            rank=(rank, processes, port) if processes > 1 else None,
+        )
+        for rank in range(processes)
+    ]
     threads = max(1, args.threads // processes)
-    code, text, seconds = run(cmd, peer.env(threads), out / "fairseq" / f"train{suffix}.log")
+    code, text, seconds = run_ranks(cmds, peer.env(threads), out / "fairseq" / f"train{suffix}.log")
     if code != 0:
         return {"problem": f"fairseq-train: exit {code}: {last_line(text)}"}
     return fairseq.train_rates(text, args.log_every) | {

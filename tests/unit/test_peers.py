@@ -69,21 +69,23 @@ def test_fairseq_train_command_is_the_recipe():
                  "--label-smoothing 0.1", "--lr-scheduler inverse_sqrt", "--max-update 30",
                  "--share-all-embeddings", "--cpu"):  # fmt: skip
         assert flag in text, flag
-    assert "torch.distributed.run" not in text and "--ddp-backend" not in text
-    # Two processes: torchrun launches fairseq's data parallelism over gloo, and each process
-    # accumulates half the batches, so an update holds the same 2 x 4,096 tokens.
+    assert "--distributed-rank" not in text and "--ddp-backend" not in text
+    # Rank 1 of two: fairseq's own data parallelism over gloo, told its rank (fairseq 0.12.3
+    # cannot take torchrun's rendezvous without CUDA), each accumulating half the batches, so
+    # an update holds the same 2 x 4,096 tokens.
     two = " ".join(
         peers_fairseq.train_command(
-            PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, processes=2
+            PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, rank=(1, 2, 29500)
         )
     )
-    assert "-m torch.distributed.run --standalone --nproc-per-node 2 -m fairseq_cli.train" in two
-    for flag in ("--max-tokens 4096", "--update-freq 1", "--distributed-backend gloo",
+    for flag in ("--max-tokens 4096", "--update-freq 1", "--distributed-world-size 2",
+                 "--distributed-rank 1", "--distributed-init-method tcp://127.0.0.1:29500",
+                 "--distributed-no-spawn", "--distributed-backend gloo",
                  "--ddp-backend legacy_ddp", "--cpu"):  # fmt: skip
         assert flag in two, flag
     with pytest.raises(ValueError, match="update_freq 2 is not split by 3"):
         peers_fairseq.train_command(
-            PEER, Path("b"), Path("c"), Shape(), Recipe(), 30, 10, processes=3
+            PEER, Path("b"), Path("c"), Shape(), Recipe(), 30, 10, rank=(0, 3, 1)
         )
     gpu = peers_fairseq.train_command(
         PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, gpu=True, fp16=True
