@@ -79,7 +79,7 @@ def tables(results: dict[str, Any]) -> str:
 
 LAYOUTS = {
     "fairseq": "fairseq-train, 1 process x 2 threads, 2 x 4,096 accumulated",
-    FAIRSEQ_2P: "fairseq-train under torchrun, 2 processes x 1 thread (gloo), 4,096 each",
+    FAIRSEQ_2P: "fairseq-train, 2 processes x 1 thread (its data parallelism, gloo), 4,096 each",
     # eole 0.6 trains on a CPU in one process (its multi-process mode is one process a GPU)
     "eole": "eole train, 1 process x 2 threads, 2 x 4,096 accumulated",
     "ours (Ray Train, as tfm run)": "Ray Train, 2 workers x 1 thread, 4,096 each",
