@@ -39,9 +39,10 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(autouse=True)
 def _mlflow_tracking_uri_as_found():
-    """``MLFLOW_TRACKING_URI`` as the test found it, after it: ``mlflow.set_tracking_uri`` (a
-    test's, or the registry's fluent run) writes the variable, and a later flow in this process
-    would take it for the team server a command finds at its start."""
+    """``MLFLOW_TRACKING_URI`` as the test found it, after it: a test's own
+    ``mlflow.set_tracking_uri`` writes the variable (the product's calls put it back:
+    ``serving.mlflow_uris``), and a later flow in this process would take it for the team
+    server a command finds at its start."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
     yield
     if os.environ.get("MLFLOW_TRACKING_URI") != before:
