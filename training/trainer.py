@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,12 +36,16 @@ from training.validation import Validation
 from transformer_core.config_checks import ConfigError
 from transformer_core.flops import peak_flops, train_flops
 from transformer_core.loss import (
+    CHUNK_LOGITS,
+    CPU_CHUNK_LOGITS,
     chunk_loss_and_grad,
     label_smoothed_nll,
     linear_label_smoothed_nll,
 )
 from transformer_core.model import NO_CUDNN, Transformer
 from transformer_core.schedule import make_optimizer, make_scheduler
+
+log = logging.getLogger(__name__)
 
 Callback = Callable[["Trainer"], None]
 """Called with the Trainer after every ``train_step``, on every rank."""
@@ -113,7 +118,8 @@ class Trainer:
         # of them instead of a recompilation per shape.
         self._forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
         self.fused_loss = config.fused_loss
-        self._loss = loss_function(config, module, self.device)
+        self.dtype = autocast_dtype(config, self.device)
+        self._loss = loss_function(config, module, self.device, self.dtype)
         self._static = None
         if config.static_shapes:  # the step's forward, loss and backward as CUDA graphs
             self._static = StaticShapeLoss(module, self._loss, self._contexts)
@@ -214,12 +220,13 @@ class Trainer:
     # -------------------------------------------------------------------------- steps
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast on CUDA (``train.bf16``), nothing on CPU."""
-        if self.device.type == "cuda" and self.config.bf16:
-            # A CUDA graph replays the casts it captured: autocast's cache of them must be off.
-            cache = not self.config.static_shapes
-            return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
-        return contextlib.nullcontext()
+        """bf16 autocast where ``autocast_dtype`` says so (``train.bf16`` on CUDA,
+        ``train.cpu_bf16`` on a CPU), else nothing."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        # A CUDA graph replays the casts it captured: autocast's cache of them must be off.
+        cache = not self.config.static_shapes
+        return torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=cache)
 
     @contextlib.contextmanager
     def _contexts(self) -> Iterator[None]:
@@ -399,20 +406,43 @@ def check_pad_multiple(config: TrainConfig, train: TokenData, max_len: int) -> N
         )
 
 
-def loss_function(config: TrainConfig, module: Transformer, device: torch.device) -> Callable:
+def native_cpu_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). torch's private checks
+    (pinned torch): its public ``mkldnn`` one also says yes where oneDNN only emulates bf16."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def autocast_dtype(config: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """bf16 where training autocasts (``train.bf16`` on CUDA, ``train.cpu_bf16`` on a CPU that
+    has native bf16); None: float32 throughout."""
+    if device.type == "cuda":
+        return torch.bfloat16 if config.bf16 else None
+    if device.type == "cpu" and config.cpu_bf16:
+        if native_cpu_bf16():
+            return torch.bfloat16
+        log.warning("train.cpu_bf16: this CPU has no native bf16 (AVX512-BF16 or AMX): float32")
+    return None
+
+
+def loss_function(
+    config: TrainConfig, module: Transformer, device: torch.device, dtype: torch.dtype | None
+) -> Callable:
     """The training loss on the model's output: label-smoothed NLL of the logits or, with
-    ``fused_loss``, of the states through the output projection in chunks; compiled with
-    ``compile``."""
+    ``fused_loss``, of the states through the output projection in chunks (the projection in
+    ``dtype``, autocast's); compiled with ``compile``, only the chunks' loss with
+    ``compile_loss``."""
     if not config.fused_loss:
         if config.compile:
             return torch.compile(label_smoothed_nll, dynamic=True)
         return label_smoothed_nll
-    chunk = torch.compile(chunk_loss_and_grad, dynamic=True) if config.compile else None
+    compiled = config.compile or config.compile_loss
+    chunk = torch.compile(chunk_loss_and_grad, dynamic=True) if compiled else None
     return functools.partial(
         linear_label_smoothed_nll,
         weight=module.generator.weight,
         # The loss runs outside the autocast region: the projection's dtype is explicit.
-        dtype=torch.bfloat16 if device.type == "cuda" else None,
+        dtype=dtype,
+        chunk_logits=CHUNK_LOGITS if device.type == "cuda" else CPU_CHUNK_LOGITS,
         **({"chunk_fn": chunk} if chunk is not None else {}),
     )
 

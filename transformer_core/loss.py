@@ -56,6 +56,8 @@ def label_smoothed_nll(
 
 # Rows of hidden states per chunk of the fused loss: about 2**27 logits (256 MiB in bf16) a chunk.
 CHUNK_LOGITS = 1 << 27
+CPU_CHUNK_LOGITS = 1 << 22
+"""A CPU's chunk: 16 MiB of float32 logits, near its caches (a CPU has no launches to save)."""
 
 
 def chunk_loss_and_grad(
@@ -89,7 +91,7 @@ class _LinearLabelSmoothedNll(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, epsilon, pad_id, chunk_fn, compute_dtype):
+    def forward(ctx, hidden, weight, target, epsilon, pad_id, chunk_fn, compute_dtype, chunk):
         n, vocab = hidden.size(0), weight.size(0)
         h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
         keep = target != pad_id
@@ -98,7 +100,7 @@ class _LinearLabelSmoothedNll(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=torch.float32)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         nll = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        rows = max(1, CHUNK_LOGITS // vocab)
+        rows = max(1, (chunk or CHUNK_LOGITS) // vocab)
         for start in range(0, n, rows):
             h_c = h[start : start + rows]  # (C, D)
             logits = h_c @ w.t()  # (C, V)
@@ -128,6 +130,7 @@ class _LinearLabelSmoothedNll(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -139,6 +142,7 @@ def linear_label_smoothed_nll(
     pad_id: int,
     chunk_fn: Callable[..., tuple[Tensor, Tensor, Tensor]] = chunk_loss_and_grad,
     dtype: torch.dtype | None = None,
+    chunk_logits: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``label_smoothed_nll(hidden @ weight.T, target, ...)`` without the whole logits tensor.
 
@@ -148,6 +152,7 @@ def linear_label_smoothed_nll(
     the inputs' dtype; the softmax runs in float32; gradients flow to ``hidden`` and ``weight`` only
     through the summed loss (the NLL is a metric). ``chunk_fn`` may be a compiled
     ``chunk_loss_and_grad``, which fuses each chunk's softmax and gradient into one kernel.
+    ``chunk_logits``: logits a chunk (``CHUNK_LOGITS`` if None).
     """
     _check(hidden, "hidden", "D", target, epsilon)
     device = hidden.device.type
@@ -165,4 +170,5 @@ def linear_label_smoothed_nll(
             pad_id,
             chunk_fn,
             compute_dtype,
+            chunk_logits,
         )

@@ -93,11 +93,7 @@ class MultiHeadAttention(nn.Module):
             y = _matmul_attention(q, k, v, mask)  # (B/g, nh, g*T, hv)
         else:
             dropout_p = self.attention_dropout if self.training else 0.0
-            # softmax(q k^T / sqrt(d_k)) v: SDPA's default scale is
-            # 1/sqrt(q.size(-1)) = 1/sqrt(d_k).
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-            )  # (B/g, nh, g*T, hv)
+            y = _sdpa(q, k, v, mask, dropout_p, is_causal)  # (B/g, nh, g*T, hv)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # (B, T, nh*hv)
         return self.out_proj(y)  # (B, T, D)
 
@@ -118,6 +114,25 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1)
+
+
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+) -> Tensor:
+    """softmax(q k^T / sqrt(d_k)) v by SDPA (its default scale is 1/sqrt(q.size(-1))). bf16 on a
+    CPU (``train.cpu_bf16``) runs it in float32: torch's CPU flash attention took 7x longer for
+    its backward in bf16 than in float32 (the Multi30k recipe's model, torch.profiler)."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )
+    if mask is not None and mask.is_floating_point():  # an additive mask: float32 as well
+        mask = mask.float()
+    with torch.autocast("cpu", enabled=False):
+        y = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), mask, dropout_p=dropout_p, is_causal=is_causal
+        )
+    return y.to(q.dtype)
 
 
 def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:

@@ -78,6 +78,7 @@ def test_heads_must_divide_width(tmp_path: Path):
         ({"clean": {"max_ratio": 0.5}}, "clean.max_ratio"),
         ({"train": {"use_gpu": "yes"}}, "train.use_gpu"),
         ({"decode": {"dtype": "float16"}}, "decode.dtype"),
+        ({"train": {"compile_loss": True}}, "train.compile_loss"),  # without fused_loss
         # A pair the source cannot make fails at load, not when download runs.
         ({"data": {"source": "synthetic", "pair": "en-xx"}}, "data.pair"),
         ({"data": {"source": "wmt14", "pair": "en-xx"}}, "data.pair"),

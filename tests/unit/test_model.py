@@ -321,3 +321,27 @@ def test_a_shallow_decoder_has_its_own_layer_count():
     assert len(Transformer(presets.debug(), 40).decoder_layers) == presets.debug().n_layers
     with pytest.raises(ConfigError, match="decoder_layers"):
         presets.debug().replace(decoder_layers=0)
+
+
+def test_attention_under_cpu_bf16_autocast_runs_in_float32(monkeypatch):
+    """Under CPU bf16 autocast (``train.cpu_bf16``) the projections run in bf16 but SDPA gets
+    float32 queries, keys and values (its bf16 backward is slow on CPUs); the output is bf16."""
+    import transformer_core.model as model_module
+
+    seen: list[torch.dtype] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.extend({q.dtype, k.dtype, v.dtype})
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy)
+    model = tiny_model(seed=3)
+    src, tgt = tiny_tokens(2, 6, seed=4), tiny_tokens(2, 5, seed=5, first=BOS_ID)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+    assert logits.dtype == torch.bfloat16
+    assert seen and set(seen) == {torch.float32}
+    with torch.no_grad():
+        expected = model(src, tgt)
+    torch.testing.assert_close(logits.float(), expected, atol=0.1, rtol=0.05)

@@ -10,7 +10,7 @@ import torch
 from helpers.trainer import SEED, VOCAB, as_checkpoint, make_trainer, reversal, settings
 
 from training.distributed import seed_all
-from training.trainer import Trainer
+from training.trainer import Trainer, native_cpu_bf16
 from transformer_core import Transformer, presets
 from transformer_core.schedule import learning_rate
 
@@ -224,17 +224,17 @@ def test_fused_loss_takes_the_same_steps_as_the_logits_path():
     Gradients, not weights after the steps: Adam's m / sqrt(v) turns rounding noise in a
     near-zero gradient into a full-size step of either sign (seen on one of 16,384 feed-forward
     weights on an AVX-512 CPU), which says nothing about the loss."""
-    import transformer_core.loss as loss_module
+    import training.trainer as trainer_module
 
     plain = make_trainer(settings(fused_loss=False, steps=3))
     plain_metrics, plain_grads = gradients_at_each_step(plain, 3)
-    saved = loss_module.CHUNK_LOGITS
-    loss_module.CHUNK_LOGITS = 2 * VOCAB
+    saved = trainer_module.CPU_CHUNK_LOGITS
+    trainer_module.CPU_CHUNK_LOGITS = 2 * VOCAB  # a CPU trainer's chunks
     try:
         fused = make_trainer(settings(fused_loss=True, steps=3))
         fused_metrics, fused_grads = gradients_at_each_step(fused, 3)
     finally:
-        loss_module.CHUNK_LOGITS = saved
+        trainer_module.CPU_CHUNK_LOGITS = saved
     assert fused.fused_loss and not plain.fused_loss
     for a, b in zip(fused_metrics, plain_metrics, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
@@ -246,6 +246,48 @@ def test_fused_loss_takes_the_same_steps_as_the_logits_path():
             torch.testing.assert_close(
                 grad, expected[name], rtol=1e-4, atol=1e-5 * scale, msg=f"step {step}: {name}"
             )
+
+
+@pytest.mark.skipif(not native_cpu_bf16(), reason="this CPU has no native bf16")
+def test_cpu_bf16_trains_like_float32_with_bf16_matmuls():
+    """``cpu_bf16``: the forward's linear layers and the fused loss's projection in bf16, the
+    rest float32: the first steps' losses and gradients within bf16's rounding of float32's."""
+    fp32 = make_trainer(settings(fused_loss=True, steps=3))
+    fp32_metrics, fp32_grads = gradients_at_each_step(fp32, 3)
+    bf16 = make_trainer(settings(fused_loss=True, cpu_bf16=True, steps=3))
+    seen: set[torch.dtype] = set()
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: seen.add(out.dtype) if isinstance(out, torch.Tensor) else None
+    )
+    try:
+        bf16_metrics, bf16_grads = gradients_at_each_step(bf16, 3)
+    finally:
+        hook.remove()
+    assert bf16.dtype == torch.bfloat16 and fp32.dtype is None
+    assert torch.bfloat16 in seen  # autocast reached the layers
+    for a, b in zip(bf16_metrics, fp32_metrics, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=0.02)
+        assert a["loss"] != b["loss"]  # not float32 after all
+    for got, expected in zip(bf16_grads, fp32_grads, strict=True):
+        assert all(g.dtype == torch.float32 for g in got.values())  # weights, grads: float32
+        # The whole gradient (a key bias's is zero up to rounding: compared alone it is noise)
+        flat = torch.cat([got[name].flatten() for name in expected])
+        reference = torch.cat([g.flatten() for g in expected.values()])
+        assert torch.nn.functional.cosine_similarity(flat, reference, 0) > 0.99
+
+
+def test_cpu_bf16_without_native_bf16_warns_and_trains_in_float32(monkeypatch, caplog):
+    import training.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "native_cpu_bf16", lambda: False)
+    with caplog.at_level("WARNING", logger="training.trainer"):
+        trainer = make_trainer(settings(cpu_bf16=True))
+    assert trainer.dtype is None
+    assert "train.cpu_bf16" in caplog.text and "float32" in caplog.text
+    metrics = run(trainer, 1)
+    assert metrics[0]["loss"] == pytest.approx(
+        run(make_trainer(settings()), 1)[0]["loss"], rel=1e-6
+    )
 
 
 @pytest.mark.slow  # torch.compile on CPU: ~1.5 minutes of compiling per case
