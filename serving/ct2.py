@@ -3,7 +3,9 @@
 
 ``CTranslate2Engine.search`` keeps what beam size, alpha, the length penalty's form and the
 output limit mean for our own search (``transformer_core.search``); see
-``CTranslate2Engine.hypotheses`` for how.
+``CTranslate2Engine.hypotheses`` for how. ``length_rule`` fairseq: no EOS first, as ours; a
+hypothesis still ends at the limit without the EOS our search forces and scores after it
+(CTranslate2 cannot), so the tokens of one that reaches it are fairseq's, its rank may not be.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from serving.ct2_export import (
     read_info,
     require,
 )
-from serving.ct2_options import ct2_exponent, suppressed
+from serving.ct2_options import ct2_exponent, min_length, suppressed
 from serving.decode_config import DecodeConfig
 from transformer_core.config import ModelConfig
 from transformer_core.config_checks import ConfigError
@@ -92,6 +94,7 @@ class CTranslate2Engine:
             decode.beam_size,
             decode.alpha,
             decode.max_len_offset,
+            min_len=min_length(decode),
             length_norm=decode.length_norm,
         )
         return [hyps[0].tokens for hyps in found]
@@ -105,6 +108,7 @@ class CTranslate2Engine:
             decode.beam_size,
             decode.alpha,
             decode.max_len_offset,
+            min_len=min_length(decode),
             n_best=n_best,
             length_norm=decode.length_norm,
         )

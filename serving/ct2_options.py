@@ -25,6 +25,7 @@ __all__ = [
     "QUANTIZATIONS",
     "ComputeType",
     "ct2_exponent",
+    "min_length",
     "Quantization",
     "suppressed",
     "translate_batch_options",
@@ -58,6 +59,12 @@ def ct2_exponent(p: float) -> float:
     return max(p, MIN_EXPONENT)
 
 
+def min_length(settings: BeamSettings) -> int:
+    """CTranslate2's ``min_decoding_length`` for ``settings``: 1 with ``length_rule`` fairseq
+    (EOS never first), else 0 (an empty output allowed, as our search allows it)."""
+    return 1 if settings.length_rule == "fairseq" else 0
+
+
 def suppressed(config: ModelConfig, pieces: Sequence[str]) -> list[list[str]]:
     """PAD and BOS as ``suppress_sequences``: our search never produces them either."""
     return [[pieces[config.pad_id]], [pieces[config.bos_id]]]
@@ -68,15 +75,15 @@ def translate_batch_options(
 ) -> dict[str, Any]:
     """The keyword arguments of ``translate_batch`` that decode as our search with ``settings``:
     its beam, its length penalty (``fitted_penalty_exponent``), an empty output allowed as
-    ours allows it, PAD and BOS never produced, sources cut and outputs capped at the model's
-    ``max_len`` (CTranslate2 has one output limit per call, not source length +
-    ``max_len_offset``), and, with ``batch_tokens``, the sources sorted and batched by length
-    as the translator does."""
+    ours allows it (``min_length``), PAD and BOS never produced, sources cut and outputs
+    capped at the model's ``max_len`` (CTranslate2 has one output limit per call, not source
+    length + ``max_len_offset``), and, with ``batch_tokens``, the sources sorted and batched by
+    length as the translator does."""
     p = fitted_penalty_exponent(settings.alpha, settings.length_norm)
     options: dict[str, Any] = {
         "beam_size": settings.beam_size,
         "length_penalty": ct2_exponent(p),
-        "min_decoding_length": 0,
+        "min_decoding_length": min_length(settings),
         "max_decoding_length": config.max_len,
         # Counts the EOS CTranslate2 appends: max_len - 1 pieces, as the translator cuts them.
         "max_input_length": config.max_len,

@@ -5,6 +5,15 @@ The maximum output length of a sentence is its source length (non-pad tokens) pl
 ``max_len_offset``, or ``max_len`` when given; a hypothesis that reaches it ends there.
 Padding and BOS are never produced (their log-probabilities are set to -inf).
 
+``length_rule`` fairseq ends hypotheses as fairseq-generate's ``SequenceGenerator`` does
+(``_fairseq_ends``): the limit counts the tokens before the EOS, one more position holds the EOS
+it forces, and EOS is never the first token. fairseq's source length (``--max-len-a 1``) is its
+batch's width, EOS included; ours is each sentence's, its EOS included: the same for the
+longest sentence of a batch, and at most shorter for the others. Its search is ours otherwise:
+the 2k best continuations, EOS finishing only among the first k, a sentence done with k
+finished; ours also stops a sentence once no open beam can beat its finished ones, which never
+changes what it returns.
+
 Beam search runs in steps, each a function below: ``_start`` (the first expansion, from one row
 per sentence while its k beams are still identical), ``_expand`` (every beam's continuations,
 masked by the step processor, e.g. the tree constraint), ``_select`` (the 2k best, which finish,
@@ -32,16 +41,29 @@ from transformer_core.search_settings import (
 )
 
 
-def _output_limits(
-    model: Transformer, src: Tensor, max_len_offset: int, max_len: int | None
-) -> Tensor:
-    """Per-sentence maximum output length (B,), capped so the decoder input fits ``max_len``."""
-    if max_len is not None:
-        limits = torch.full((src.size(0),), max_len, dtype=torch.long)
+def _output_limits(model: Transformer, src: Tensor, settings: SearchSettings) -> Tensor:
+    """Per-sentence maximum decoded positions (B,), capped so the decoder input fits the
+    model's ``max_len``; with ``length_rule`` fairseq one more, for the EOS after the limit."""
+    if settings.max_len is not None:
+        limits = torch.full((src.size(0),), settings.max_len, dtype=torch.long)
     else:
-        limits = src.ne(model.config.pad_id).sum(dim=1).cpu() + max_len_offset
+        limits = src.ne(model.config.pad_id).sum(dim=1).cpu() + settings.max_len_offset
+    if settings.length_rule == "fairseq":  # at least one token, then the EOS
+        return (limits.clamp(min=1) + 1).clamp(max=model.config.max_len)
     # Decoding L tokens feeds BOS + L-1 tokens to the decoder.
     return limits.clamp(min=1, max=model.config.max_len)
+
+
+def _fairseq_ends(log_probs: Tensor, length: int, last: Tensor, eos_id: int) -> None:
+    """fairseq-generate's ends on the log-probabilities (N, V) of decoded position ``length``,
+    in place: no EOS first (its ``min_len`` 1), and in the rows ``last`` (N,), at their limit,
+    nothing but EOS (the EOS it forces at ``max_len``, scored as any)."""
+    if length == 1:
+        log_probs[:, eos_id] = float("-inf")
+    if bool(last.any()):
+        eos = log_probs[last, eos_id]
+        log_probs[last] = float("-inf")
+        log_probs[last, eos_id] = eos
 
 
 def _next_log_probs(logits: Tensor, model: Transformer, out: Tensor | None = None) -> Tensor:
@@ -108,7 +130,7 @@ def search(
 def _greedy(model: Transformer, src: Tensor, settings: SearchSettings) -> list[Hypothesis]:
     """Most probable next token at every step, for a batch of sources (B, S)."""
     config, B = model.config, src.size(0)
-    limits = _output_limits(model, src, settings.max_len_offset, settings.max_len).to(src.device)
+    limits = _output_limits(model, src, settings).to(src.device)
     state = _new_state(model, model.encode(src), int(limits.max()), settings.use_cache)
     tokens = torch.full((B, 1), config.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
     lengths = limits.clone()  # output length of each row, EOS excluded
@@ -118,6 +140,8 @@ def _greedy(model: Transformer, src: Tensor, settings: SearchSettings) -> list[H
     for step in range(int(limits.max())):
         logits = decoding.decode_step(model, tokens[:, -1:], state)[:, -1]  # (B, V)
         log_probs = _next_log_probs(logits, model)  # (B, V)
+        if settings.length_rule == "fairseq":
+            _fairseq_ends(log_probs, step + 1, limits.eq(step + 1), config.eos_id)
         next_token = log_probs.argmax(dim=-1)  # (B,)
         picked = log_probs.gather(1, next_token[:, None])[:, 0]  # (B,)
         scores = torch.where(done, scores, scores + picked)
@@ -150,12 +174,12 @@ def _beam(
     (its score can only fall, and the penalty only grows up to the length limit), or at the
     length limit. Done sentences leave the batch, so later steps cost only what is still open.
     """
-    limits = _output_limits(model, src, settings.max_len_offset, settings.max_len)  # (B,) CPU
+    limits = _output_limits(model, src, settings)  # (B,) CPU
     search = _Search(model, settings, step, limits, src.size(0), src.device)
     candidates = _start(search, src)
     for step_index in range(int(limits.max())):
         if step_index > 0:
-            candidates = _expand(search)
+            candidates = _expand(search, step_index + 1)
         top = _select(search, candidates, step_index + 1)
         _finish(search, top, step_index + 1)
         keep = _sentences_left(search, top)
@@ -223,14 +247,24 @@ def _start(search: _Search, src: Tensor) -> Tensor:
         search.step.begin(src, search.limits, k)
     logits = decoding.decode_step(model, search.tokens[::k, -1:], search.state)[:, -1]  # (n, V)
     log_probs = _next_log_probs(logits, model)  # (n, V), the same for each beam
+    _ends(search, log_probs, 1, rows_per_sentence=1)
     if search.step is not None:
         search.step.mask(log_probs, first=True)
     n, V = log_probs.shape
     return (search.scores.view(n, k, 1) + log_probs[:, None, :]).view(n, k * V)
 
 
-def _expand(search: _Search) -> Tensor:
-    """Every open beam's continuations, scored: candidates (n, k*V)."""
+def _ends(search: _Search, log_probs: Tensor, length: int, rows_per_sentence: int) -> None:
+    """``length_rule`` fairseq's ends (``_fairseq_ends``) on the open sentences' rows."""
+    if search.settings.length_rule != "fairseq":
+        return
+    last = search.limits[search.active].eq(length).repeat_interleave(rows_per_sentence)
+    _fairseq_ends(log_probs, length, last.to(search.device), search.model.config.eos_id)
+
+
+def _expand(search: _Search, length: int) -> Tensor:
+    """Every open beam's continuations at decoded position ``length``, scored: candidates
+    (n, k*V)."""
     model, k = search.model, search.k
     logits = decoding.decode_step(model, search.tokens[:, -1:], search.state)[:, -1]  # (n*k, V)
     n, V = search.active.numel(), logits.size(-1)
@@ -238,6 +272,7 @@ def _expand(search: _Search) -> Tensor:
         search.log_prob_buffer = torch.empty(n * k, V, device=search.device)
     # In the buffer's leading rows (contiguous), then + scores in place.
     log_probs = _next_log_probs(logits, model, out=search.log_prob_buffer[: n * k])
+    _ends(search, log_probs, length, rows_per_sentence=k)
     if search.step is not None:
         search.step.mask(log_probs, first=False)
     return log_probs.add_(search.scores.view(n * k, 1)).view(n, k * V)  # (n, k*V)

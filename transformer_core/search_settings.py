@@ -46,6 +46,11 @@ def length_penalty(length: int | Tensor, alpha: float, norm: LengthNorm = "gnmt"
     raise ValueError(f"length_norm must be one of {', '.join(get_args(LengthNorm))}, got {norm!r}")
 
 
+LengthRule = Literal["ours", "fairseq"]
+"""Where a hypothesis may end (``BeamSettings.length_rule``): at the output length limit, and
+whether at the first step."""
+
+
 PENALTY_FIT_LENGTHS = range(1, 101)
 """Output lengths over which ``fitted_penalty_exponent`` fits |Y|^p to GNMT's penalty."""
 
@@ -93,6 +98,13 @@ class BeamSettings:
     fairseq-generate's --lenpen: a fairseq recipe's decoding)."""
     max_len_offset: int = 50
     """Output length limit: the source's length (non-pad tokens) plus this."""
+    length_rule: LengthRule = "ours"
+    """ours: the output length limit counts decoded positions, EOS included (a hypothesis that
+    reaches it ends there, without EOS), and EOS may come first (an empty output). fairseq:
+    fairseq-generate's: the limit counts the tokens before the EOS, which is forced after them
+    (scored, and counted in |Y|), and EOS never comes first (its min_len 1); with length_norm
+    fairseq, alpha 1 and max_len_offset 50: fairseq-generate --lenpen 1 --max-len-a 1
+    --max-len-b 50."""
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -125,8 +125,11 @@ def raw_translate(out: Path, src_ids: list[list[int]]) -> list[list[int]]:
     [
         DecodeConfig(beam_size=1, max_len_offset=64),
         DecodeConfig(beam_size=4, alpha=1.0, length_norm="fairseq", max_len_offset=64),
+        DecodeConfig(
+            beam_size=4, alpha=1.0, length_norm="fairseq", length_rule="fairseq", max_len_offset=64
+        ),
     ],
-    ids=["greedy", "beam-fairseq"],
+    ids=["greedy", "beam-fairseq", "beam-fairseq-ends"],
 )
 def test_the_exports_options_decode_as_the_engine(tmp_path: Path, decode: DecodeConfig) -> None:
     """Raw CTranslate2 with ``export.json``'s ``translate_batch`` gives the engine's outputs
@@ -141,6 +144,17 @@ def test_the_exports_options_decode_as_the_engine(tmp_path: Path, decode: Decode
         assert raw_translate(out, src_ids) == ours
 
 
+def test_fairseq_ends_never_let_ctranslate2_end_first() -> None:
+    from serving.ct2_options import min_length, translate_batch_options
+
+    pieces = [str(i) for i in range(8)]
+    ends = DecodeConfig(length_rule="fairseq")
+    config = tiny_model().config
+    assert translate_batch_options(ends, config, pieces)["min_decoding_length"] == 1
+    assert translate_batch_options(DecodeConfig(), config, pieces)["min_decoding_length"] == 0
+    assert (min_length(ends), min_length(DecodeConfig(length_norm="fairseq"))) == (1, 0)
+
+
 def test_the_exports_options_say_the_settings(tmp_path: Path) -> None:
     from transformer_core.search_settings import fitted_penalty_exponent
 
@@ -152,6 +166,7 @@ def test_the_exports_options_say_the_settings(tmp_path: Path) -> None:
         "alpha": 1.3,
         "length_norm": "gnmt",
         "max_len_offset": 30,
+        "length_rule": "ours",
     }
     options = info["translate_batch"]
     assert options["beam_size"] == 5 and options["max_decoding_length"] == 64  # the model's max_len

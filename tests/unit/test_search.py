@@ -304,3 +304,80 @@ def test_bad_arguments_fail_clearly():
         best_tokens(model, _sources(), alpha=-1.0)
     with pytest.raises(ValueError, match="empty"):
         best_tokens(model, torch.zeros(0, 4, dtype=torch.long), greedy=True, beam_size=1)
+
+
+# fairseq-generate's ends (length_rule fairseq): the limit counts the tokens before a forced,
+# scored EOS, and EOS never comes first.
+FAIRSEQ = {"length_rule": "fairseq", "length_norm": "fairseq", "alpha": 1.0}
+
+
+class RarelyEnds(Rigged):
+    """A model that all but never emits EOS (a finite log-probability, so it can be forced)."""
+
+    def edit(self, logits, start):
+        logits[..., EOS_ID] -= 30.0
+        return logits
+
+
+def _exhaustive_fairseq_best(model: Transformer, src: torch.Tensor, limit: int, alpha: float):
+    """Score every output of 1..limit words, each followed by EOS, / (words + 1)^alpha."""
+    words = [t for t in range(model.tgt_vocab_size) if t not in (PAD_ID, BOS_ID, EOS_ID)]
+    best = None
+    with torch.no_grad():
+        memory = model.encode(src)
+        for n in range(1, limit + 1):
+            for out in itertools.product(words, repeat=n):
+                target = [*out, EOS_ID]
+                tgt_in = torch.tensor([[BOS_ID, *out]])
+                log_probs = torch.log_softmax(model.decode(tgt_in, memory).float(), dim=-1)[0]
+                total = log_probs[torch.arange(len(target)), torch.tensor(target)].sum().item()
+                score = total / length_penalty(len(target), alpha, "fairseq")
+                if best is None or score > best[1]:
+                    best = (list(out), score)
+    return best
+
+
+@pytest.mark.parametrize("seed,alpha", [(2, 1.0), (3, 2.0), (5, 0.5)])
+def test_fairseq_ends_find_the_exhaustive_optimum(seed, alpha):
+    # 3 producible words, 1 to 3 of them before the EOS: 39 outputs, all kept by a beam of 64.
+    model = _model(vocab=6, seed=seed)
+    src = torch.tensor([[4, 5, 5, 4]])
+    tokens, score = _exhaustive_fairseq_best(model, src, limit=3, alpha=alpha)
+    settings = FAIRSEQ | {"alpha": alpha}
+    [found] = _best(model, src, beam_size=64, max_len=3, **settings)
+    assert (found.tokens, found.score) == (tokens, pytest.approx(score, abs=1e-5))
+
+
+def test_fairseq_ends_force_and_score_the_eos_after_the_limit():
+    # Three words (0.5, 0.99, 0.99) and the forced EOS (0.01): (log of their product) / 4. Ours
+    # ends the same words at the limit without EOS: / 3.
+    model = _scripted(first={EOS_ID: 0.5, 4: 0.5}, later={4: 0.99, EOS_ID: 0.01})
+    src = torch.tensor([[4, 5]])
+    words = math.log(0.5) + 2 * math.log(0.99)
+    for beam in ({"beam_size": 3}, {"beam_size": 1, "greedy": True}):
+        [best] = _best(model, src, max_len=3, **FAIRSEQ, **beam)
+        assert best.tokens == [4, 4, 4]
+        assert best.score == pytest.approx((words + math.log(0.01)) / 4, abs=1e-4)
+    [ours] = _best(model, src, beam_size=3, max_len=3, length_norm="fairseq", alpha=1.0)
+    assert (ours.tokens, ours.score) == ([4, 4, 4], pytest.approx(words / 3, abs=1e-4))
+
+
+def test_fairseq_ends_never_return_an_empty_output():
+    model = _scripted(first={EOS_ID: 0.9, 4: 0.1}, later={EOS_ID: 0.9, 4: 0.1})
+    src = torch.tensor([[4, 5]])
+    for beam in ({"beam_size": 4}, {"beam_size": 1, "greedy": True}):
+        [best] = _best(model, src, max_len=10, **FAIRSEQ, **beam)
+        assert best.tokens == [4]
+        assert best.score == pytest.approx((math.log(0.1) + math.log(0.9)) / 2, abs=1e-4)
+        assert best_tokens(model, src, max_len=10, **beam) == [[]]  # ours allows it
+
+
+def test_fairseq_ends_allow_source_length_plus_offset_tokens_before_the_eos():
+    torch.manual_seed(0)
+    model = RarelyEnds(presets.debug(), 24)
+    src = _sources()
+    src_lens = (src != PAD_ID).sum(1).tolist()  # as fairseq's, the source's EOS among them
+    for beam in ({"beam_size": 3}, {"beam_size": 1, "greedy": True}):
+        outputs = best_tokens(model, src, max_len_offset=3, **FAIRSEQ, **beam)
+        assert [len(o) for o in outputs] == [n + 3 for n in src_lens]
+        assert all(EOS_ID not in o for o in outputs)
