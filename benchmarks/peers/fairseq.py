@@ -129,18 +129,20 @@ def generate_command(
     *,
     languages: tuple[str, str] = ("en", "de"),
     gpu: bool = False,
+    remove_bpe: bool = True,
 ) -> list[str]:
     """``fairseq-generate`` of the test split with ``checkpoint``: beam ``beam``, batches of
-    ``max_tokens``, outputs at most the source's length + ``max_len_b``; BPE marks removed."""
+    ``max_tokens``, outputs at most the source's length + ``max_len_b`` tokens before their EOS
+    (``--max-len-a 1``; fairseq's source length is its batch's width, EOS included); BPE marks
+    removed (``remove_bpe=False``: kept, the dictionary's symbols as they were generated)."""
     cmd = [
         *peer.module("fairseq_cli.generate"), str(data_bin),
         "--task", "translation", "--source-lang", languages[0], "--target-lang", languages[1],
         "--gen-subset", "test", "--path", str(checkpoint),
         "--beam", str(beam), "--max-tokens", str(max_tokens),
         "--max-len-a", "1", "--max-len-b", str(max_len_b),
-        "--remove-bpe",
     ]  # fmt: skip
-    return cmd + ([] if gpu else ["--cpu"])
+    return cmd + (["--remove-bpe"] if remove_bpe else []) + ([] if gpu else ["--cpu"])
 
 
 def train_rates(log: str, updates_per_line: int) -> dict[str, float]:
@@ -180,8 +182,8 @@ def generate_rates(log: str) -> dict[str, float]:
 
 def hypotheses(log: str) -> list[str]:
     """The best hypothesis of each test sentence, in the test set's order, from
-    fairseq-generate's ``D-<id>`` lines (BPE removed; Moses-tokenized and lowercased as its
-    input)."""
+    fairseq-generate's ``D-<id>`` lines (Moses-tokenized and lowercased as its input; BPE
+    removed unless ``generate_command`` kept it)."""
     found = {}
     for line in log.splitlines():
         if line.startswith("D-"):

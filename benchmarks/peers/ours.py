@@ -6,6 +6,7 @@ plain process, and decoding with ``tfm translate``. Run as a script, one JSON li
     python benchmarks/peers ours plain WORKDIR OUT --updates 40 --log-every 10 --threads 2 \
         [--seed N] [--set model.init=torch ...]
     python benchmarks/peers ours decode WORKDIR CHECKPOINT --engine torch --source FILE
+    python benchmarks/peers ours imported FOLDER --engine torch --source FILE --export-dir DIR
 
 ``ray`` is the train stage's own path (``training.ray_trainer.run_job``: Ray Train's
 ``TorchTrainer``, configs/multi30k_en_de_tiny.yaml's two workers of one torch thread, its allocator
@@ -17,7 +18,9 @@ the first (warm-up), and take ``--seed`` and ``--set`` overrides of the recipe (
 learning curve depends on); ``plain`` also prints and returns the training loss (label-smoothed,
 nats a target token) of every logging interval. ``decode`` times the ``tfm translate`` path's
 translator (``--checkpoint``, ``--tokenizer``, the config's decoding, beam 5) over the whole test
-set after a warm-up call.
+set after a warm-up call. ``imported`` decodes with fairseq's weights as ``tfm import fairseq``'s
+stage wrote them (``FOLDER``: ``model.pt`` beside the tokenizer's files) and fairseq-generate's
+settings (``fairseq_decoding``); see ``imported``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
     from training.config import TrainConfig
 
 CONFIG = ROOT / "configs" / "multi30k_en_de_tiny.yaml"
+MARK = "\u2581"
+"""sentencepiece's word mark, before each of an imported dictionary's symbols."""
 
 
 def recipe_config(
@@ -174,11 +179,70 @@ def decode(workdir: Path, checkpoint: Path, engine: str, source: Path, beam: int
     return {"sentences": len(lines), "decode_seconds": seconds, "hypotheses": outputs}
 
 
+def fairseq_decoding(beam: int, engine: str, max_len_b: int = 50, tokens: int = 4096):
+    """fairseq-generate's decoding (``peers.fairseq.generate_command``) as our ``DecodeConfig``:
+    beam ``beam``, its length penalty (``--lenpen`` 1: the summed log-probability / |Y|), its
+    ends (``length_rule``: ``--min-len`` 1, the EOS forced after ``--max-len-a`` 1 x the
+    source's tokens, its EOS counted, + ``--max-len-b`` ``max_len_b``), batches of
+    ``tokens``."""
+    from serving.decode_config import DecodeConfig
+
+    return DecodeConfig(
+        beam_size=beam,
+        alpha=1.0,
+        length_norm="fairseq",
+        max_len_offset=max_len_b,
+        length_rule="fairseq",
+        max_tokens_per_batch=tokens,
+        engine=engine,
+    )
+
+
+def imported(
+    folder: Path, engine: str, source: Path, beam: int, export_dir: Path, prepared: Path | None
+) -> dict:
+    """Seconds the translator takes to decode every line of ``source`` with the imported model
+    in ``folder`` and ``fairseq_decoding``: the lines encoded first, then ``translate_ids`` alone
+    timed (as fairseq-generate's timer runs over its binarized input; after a warm-up call on 8
+    lines). The outputs as the fairseq dictionary's symbols, BPE marks kept (the
+    ``fairseq-generate`` output they are compared with). ``prepared``: the source as the peers
+    read it (lowercased, Moses, BPE); the lines whose pieces differ from ours are counted
+    (``source_mismatches``: 0 when both read the same source tokens)."""
+    from corpora.text import read_lines
+    from serving.translator import Translator
+
+    decode = fairseq_decoding(beam, engine)
+    translator = Translator.load(folder, folder, decode, export_dir=export_dir)
+    sp = translator.tokenizer.sp
+    lines = read_lines(source)
+    src_ids = translator.encode(lines)
+    translator.translate_ids(src_ids[:8])
+    started = time.perf_counter()
+    outputs = translator.translate_ids(src_ids)
+    seconds = time.perf_counter() - started
+
+    def symbols(ids: list[int]) -> str:  # fairseq_vocab's pieces: its symbols behind a word mark
+        return " ".join(sp.id_to_piece(t).removeprefix(MARK) for t in ids)
+
+    result = {
+        "sentences": len(lines),
+        "decode_seconds": seconds,
+        "hypotheses": [symbols(ids) for ids in outputs],
+        "pieces": True,
+    }
+    if prepared is not None:  # a symbol outside the dictionary is <unk> on both sides
+        theirs = [sp.encode(line) for line in read_lines(prepared)]
+        result["source_mismatches"] = sum(a[:-1] != b for a, b in zip(src_ids, theirs, strict=True))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["ray", "plain", "decode"])
-    parser.add_argument("workdir", type=Path)
-    parser.add_argument("path", type=Path, help="ray/plain: output folder; decode: checkpoint")
+    parser.add_argument("what", choices=["ray", "plain", "decode", "imported"])
+    parser.add_argument("workdir", type=Path, help="imported: the import's folder")
+    parser.add_argument(
+        "path", type=Path, nargs="?", help="ray/plain: output folder; decode: checkpoint"
+    )
     parser.add_argument("--updates", type=int, default=40)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=None, help="default: the recipe's")
@@ -186,21 +250,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="torch")
     parser.add_argument("--source", type=Path)
     parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--export-dir", type=Path, help="imported: the CTranslate2 export's folder")
+    parser.add_argument("--prepared", type=Path, help="imported: the source as the peers read it")
     parser.add_argument("--seed", type=int, default=None, help="training: the recipe's if unset")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="training: overrides"
     )
     args = parser.parse_args(argv)
     overrides = parse_overrides(args.set) | ({} if args.seed is None else {"seed": args.seed})
-    if overrides and args.what == "decode":
+    if overrides and args.what in ("decode", "imported"):
         parser.error("--seed and --set are for training (ray, plain); decode reads the checkpoint")
+    if (args.path is None) != (args.what == "imported"):
+        parser.error("ray, plain and decode take a PATH, imported none")
     if args.what in ("ray", "plain"):
         config = recipe_config(args.workdir, args.updates, args.log_every, args.warmup, overrides)
         if args.what == "ray":
             result = train_ray(config, args.workdir, args.path)
         else:
             result = train_plain(config, args.workdir, args.path, args.threads)
-    else:
+    elif args.what == "decode":
         result = decode(args.workdir, args.path, args.engine, args.source, args.beam)
+    else:
+        export = args.export_dir or args.workdir.parent / f"{args.workdir.name}-ct2"
+        result = imported(args.workdir, args.engine, args.source, args.beam, export, args.prepared)
     print("PEERS-RESULT " + json.dumps(result), flush=True)
     return 0

@@ -10,6 +10,13 @@ FAIRSEQ = ("fairseq", FAIRSEQ_2P)
 """fairseq's rows: each layout it trains in on a CPU."""
 OURS = ("ours (Ray Train, as tfm run)", "ours (one process)")
 """Our rows: the layout ``tfm run`` trains in, and one plain process."""
+GENERATE = "fairseq-generate"
+"""fairseq's decoding row: fairseq-generate on the one-process fairseq training's checkpoint."""
+SAME_WEIGHTS = {
+    "tfm translate, engine torch, fairseq's weights": "torch",
+    "tfm translate, engine ctranslate2, fairseq's weights": "ctranslate2",
+}
+"""Our decoding rows on ``GENERATE``'s checkpoint (imported), and the engine of each."""
 
 
 def best_of(train: dict[str, Any], rows: tuple[str, ...]) -> str | None:
@@ -41,30 +48,16 @@ def tables(results: dict[str, Any]) -> str:
         if "problem" in r:
             lines.append(f"| {name} | not run: {r['problem']} | | | | | |")
             continue
+        if r.get("reused"):
+            lines.append(f"| {name} | not trained in this run: {r['checkpoint']} | | | | | |")
+            continue
         ratio = f"{r['target_tokens_per_s'] / reference:.2f}" if reference else "n/a"
         lines.append(
             f"| {name} | {r['layout']} | {r['target_tokens_per_s']:,.0f} | {ratio} | "
             f"{r['target_tokens_per_update']:,.0f} | {r['timed_updates']} | "
             f"{r['timed_seconds']:.0f} |"
         )
-    lines += [
-        "",
-        "| decoding (test2016, beam 5) | sentences/s | vs fairseq-generate | decode s | command s "
-        "| mean output tokens | bleu_tok_lc |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    ref = decode.get("fairseq-generate", {})
-    ref_rate = ref["sentences"] / ref["decode_seconds"] if "decode_seconds" in ref else None
-    for name, r in decode.items():
-        if "problem" in r:
-            lines.append(f"| {name} | not run: {r['problem']} | | | | | |")
-            continue
-        rate = r["sentences"] / r["decode_seconds"]
-        ratio = f"{rate / ref_rate:.2f}" if ref_rate else "n/a"
-        lines.append(
-            f"| {name} | {rate:.1f} | {ratio} | {r['decode_seconds']:.1f} | {r['wall_s']:.0f} | "
-            f"{r['mean_output_tokens']:.1f} | {r['bleu_tok_lc']:.2f} |"
-        )
+    lines += ["", *decode_table(decode)]
     ratio = results.get("ours_over_fairseq")
     rows = results.get("best_layouts", {})
     lines += [
@@ -73,8 +66,49 @@ def tables(results: dict[str, Any]) -> str:
         f"({rows.get('ours')} / {rows.get('fairseq')})"
         if ratio
         else "train tokens/s ours/fairseq (best layouts): n/a",
+        same_weights_line(decode),
     ]
     return "\n".join(lines) + "\n"
+
+
+def rate(row: dict[str, Any]) -> float | None:
+    """A decoding row's sentences a second (None: it did not run)."""
+    return row["sentences"] / row["decode_seconds"] if "decode_seconds" in row else None
+
+
+def decode_table(decode: dict[str, Any]) -> list[str]:
+    """The decoding rows: each toolkit's generator on its own model, then ours on fairseq's."""
+    lines = [
+        "| decoding (test2016, beam 5) | sentences/s | vs fairseq-generate | decode s | command s "
+        "| mean output tokens | bleu_tok_lc | identical to fairseq-generate |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    ref_rate = rate(decode.get(GENERATE, {}))
+    for name, r in decode.items():
+        if "problem" in r:
+            lines.append(f"| {name} | not run: {r['problem']} | | | | | | |")
+            continue
+        ratio = f"{rate(r) / ref_rate:.2f}" if ref_rate else "n/a"
+        same = r.get("identical")
+        lines.append(
+            f"| {name} | {rate(r):.1f} | {ratio} | {r['decode_seconds']:.1f} | {r['wall_s']:.0f} | "
+            f"{r['mean_output_tokens']:.1f} | {r['bleu_tok_lc']:.2f} | "
+            + (f"{same:.1%} |" if same is not None else "|")
+        )
+    return lines
+
+
+def same_weights_line(decode: dict[str, Any]) -> str:
+    """The torch translator against fairseq-generate on fairseq's weights: the rate's ratio,
+    the share of identical hypotheses and both BLEUs."""
+    head = "decode sentences/s ours/fairseq-generate (same weights)"
+    ours, theirs = decode.get(next(iter(SAME_WEIGHTS)), {}), decode.get(GENERATE, {})
+    if rate(ours) is None or rate(theirs) is None or ours.get("identical") is None:
+        return f"{head}: n/a"
+    return (
+        f"{head}: {rate(ours) / rate(theirs):.2f} (identical hypotheses: {ours['identical']:.1%}, "
+        f"BLEU ours {ours['bleu_tok_lc']:.2f} / fairseq {theirs['bleu_tok_lc']:.2f})"
+    )
 
 
 LAYOUTS = {

@@ -19,8 +19,23 @@ published Multi30k recipe, on this machine's CPU (``make bench-peers``).
    engine, each on the model it trained in step 3 (the same shape): sentences a second of the
    generator alone (after loading), the output's length, and bleu_tok_lc (so that a faster
    decoder is not one that stopped earlier).
+5. Decoding on the same weights: the one-process fairseq training's checkpoint (the one
+   fairseq-generate decoded in step 4) imported by our ``fairseq_import`` stage (``tfm import
+   fairseq``'s, without registering), then decoded by our translator with engine torch and
+   with its CTranslate2 export, at fairseq-generate's settings (``peers.ours.fairseq_decoding``:
+   beam 5, ``length_norm`` fairseq with alpha 1 for its ``--lenpen`` 1, ``length_rule``
+   fairseq for its ``--min-len`` 1 and the EOS it forces after ``--max-len-a`` 1 x the source
+   + ``--max-len-b`` 50 tokens), timed over the encoded source as fairseq-generate times its
+   binarized one. Each row says the share of its hypotheses identical to fairseq-generate's,
+   compared as the dictionary's symbols before BPE is removed (the same subword sequence: no
+   detokenization can merge or split a difference); both are scored by one path (BPE removed
+   as ``--remove-bpe``, Moses-detokenized). One model, one search: what differs is the
+   decoder's speed and the arithmetic (fairseq pads sources on the left and batches its own
+   way; a near tie can fall the other way), and fairseq's output limit is its batch's widest
+   source, ours each sentence's own (the same for the widest).
 
     python benchmarks/peers [--updates 30 --log-every 10] [--peers fairseq,eole] [--no-install]
+    python benchmarks/peers --no-train [--peers fairseq]   # decode the work dir's last models
 
 Writes ``peers.json`` and ``peers.md`` under ``--out`` (benchmarks/results/ by default) and
 prints the table. Every figure is from this one run; other load on the machine moves them all.
@@ -31,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -44,9 +60,20 @@ from pathlib import Path
 from typing import Any
 
 from . import eole, fairseq
-from .data import Corpus, default_mirror, prepare
+from .data import CONFIG, Corpus, default_mirror, prepare
 from .env import Peer, Recipe, Shape, ensure, last_line
-from .report import FAIRSEQ, FAIRSEQ_2P, LAYOUTS, OURS, best, best_of, cpu_model, tables
+from .report import (
+    FAIRSEQ,
+    FAIRSEQ_2P,
+    GENERATE,
+    LAYOUTS,
+    OURS,
+    SAME_WEIGHTS,
+    best,
+    best_of,
+    cpu_model,
+    tables,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -231,6 +258,7 @@ def decode_fairseq(peer: Peer, trained: dict, corpus: Corpus, out: Path, args) -
         DECODE_TOKENS,
         MAX_LEN_B,
         languages=corpus.languages,
+        remove_bpe=False,  # compared piece for piece with ours on its weights; removed in score
     )
     code, text, seconds = run(cmd, peer.env(args.threads), out / "fairseq" / "generate.log")
     if code != 0:
@@ -239,7 +267,7 @@ def decode_fairseq(peer: Peer, trained: dict, corpus: Corpus, out: Path, args) -
     return rates | {
         "wall_s": seconds,
         "hypotheses": fairseq.hypotheses(text),
-        "tokenized": True,
+        "pieces": True,
     }
 
 
@@ -272,12 +300,53 @@ def decode_ours(engine: str, trained: dict, corpus: Corpus, out: Path, args) -> 
     return ours("decode", argv, args.threads, out / "logs" / f"ours-decode-{engine}.log")
 
 
+def import_fairseq(trained: dict, corpus: Corpus, out: Path) -> Path:
+    """fairseq's checkpoint (``trained``: the one fairseq-generate decodes) as ``tfm import
+    fairseq`` imports it: its stage ``fairseq_import`` (the run config's, without the register
+    stage after it) in a work dir of its own, with fairseq-preprocess's dictionary and the BPE
+    codes of the corpus' tokenizer; up to date when the checkpoint is unchanged."""
+    from corpora.pretokenize import CODES_FILE
+    from tasks.framework.config import load_config
+    from tasks.framework.runner import run_stage
+
+    files = {
+        "fairseq.checkpoint": trained["checkpoint"],
+        "fairseq.dict_dir": trained["data_bin"],
+        "fairseq.bpe_codes": str(corpus.tokenizer / CODES_FILE),
+    }
+    workdir = out / "fairseq" / "import"
+    config = load_config(CONFIG, {"workdir": str(workdir), **files})
+    return run_stage(config, "fairseq_import").path
+
+
+def decode_imported(engine: str, folder: str, corpus: Corpus, out: Path, args) -> dict:
+    """Our translator with engine ``engine`` on the imported fairseq model, fairseq-generate's
+    settings (``peers.ours.fairseq_decoding``): its symbols, as fairseq-generate's output."""
+    src = corpus.languages[0]
+    argv = [folder, "--engine", engine, "--source", str(corpus.raw_test()),
+            "--prepared", str(corpus.text / f"test.{src}"), "--beam", str(BEAM),
+            "--export-dir", str(out / "fairseq" / "import-ct2")]  # fmt: skip
+    log = out / "logs" / f"ours-imported-{engine}.log"
+    return ours("imported", argv, args.threads, log)
+
+
+def identical(hypotheses: list[str], reference: list[str]) -> float:
+    """The share of ``hypotheses`` equal to ``reference``'s, line for line (both the same
+    dictionary's symbols, BPE marks kept: the same subword sequence, nothing detokenized)."""
+    if len(hypotheses) != len(reference) or not reference:
+        raise ValueError(f"{len(hypotheses)} hypotheses against {len(reference)}")
+    return sum(a == b for a, b in zip(hypotheses, reference, strict=True)) / len(reference)
+
+
 def score(result: dict, corpus: Corpus) -> dict:
     """bleu_tok_lc and the mean output length (Moses tokens) of a decode's hypotheses."""
     from corpora.text import read_lines
     from evaluation.bleu import moses_tokenize, score_texts
 
     hyps, lang = result.pop("hypotheses"), corpus.languages[1]
+    if result.pop("pieces", False):  # BPE marks kept: removed as fairseq's --remove-bpe does
+        hyps = [(h + " ").replace("@@ ", "").rstrip() for h in hyps]
+        result["tokenized"] = True
     if result.pop("tokenized", False):  # a peer's output: Moses tokens, as its input was
         from sacremoses import MosesDetokenizer
 
@@ -323,6 +392,11 @@ def parser() -> argparse.ArgumentParser:
         "--no-install", action="store_true", help="use the peers' environments as they are"
     )
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument(
+        "--no-train",
+        action="store_true",
+        help="decode the models an earlier run trained in --workdir (no training rows)",
+    )
     return parser
 
 
@@ -354,17 +428,44 @@ def train_all(peers: dict[str, Peer], corpus: Corpus, work: Path, args) -> dict[
     return train
 
 
+def trained_before(peers: dict[str, Peer], work: Path) -> dict[str, Any]:
+    """``--no-train``: the models an earlier run left in ``work``, where ``train_all`` saves
+    them (each toolkit's last checkpoint), as training rows without rates."""
+    found: dict[str, dict[str, Any]] = {}
+    if "fairseq" in peers:
+        fairseq_dir = work / "fairseq"
+        found["fairseq"] = {
+            "checkpoint": str(fairseq_dir / "checkpoints" / "checkpoint_last.pt"),
+            "data_bin": str(fairseq_dir / "data-bin"),
+        }
+    if "eole" in peers:
+        model = work / "eole" / "model"
+        saved = model.is_dir() and any(model.glob("step_*"))
+        found["eole"] = {"checkpoint": str(eole.last_checkpoint(model) if saved else model)}
+    for kind, label in (("ray", "ours (Ray Train, as tfm run)"), ("plain", "ours (one process)")):
+        found[label] = {"checkpoint": str(work / f"ours-{kind}" / "final" / "model.pt")}
+    train: dict[str, Any] = {}
+    for name, row in found.items():
+        peer = peers.get(name)
+        if peer is not None and peer.problem:
+            train[name] = {"problem": peer.problem}
+        elif not Path(row["checkpoint"]).exists():
+            train[name] = {"problem": f"not trained in {work} before (--no-train)"}
+        else:
+            train[name] = row | {"reused": True}
+        train[name]["layout"] = LAYOUTS[name]
+    return train
+
+
 def decode_all(
     peers: dict[str, Peer], train: dict[str, Any], corpus: Corpus, work: Path, args
 ) -> dict[str, Any]:
-    """Each generator on the model its toolkit trained, scored: a row each."""
+    """Each generator on the model its toolkit trained, then our translator on fairseq's
+    weights (``SAME_WEIGHTS``), scored: a row each; a same-weights row also says the share of
+    its hypotheses identical to fairseq-generate's."""
     ray = "ours (Ray Train, as tfm run)"
     jobs = [
-        (
-            "fairseq-generate",
-            "fairseq",
-            lambda t: decode_fairseq(peers["fairseq"], t, corpus, work, args),
-        ),
+        (GENERATE, "fairseq", lambda t: decode_fairseq(peers["fairseq"], t, corpus, work, args)),
         ("eole predict", "eole", lambda t: decode_eole(peers["eole"], t, corpus, work, args)),
         ("tfm translate, engine torch", ray, lambda t: decode_ours("torch", t, corpus, work, args)),
         (
@@ -373,7 +474,11 @@ def decode_all(
             lambda t: decode_ours("ctranslate2", t, corpus, work, args),
         ),
     ]
+    for label, engine in SAME_WEIGHTS.items():
+        job = functools.partial(decode_same_weights, engine, corpus=corpus, out=work, args=args)
+        jobs.append((label, "fairseq", job))
     decode: dict[str, Any] = {}
+    reference = None  # fairseq-generate's hypotheses
     for label, trained_by, job in jobs:
         trained = train.get(trained_by)
         if trained is None:
@@ -383,8 +488,29 @@ def decode_all(
             decode[label] = {"problem": f"no model ({trained_by} did not train)"}
             continue
         result = guarded(label, job, trained)
+        if label == GENERATE and "hypotheses" in result:
+            reference = result["hypotheses"]
+        if label in SAME_WEIGHTS and "hypotheses" in result:
+            result = guarded(label, compare, result, reference)
         decode[label] = result if "problem" in result else guarded(label, score, result, corpus)
     return decode
+
+
+def decode_same_weights(engine: str, trained: dict, *, corpus: Corpus, out: Path, args) -> dict:
+    """fairseq's model (``trained``) imported, then decoded by our translator with ``engine``;
+    ``problem`` in one line when the import failed (any error: the other rows go on)."""
+    try:
+        folder = import_fairseq(trained, corpus, out)
+    except Exception as err:  # the stage's errors are of many kinds; one row reports it
+        return {"problem": f"fairseq_import: {type(err).__name__}: {err}"[:300]}
+    return decode_imported(engine, str(folder), corpus, out, args)
+
+
+def compare(result: dict, reference: list[str] | None) -> dict:
+    """``result`` with the share of its hypotheses identical to fairseq-generate's."""
+    if reference is None:
+        return result | {"identical": None}
+    return result | {"identical": identical(result["hypotheses"], reference)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         if peer.problem:
             print(f"skipped: {peer.problem}", flush=True)
         peers[name] = peer
-    train = train_all(peers, corpus, work, args)
+    train = trained_before(peers, work) if args.no_train else train_all(peers, corpus, work, args)
     decode = {} if args.skip_decode else decode_all(peers, train, corpus, work, args)
     ours_rate, fairseq_rate = best(train, OURS), best(train, FAIRSEQ)
     results = {

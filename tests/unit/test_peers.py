@@ -274,3 +274,77 @@ def test_decoding_refuses_training_overrides_in_one_line(tmp_path, capsys):
     assert said.endswith(
         "--seed and --set are for training (ray, plain); decode reads the checkpoint"
     )
+
+
+def _decoded(rate: float, bleu: float, **more) -> dict:
+    return {"sentences": 1000, "decode_seconds": 1000 / rate, "wall_s": 30.0,
+            "mean_output_tokens": 12.0, "bleu_tok_lc": bleu} | more  # fmt: skip
+
+
+def test_the_same_weights_line_says_the_torch_rows_rate_share_and_both_bleus():
+    torch_row, ct2_row = report.SAME_WEIGHTS
+    decode = {
+        report.GENERATE: _decoded(20.0, 35.02),
+        "tfm translate, engine torch": _decoded(30.0, 36.0),
+        torch_row: _decoded(50.0, 35.0, identical=0.994),
+        ct2_row: _decoded(100.0, 34.98, identical=0.97),
+    }
+    text = report.tables({"train": {}, "decode": decode})
+    assert (
+        "decode sentences/s ours/fairseq-generate (same weights): 2.50 "
+        "(identical hypotheses: 99.4%, BLEU ours 35.00 / fairseq 35.02)"
+    ) in text.splitlines()
+    assert f"| {ct2_row} | 100.0 | 5.00 | 10.0 | 30 | 12.0 | 34.98 | 97.0% |" in text
+    assert "| tfm translate, engine torch | 30.0 | 1.50 | 33.3 | 30 | 12.0 | 36.00 | |" in text
+    del decode[report.GENERATE]
+    assert "decode sentences/s ours/fairseq-generate (same weights): n/a" in report.tables(
+        {"train": {}, "decode": decode}
+    )
+
+
+def test_hypotheses_are_compared_as_subwords_and_scored_without_bpe(tmp_path, monkeypatch):
+    assert run.identical(["a b@@ c", "d", "e"], ["a b@@ c", "d@@ e", "e"]) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="2 hypotheses against 1"):
+        run.identical(["a", "b"], ["a"])
+    seen = {}
+
+    def score_texts(hyps, refs, lang):
+        seen["hyps"] = hyps
+        return {"bleu_tok_lc": 1.0}
+
+    monkeypatch.setattr("evaluation.bleu.score_texts", score_texts)
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "test.de").write_text("ein hund .\nzwei.\n", encoding="utf-8")
+    corpus = run.Corpus(tmp_path, tmp_path / "text", ("en", "de"), {})
+    result = {"hypotheses": ["ein hun@@ d .", "zwei ."], "pieces": True}
+    scored = run.score(result, corpus)
+    assert seen["hyps"] == ["ein hund.", "zwei."]  # BPE removed, then Moses-detokenized
+    assert "pieces" not in scored and "tokenized" not in scored
+
+
+def test_fairseq_generate_keeps_bpe_when_asked_and_ours_decodes_as_it():
+    cmd = peers_fairseq.generate_command(PEER, Path("bin"), Path("c.pt"), 5, 4096, 50)
+    kept = peers_fairseq.generate_command(PEER, Path("bin"), Path("c.pt"), 5, 4096, 50,
+                                          remove_bpe=False)  # fmt: skip
+    assert "--remove-bpe" in cmd and "--remove-bpe" not in kept
+    assert kept[kept.index("--max-len-a") : kept.index("--max-len-b") + 2] == [
+        "--max-len-a", "1", "--max-len-b", "50"]  # fmt: skip
+    decode = peers_ours.fairseq_decoding(5, "ctranslate2")
+    assert (decode.beam_size, decode.alpha, decode.length_norm, decode.length_rule) == (
+        5, 1.0, "fairseq", "fairseq")  # fmt: skip
+    assert (decode.max_len_offset, decode.max_tokens_per_batch, decode.engine) == (
+        50, 4096, "ctranslate2")  # fmt: skip
+
+
+def test_no_train_decodes_the_models_an_earlier_run_left(tmp_path):
+    (tmp_path / "fairseq" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "fairseq" / "checkpoints" / "checkpoint_last.pt").write_bytes(b"")
+    (tmp_path / "ours-ray" / "final").mkdir(parents=True)
+    (tmp_path / "ours-ray" / "final" / "model.pt").write_bytes(b"")
+    train = run.trained_before({"fairseq": PEER, "eole": Peer("eole", Path("v"))}, tmp_path)
+    assert train["fairseq"]["reused"] and train["fairseq"]["data_bin"].endswith("data-bin")
+    assert train["ours (Ray Train, as tfm run)"]["reused"]
+    assert "not trained in" in train["eole"]["problem"]
+    assert "not trained in" in train["ours (one process)"]["problem"]
+    text = report.tables({"train": train, "decode": {}})
+    assert "| fairseq | not trained in this run: " in text
