@@ -12,8 +12,6 @@ all ranks, which every rank knows from the plan, so the gradient is a per-token 
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,23 +27,15 @@ from training.config import TrainConfig
 from training.data import BatchStream, TokenData
 from training.dev_bleu import DevBleu
 from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
+from training.numerics import autocast_dtype, loss_function
 from training.prefetch import Prefetcher
 from training.static_shapes import StaticShapeLoss, pad_to_bucket
 from training.throughput import ThroughputMeter
 from training.validation import Validation
 from transformer_core.config_checks import ConfigError
 from transformer_core.flops import peak_flops, train_flops
-from transformer_core.loss import (
-    CHUNK_LOGITS,
-    CPU_CHUNK_LOGITS,
-    chunk_loss_and_grad,
-    label_smoothed_nll,
-    linear_label_smoothed_nll,
-)
 from transformer_core.model import NO_CUDNN, Transformer
 from transformer_core.schedule import make_optimizer, make_scheduler
-
-log = logging.getLogger(__name__)
 
 Callback = Callable[["Trainer"], None]
 """Called with the Trainer after every ``train_step``, on every rank."""
@@ -404,47 +394,6 @@ def check_pad_multiple(config: TrainConfig, train: TokenData, max_len: int) -> N
             f"{config.pad_multiple} pads the longest row ({longest}) past model.max_len "
             f"{max_len}; use a divisor of max_len",
         )
-
-
-def native_cpu_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). torch's private checks
-    (pinned torch): its public ``mkldnn`` one also says yes where oneDNN only emulates bf16."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-def autocast_dtype(config: TrainConfig, device: torch.device) -> torch.dtype | None:
-    """bf16 where training autocasts (``train.bf16`` on CUDA, ``train.cpu_bf16`` on a CPU that
-    has native bf16); None: float32 throughout."""
-    if device.type == "cuda":
-        return torch.bfloat16 if config.bf16 else None
-    if device.type == "cpu" and config.cpu_bf16:
-        if native_cpu_bf16():
-            return torch.bfloat16
-        log.warning("train.cpu_bf16: this CPU has no native bf16 (AVX512-BF16 or AMX): float32")
-    return None
-
-
-def loss_function(
-    config: TrainConfig, module: Transformer, device: torch.device, dtype: torch.dtype | None
-) -> Callable:
-    """The training loss on the model's output: label-smoothed NLL of the logits or, with
-    ``fused_loss``, of the states through the output projection in chunks (the projection in
-    ``dtype``, autocast's); compiled with ``compile``, only the chunks' loss with
-    ``compile_loss``."""
-    if not config.fused_loss:
-        if config.compile:
-            return torch.compile(label_smoothed_nll, dynamic=True)
-        return label_smoothed_nll
-    compiled = config.compile or config.compile_loss
-    chunk = torch.compile(chunk_loss_and_grad, dynamic=True) if compiled else None
-    return functools.partial(
-        linear_label_smoothed_nll,
-        weight=module.generator.weight,
-        # The loss runs outside the autocast region: the projection's dtype is explicit.
-        dtype=dtype,
-        chunk_logits=CHUNK_LOGITS if device.type == "cuda" else CPU_CHUNK_LOGITS,
-        **({"chunk_fn": chunk} if chunk is not None else {}),
-    )
 
 
 def memory_gb(device: torch.device) -> float:

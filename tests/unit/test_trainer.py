@@ -9,8 +9,10 @@ import pytest
 import torch
 from helpers.trainer import SEED, VOCAB, as_checkpoint, make_trainer, reversal, settings
 
+from training import numerics
 from training.distributed import seed_all
-from training.trainer import Trainer, native_cpu_bf16
+from training.numerics import native_cpu_bf16
+from training.trainer import Trainer
 from transformer_core import Transformer, presets
 from transformer_core.schedule import learning_rate
 
@@ -224,17 +226,16 @@ def test_fused_loss_takes_the_same_steps_as_the_logits_path():
     Gradients, not weights after the steps: Adam's m / sqrt(v) turns rounding noise in a
     near-zero gradient into a full-size step of either sign (seen on one of 16,384 feed-forward
     weights on an AVX-512 CPU), which says nothing about the loss."""
-    import training.trainer as trainer_module
 
     plain = make_trainer(settings(fused_loss=False, steps=3))
     plain_metrics, plain_grads = gradients_at_each_step(plain, 3)
-    saved = trainer_module.CPU_CHUNK_LOGITS
-    trainer_module.CPU_CHUNK_LOGITS = 2 * VOCAB  # a CPU trainer's chunks
+    saved = numerics.CPU_CHUNK_LOGITS
+    numerics.CPU_CHUNK_LOGITS = 2 * VOCAB  # a CPU trainer's chunks
     try:
         fused = make_trainer(settings(fused_loss=True, steps=3))
         fused_metrics, fused_grads = gradients_at_each_step(fused, 3)
     finally:
-        trainer_module.CPU_CHUNK_LOGITS = saved
+        numerics.CPU_CHUNK_LOGITS = saved
     assert fused.fused_loss and not plain.fused_loss
     for a, b in zip(fused_metrics, plain_metrics, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
@@ -277,10 +278,8 @@ def test_cpu_bf16_trains_like_float32_with_bf16_matmuls():
 
 
 def test_cpu_bf16_without_native_bf16_warns_and_trains_in_float32(monkeypatch, caplog):
-    import training.trainer as trainer_module
-
-    monkeypatch.setattr(trainer_module, "native_cpu_bf16", lambda: False)
-    with caplog.at_level("WARNING", logger="training.trainer"):
+    monkeypatch.setattr(numerics, "native_cpu_bf16", lambda: False)
+    with caplog.at_level("WARNING", logger="training.numerics"):
         trainer = make_trainer(settings(cpu_bf16=True))
     assert trainer.dtype is None
     assert "train.cpu_bf16" in caplog.text and "float32" in caplog.text
