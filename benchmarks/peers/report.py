@@ -112,12 +112,16 @@ def same_weights_line(decode: dict[str, Any]) -> str:
 
 
 LAYOUTS = {
+    # fairseq and eole in float32, as a user runs them on a CPU (neither was tried in bf16);
+    # ours with the recipe's CPU switches: bf16 matmuls where the CPU has native bf16, the
+    # fused loss compiled (docs/training.md, "On CPUs")
     "fairseq": "fairseq-train, 1 process x 2 threads, 2 x 4,096 accumulated",
     FAIRSEQ_2P: "fairseq-train, 2 processes x 1 thread (its data parallelism, gloo), 4,096 each",
     # eole 0.6 trains on a CPU in one process (its multi-process mode is one process a GPU)
     "eole": "eole train, 1 process x 2 threads, 2 x 4,096 accumulated",
-    "ours (Ray Train, as tfm run)": "Ray Train, 2 workers x 1 thread, 4,096 each",
-    "ours (one process)": "Trainer, 1 process x 2 threads, 2 x 4,096 accumulated",
+    "ours (Ray Train, as tfm run)": "Ray Train, 2 workers x 1 thread, 4,096 each; the recipe's "
+    "cpu_bf16 and compiled fused loss",
+    "ours (one process)": "Trainer, 1 process x 2 threads, 2 x 4,096 accumulated; the same",
 }
 
 
