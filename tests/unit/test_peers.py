@@ -13,10 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_peers  # noqa: E402
+from peers import decoding, procs, report, run  # noqa: E402
 from peers import eole as peers_eole  # noqa: E402
 from peers import fairseq as peers_fairseq  # noqa: E402
 from peers import ours as peers_ours  # noqa: E402
-from peers import report, run  # noqa: E402
 from peers.env import Peer, Recipe, Shape  # noqa: E402
 
 from training.data import TokenData  # noqa: E402
@@ -209,7 +209,7 @@ def test_a_parse_failure_is_a_problem_line_not_a_crash():
     def broken() -> dict:
         return peers_fairseq.train_rates("no lines", 10)
 
-    assert run.guarded("fairseq training", broken)["problem"].startswith(
+    assert procs.guarded("fairseq training", broken)["problem"].startswith(
         "fairseq training: ValueError: fairseq logged 0 train_inner lines"
     )
 
@@ -303,9 +303,11 @@ def test_the_same_weights_line_says_the_torch_rows_rate_share_and_both_bleus():
 
 
 def test_hypotheses_are_compared_as_subwords_and_scored_without_bpe(tmp_path, monkeypatch):
-    assert run.identical(["a b@@ c", "d", "e"], ["a b@@ c", "d@@ e", "e"]) == pytest.approx(2 / 3)
+    assert decoding.identical(["a b@@ c", "d", "e"], ["a b@@ c", "d@@ e", "e"]) == pytest.approx(
+        2 / 3
+    )
     with pytest.raises(ValueError, match="2 hypotheses against 1"):
-        run.identical(["a", "b"], ["a"])
+        decoding.identical(["a", "b"], ["a"])
     seen = {}
 
     def score_texts(hyps, refs, lang):
@@ -317,7 +319,7 @@ def test_hypotheses_are_compared_as_subwords_and_scored_without_bpe(tmp_path, mo
     (tmp_path / "clean" / "test.de").write_text("ein hund .\nzwei.\n", encoding="utf-8")
     corpus = run.Corpus(tmp_path, tmp_path / "text", ("en", "de"), {})
     result = {"hypotheses": ["ein hun@@ d .", "zwei ."], "pieces": True}
-    scored = run.score(result, corpus)
+    scored = decoding.score(result, corpus)
     assert seen["hyps"] == ["ein hund.", "zwei."]  # BPE removed, then Moses-detokenized
     assert "pieces" not in scored and "tokenized" not in scored
 
