@@ -327,6 +327,22 @@ def test_compiled_training_takes_the_same_steps_as_eager_on_cpu(fused_loss):
     assert counters["stats"]["unique_graphs"] <= 6 < len(shapes)
 
 
+@pytest.mark.slow  # inductor compiles the chunk's loss: ~20 s on 2 cores
+def test_compile_loss_compiles_only_the_loss_and_trains_as_the_eager_fused_loss():
+    """``compile_loss``: the fused loss's chunks compiled (one graph family, not the model's),
+    the same losses as the eager fused loss (the gradient is the same formula, fused)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = run(make_trainer(settings(fused_loss=True, steps=4)), 4)
+    assert counters["stats"]["unique_graphs"] == 0
+    compiled = run(make_trainer(settings(fused_loss=True, compile_loss=True, steps=4)), 4)
+    assert 1 <= counters["stats"]["unique_graphs"] <= 3  # the chunk function's, no model's
+    for a, b in zip(compiled, eager, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
 def test_val_bleu_keeps_the_best_validation_and_patience_stops_the_run():
     from training.dev_bleu import DevBleu
 
