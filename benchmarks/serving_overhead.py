@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from serving import pyfunc
+from serving import pyfunc, registered_version
 from serving.ct2_export import export_ctranslate2, read_info
 from serving.ct2_options import ct2_exponent
 from serving.translator import DecodeConfig
@@ -54,17 +54,19 @@ def registered(folder: Path, weights: Path, tokenizer: Path, decode: DecodeConfi
     (folder / "model_config.json").write_text(json.dumps(checkpoint.load(weights)["config"]))
     (folder / "decode.json").write_text(json.dumps(decode.__dict__))
     artifacts = {
-        pyfunc.ARTIFACT_WEIGHTS: str(weights),
-        pyfunc.ARTIFACT_TOKENIZER: str(tokenizer),
-        pyfunc.ARTIFACT_MODEL_CONFIG: str(folder / "model_config.json"),
-        pyfunc.ARTIFACT_DECODE: str(folder / "decode.json"),
-        pyfunc.ARTIFACT_CTRANSLATE2: str(
+        registered_version.ARTIFACT_WEIGHTS: str(weights),
+        registered_version.ARTIFACT_TOKENIZER: str(tokenizer),
+        registered_version.ARTIFACT_MODEL_CONFIG: str(folder / "model_config.json"),
+        registered_version.ARTIFACT_DECODE: str(folder / "decode.json"),
+        registered_version.ARTIFACT_CTRANSLATE2: str(
             export_ctranslate2(weights, tokenizer, folder / "ct2", decode=decode)
         ),
     }
     model = pyfunc.TranslatorModel()
     model.load_context(SimpleNamespace(artifacts=artifacts))
-    return lambda texts: model.predict(None, texts), Path(artifacts[pyfunc.ARTIFACT_CTRANSLATE2])
+    return lambda texts: model.predict(None, texts), Path(
+        artifacts[registered_version.ARTIFACT_CTRANSLATE2]
+    )
 
 
 RAW = {

@@ -3,14 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import yaml
 
 from serving import ServingError
 from serving.decode_config import DecodeConfig
-from serving.mlflow_uris import pointed_at
 
 __all__ = ["TARGETS", "export", "registered_files"]
 
@@ -22,29 +18,10 @@ def registered_files(
 ) -> tuple[Path, Path, DecodeConfig]:
     """Download a registered version into ``dst``; its weights file, tokenizer folder and
     decoding settings."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
+    from serving.registered_version import download
 
-    from serving.pyfunc import ARTIFACT_DECODE, ARTIFACT_TOKENIZER, ARTIFACT_WEIGHTS
-    from serving.stream import ModelNotFoundError
-
-    try:
-        with pointed_at(tracking_uri):
-            local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(dst)))
-    except (MlflowException, OSError) as exc:
-        raise ModelNotFoundError(f"model {model_uri} cannot be downloaded: {exc}") from exc
-    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
-    artifacts = flavor.get("artifacts") or {}
-    if ARTIFACT_WEIGHTS not in artifacts or ARTIFACT_TOKENIZER not in artifacts:
-        raise ServingError(
-            f"model {model_uri} is not a registered translator (no weights/tokenizer)"
-        )
-    decode = DecodeConfig()
-    if ARTIFACT_DECODE in artifacts:
-        stored = json.loads((local / artifacts[ARTIFACT_DECODE]["path"]).read_text())
-        decode = DecodeConfig.from_dict(stored)
-    weights, tokenizer = artifacts[ARTIFACT_WEIGHTS]["path"], artifacts[ARTIFACT_TOKENIZER]["path"]
-    return local / weights, local / tokenizer, decode
+    files = download(model_uri, dst, tracking_uri)
+    return files.weights, files.tokenizer, files.decode
 
 
 def export(

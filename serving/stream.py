@@ -5,66 +5,56 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any
 
 from serving import ServingError
-from serving.mlflow_uris import pointed_at
+from serving.registered_version import ModelNotFoundError
 
 if TYPE_CHECKING:
-    from mlflow.pyfunc import PyFuncModel
-
-    from serving.translator import DecodeConfig
+    from serving.translator import DecodeConfig, Translator
 
 __all__ = [
     "ModelNotFoundError",
     "NotUtf8Error",
     "from_checkpoint",
     "from_registry",
-    "load_translator",
     "translate_stream",
 ]
 
-# Any: a registered model's predict answers in JSON's types, a string or a list of dicts.
+# Any: an n-best answer is a list of dicts, as a registered model's.
 Predict = Callable[[list[str]], list[Any]]
 """Texts in, one translation per text out, in order: a string, or with n-best a list of
 {"translation", "score"}, best first (a registered model's form)."""
-
-
-class ModelNotFoundError(ServingError):
-    """A model URI that names nothing in the registry (or no loadable model)."""
 
 
 class NotUtf8Error(ServingError):
     """An input line that is not UTF-8; the message names it."""
 
 
-def load_translator(model_uri: str, tracking_uri: str | None = None) -> PyFuncModel:
-    """``mlflow.pyfunc.load_model(model_uri)``; a URI that names nothing is a ModelNotFoundError."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    where = tracking_uri or mlflow.get_tracking_uri()
-    try:
-        with pointed_at(tracking_uri):
-            return mlflow.pyfunc.load_model(model_uri)
-    except (MlflowException, OSError) as exc:
-        # Imported here: a registered model carries serving/ but not corpora/.
-        from corpora.redact import redact_uri
-
-        raise ModelNotFoundError(
-            f"model {model_uri} cannot be loaded from {redact_uri(where)}: {exc}"
-        ) from exc
-
-
 def from_registry(
     model_uri: str, tracking_uri: str | None = None, params: Mapping[str, Any] | None = None
 ) -> Predict:
-    """A registered model's ``predict``, with per-request decoding ``params`` (beam_size, alpha,
-    length_norm, max_len_offset) if given."""
-    model = load_translator(model_uri, tracking_uri)
-    params = dict(params or {})
-    # The translator's predict answers a list; MLflow types a pyfunc's answer as any of its forms.
-    return lambda texts: list(cast(Iterable[Any], model.predict(texts, params=params or None)))
+    """A registered version, downloaded and decoded by this process's code as it was
+    registered, with ``params`` (beam_size, alpha, length_norm, max_len_offset, n_best)
+    changing its decoding."""
+    import dataclasses
+    import tempfile
+
+    from serving.registered_version import download, load_translator
+    from transformer_core.config_checks import ConfigError
+
+    folder = tempfile.TemporaryDirectory(prefix="tfm-translate-")
+    files = download(model_uri, Path(folder.name), tracking_uri)
+    changes = dict(params or {})
+    n_best = int(changes.pop("n_best", 1))
+    try:
+        decode = dataclasses.replace(files.decode, **changes)
+    except ConfigError as exc:
+        raise ServingError(f"--{exc.key.replace('_', '-')} {exc.message}") from None
+    translator = load_translator(dataclasses.replace(files, decode=decode))
+    predict = _predict(translator, n_best)
+    # The folder lives as long as the function that translates with the files in it.
+    return lambda texts, _folder=folder: predict(texts)
 
 
 def from_checkpoint(
@@ -72,12 +62,16 @@ def from_checkpoint(
 ) -> Predict:
     """A checkpoint (a ``model.pt`` or a folder holding one) and a tokenizer folder, no registry."""
     from serving.translator import Translator
+
+    return _predict(Translator.load(checkpoint, tokenizer_dir, decode), n_best)
+
+
+def _predict(translator: Translator, n_best: int) -> Predict:
     from transformer_core.config_checks import ConfigError
     from transformer_core.search_settings import SearchSettings
 
-    translator = Translator.load(checkpoint, tokenizer_dir, decode)
     try:  # before any input is read
-        SearchSettings.of(decode, n_best=n_best)
+        SearchSettings.of(translator.decode, n_best=n_best)
     except ConfigError as exc:
         raise ServingError(f"--n-best {exc.message}") from None
     if n_best > 1:  # the registered model's form, so the stream writes one kind

@@ -57,10 +57,12 @@ REQUIREMENTS = ("torch", "sentencepiece", "numpy")
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """The register section, the decoding settings it stores, and the registry it writes to."""
+    """The register section, the decoding settings and request limits it stores, and the
+    registry it writes to."""
     return {
         "register": to_dict(config.register),
         "decode": to_dict(config.decoding),
+        "limits": to_dict(config.serve.limits),
         "tracking_uri": config.tracking_uri,
     }
 
@@ -117,9 +119,10 @@ def _stage_model_files(
 ) -> dict[str, str]:
     """Copy what the pyfunc needs into ``staging``; returns the artifacts mapping."""
     from serving import tokenizer
-    from serving.pyfunc import (
+    from serving.registered_version import (
         ARTIFACT_CTRANSLATE2,
         ARTIFACT_DECODE,
+        ARTIFACT_LIMITS,
         ARTIFACT_MODEL_CONFIG,
         ARTIFACT_TOKENIZER,
         ARTIFACT_WEIGHTS,
@@ -137,11 +140,16 @@ def _stage_model_files(
     (staging / "decode.json").write_text(
         json.dumps(to_dict(config.decoding), indent=2, sort_keys=True)
     )
+    # What a request to the served version may ask (mlflow models serve checks it too).
+    (staging / "limits.json").write_text(
+        json.dumps(to_dict(config.serve.limits), indent=2, sort_keys=True)
+    )
     artifacts = {
         ARTIFACT_WEIGHTS: str(weights),
         ARTIFACT_TOKENIZER: str(tok),
         ARTIFACT_MODEL_CONFIG: str(staging / "model_config.json"),
         ARTIFACT_DECODE: str(staging / "decode.json"),
+        ARTIFACT_LIMITS: str(staging / "limits.json"),
     }
     if config.decoding.engine == "ctranslate2":  # served at CTranslate2's speed, exported once here
         from serving.ct2_export import export_ctranslate2

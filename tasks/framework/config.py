@@ -28,6 +28,7 @@ from corpora.sources import split_pair
 from corpora.storage import Store, StoreSettings
 from corpora.subwords import TokenizerConfig
 from parsing.nltk_sample import find_sample
+from serving.serve_config import ServeConfig
 from serving.translator import DecodeConfig
 from tasks.framework.config_errors import config_error, not_json, yaml_error
 from tasks.framework.config_sections import (
@@ -70,6 +71,7 @@ __all__ = [
     "FairseqConfig",
     "DistillConfig",
     "ExportConfig",
+    "ServeConfig",
 ]
 
 Workdir = str
@@ -121,6 +123,9 @@ class RunConfig:
     pipeline), how it translates the corpus, and the share of its translations dropped."""
     export: ExportConfig = field(default_factory=ExportConfig)
     """The export stage (the distill pipeline): the CTranslate2 folder's weight type."""
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    """``tfm serve``: a registered version on Ray Serve (address, token, replicas, engine,
+    batching), and the limits of one request, which register stores with each version."""
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     """Experiment tracking: the MLflow server, the experiment, and how calls to it retry."""
     ray: RayConfig = field(default_factory=RayConfig)

@@ -62,7 +62,7 @@ def test_the_page_lists_every_key_of_every_section(page: str):
     assert len(keys) > 150 and "train.steps" in keys and "storage.cache_dir" in keys
     assert [k for k in keys if f"| `{k}` |" not in page] == []
     sections = [k for k, section in keys.items() if section]
-    assert len(sections) == 17
+    assert len(sections) == 20
     assert [k for k in sections if f"\n## `{k}`\n" not in page] == []
 
 
