@@ -80,10 +80,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_set(_tracking_parser(sub))
     _translate_parser(sub)
+    _serve_parser(sub)
     _export_parser(sub)
     _import_parser(sub)
     _server_parsers(sub)
     return parser
+
+
+def _serve_parser(sub: Any) -> None:
+    """``tfm serve``: a registered version over HTTP on Ray Serve."""
+    p = sub.add_parser(
+        "serve",
+        help="serve a registered model over HTTP on Ray Serve (MLflow's /invocations), "
+        "batching the requests of many clients",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="the registered model, models:/NAME@ALIAS (followed as it moves) or "
+        "models:/NAME/VERSION",
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        help="run config: its serve section (address, token, replicas, batching, limits), its "
+        "MLflow registry and its Ray",
+    )
+    _add_set(p)
+    p.set_defaults(func=commands.cmd_serve)
 
 
 def _export_parser(sub: Any) -> None:
@@ -215,7 +239,7 @@ def _tracking_parser(sub: Any) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.func in (commands.cmd_run, commands.cmd_stage):
+    if args.func in (commands.cmd_run, commands.cmd_stage, commands.cmd_serve):
         signals.stop_on_signals(PROG)
     with environment.started(args.verbose) as args.found_at_start, console.routed(args.verbose):
         try:

@@ -210,6 +210,44 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve ``--model`` on Ray Serve until Ctrl-C or SIGTERM (docs/serving.md)."""
+    import os
+    import threading
+
+    config = _load(args, args.config, args.set)
+    from pipelines import signals, watchdog
+    from serving import registered_version, serve_launch
+    from tasks.framework.runtime import ensure_ray
+
+    settings = config.serve
+    token = serve_launch.token_sha256(settings, os.environ)
+    # Before Ray starts: a URI that names nothing fails in one line.
+    name, version, alias = registered_version.resolve(args.model, config.tracking_uri)
+    local = not (config.ray.address or os.environ.get("RAY_ADDRESS"))
+    if local:  # the proxy will be on this machine
+        serve_launch.check_port(settings.host, settings.port)
+    watchdog.start()  # a local Ray ends with this process, however it ends
+    ensure_ray(config.ray)
+    try:
+        loopback = local and config.ray.loopback
+        url = serve_launch.deploy(args.model, config.tracking_uri, settings, token, loopback)
+        signals.take_back()  # Ray's handlers took SIGTERM: it would end the command here
+        scaling = settings.autoscaling
+        replicas = (
+            f"{settings.replicas} replica(s)"
+            if scaling is None
+            else f"{scaling.min_replicas} to {scaling.max_replicas} replicas"
+        )
+        followed = f", following @{alias}" if alias else ""
+        print(f"serving {name} version {version}{followed} on {url} ({replicas})", flush=True)
+        print("Ctrl-C stops it", flush=True)
+        threading.Event().wait()
+    finally:
+        serve_launch.undeploy()
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import tempfile
 

@@ -37,11 +37,13 @@ QUIET_MLFLOW = {
 }
 """Not ``MLFLOW_CONFIGURE_LOGGING=false``: Ray's workers inherit it, and there it unleashed
 alembic's INFO lines (9 per training run) that MLflow's own setup keeps at WARNING."""
-QUIET_RAY = {"RAY_DISABLE_WORKER_LOG_PREFIX": "1"}
+QUIET_RAY = {"RAY_DISABLE_WORKER_LOG_PREFIX": "1", "RAY_SERVE_LOG_TO_STDERR": "0"}
 """Ray prints every line a worker writes behind a coloured ``(RayTrainWorker pid=...)``; without
 it the progress lines read as the command's own. The lines themselves, worker errors included,
-still reach the console (Ray's forwarding and its deduplication stay on). Ray reads it when it
-is first imported, so it is set before (``pipelines.environment``)."""
+still reach the console (Ray's forwarding and its deduplication stay on). Ray Serve's components
+(``tfm serve``'s proxy and replicas) log to their files under Ray's session folder only, not
+through the console line by line. Ray reads both when it is first imported, so they are set
+before (``pipelines.environment``)."""
 RUN_LOG_ONLY = {"console": False}
 """``extra`` of a record that goes to the run log (and Prefect's UI) but not the console: a
 line that repeats, for those readers, what the console already says."""

@@ -30,17 +30,28 @@ def stop_on_signals(prog: str) -> None:
     import signal
     import socket
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
+    take_back()
     reader, writer = socket.socketpair()
     writer.setblocking(False)
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     global _prog
     _prog = prog
     threading.Thread(target=_watch_signals, args=(reader, writer), daemon=True).start()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def take_back() -> None:
+    """Ctrl-C and SIGTERM interrupt the main thread again (``stop_on_signals``), after a library
+    took them: ``ray.init`` in the main thread installs a handler that exits, and Ray's core a
+    native one that prints a stack and kills the process (a command that runs until it is
+    stopped, ``tfm serve``, would end without its cleanup)."""
+    import signal
+
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _watch_signals(reader: object, writer: object) -> None:
