@@ -59,6 +59,8 @@ class VersionFollower:
             s = self.settings
             translator = load_translator(files, s.engine, s.compute_type, s.engine_threads)
             pieces = piece_limit(s.limits, translator.max_src_len)
+            # One sentence decoded: the first request does not pay for the engine's start.
+            translator.translate_ids(translator.encode(["warm up"]))
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
