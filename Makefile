@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean
+.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-serve bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ bench: $(STAMP)
 bench-store: $(STAMP)
 	mkdir -p $(RESULTS)
 	$(PY) benchmarks/store.py --json $(RESULTS)/store.json
+
+# `tfm serve` under closed-loop clients (1, 8, 32, 128) beside `mlflow models serve` of the same
+# version and the engine's offline batched rate: the Multi30k laptop model once its run has
+# registered it, else the quickstart's (~6 minutes). SERVE_FLAGS: e.g. --clients 32 --no-mlflow,
+# --set serve.replicas=2. Writes $(RESULTS)/serve.json.
+bench-serve: $(STAMP)
+	mkdir -p $(RESULTS)
+	$(PY) benchmarks/serve_load.py --json $(RESULTS)/serve.json $(SERVE_FLAGS)
 
 # Side by side with fairseq and eole on the published Multi30k recipe, on this CPU: each peer in
 # its own environment under .peers/ (over the same CPU torch), the same data, model, tokens per
