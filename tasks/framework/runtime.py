@@ -85,8 +85,11 @@ def ensure_ray(config: RayConfig | None = None) -> None:
         bind_ray_to_loopback()
     # A local Ray with quiet logs. The dashboard process also serves the State API, which Ray
     # Train's placement-group cleaner polls (without it: a warning every second and placement
-    # groups of a dead controller never freed).
+    # groups of a dead controller never freed). "local": a new one even where `ray start` left
+    # its address in /tmp/ray/ray_current_cluster, which ray.init() without an address joins
+    # (and refuses num_cpus for): a cluster is named by ray.address or RAY_ADDRESS only.
     ray.init(
+        address="local",
         num_cpus=config.num_cpus,
         include_dashboard=config.dashboard,
         dashboard_host="127.0.0.1",
