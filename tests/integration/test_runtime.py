@@ -98,6 +98,44 @@ def test_ray_train_finds_its_own_state_api_beside_another_local_ray(ray_local):
         other.wait(timeout=60)
 
 
+OWN_LOCAL_RAY = (
+    "import ray\n"
+    "from tasks.framework.config import RayConfig\n"
+    "from tasks.framework.runtime import ensure_ray\n"
+    "ensure_ray(RayConfig(num_cpus=1, dashboard=False))\n"
+    "print(ray.get_runtime_context().gcs_address, flush=True)\n"
+    "ray.shutdown()\n"
+)
+
+
+@pytest.mark.slow  # a second local Ray in a subprocess: ~15 s
+def test_a_local_ray_is_a_new_one_where_ray_start_left_an_address(ray_local):
+    """`ray start` leaves its cluster's address in Ray's temp folder, and ray.init() without an
+    address joins that cluster (refusing num_cpus): a command's local Ray is a new one."""
+    import ray
+    from ray._private.utils import get_ray_address_file
+
+    marker = Path(get_ray_address_file(None))  # where `ray start` writes it
+    saved = marker.read_text() if marker.exists() else None
+    session = ray.get_runtime_context().gcs_address
+    marker.write_text(session)  # as `ray start` would have left it: this session's Ray
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", OWN_LOCAL_RAY],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        if saved is None:
+            marker.unlink(missing_ok=True)
+        else:
+            marker.write_text(saved)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] != session
+
+
 LOCAL_THEN_CLUSTER = (
     "import ray\n"
     "from ray.cluster_utils import Cluster\n"

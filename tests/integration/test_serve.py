@@ -52,7 +52,11 @@ def post(url: str, body: object, token: str | None = None) -> tuple[int, dict, M
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.loads(answer.read()), answer.headers
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}"), exc.headers
+        try:
+            found = json.loads(exc.read() or b"{}")
+        except ValueError:  # Ray Serve's own answers before the app is up are text
+            found = {}
+        return exc.code, found, exc.headers
 
 
 def in_background(work: Callable[[], LoadResult]) -> tuple[threading.Thread, list[LoadResult]]:
@@ -224,3 +228,75 @@ def test_the_served_files_are_the_versions(served, tmp_path: Path):
     files = download(f"models:/{TEACHER}/1", tmp_path, served[2])
     assert files.limits == RequestLimits() and files.weights.is_file()
     assert files.ctranslate2 is None and files.decode.beam_size == 2
+
+
+def test_the_command_serves_with_a_token_from_the_environment_and_stops_on_ctrl_c(
+    served, tmp_path: Path
+):
+    """`tfm serve` as a user runs it: a port in use is one config error before Ray starts; then
+    served with the token a variable holds, and Ctrl-C ends it with the port free again."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+
+    tracking = served[2]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        config = tmp_path / "serve.yaml"
+        settings = {"port": port, "token_env": "TFM_TEST_TOKEN", "cpus_per_replica": 0.5}
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "servecmd",
+                    "workdir": str(tmp_path / "run"),
+                    "mlflow": {"tracking_uri": tracking},
+                    "ray": {"num_cpus": 1},
+                    "serve": settings,
+                }
+            )
+        )
+        command = [sys.executable, "-m", "pipelines.cli", "serve", "--model", URI]
+        command += ["--config", str(config)]
+        env = {**os.environ, "TFM_TEST_TOKEN": "s3cret"}
+        busy = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert busy.returncode == 2, busy.stderr
+        assert f"serve.port: 127.0.0.1:{port}: Address already in use" in busy.stderr
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/invocations"
+        deadline = time.monotonic() + 180
+        while post_or_none(url, token="s3cret") is None:
+            assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()
+            time.sleep(1)
+        assert post(url, {"inputs": TEXTS})[0] == 401
+        assert post(url, {"inputs": TEXTS}, token="s3cret")[0] == 200
+    finally:
+        server.send_signal(signal.SIGINT)
+        output, _ = server.communicate(timeout=120)
+    assert server.returncode == 130, output
+    assert f"serving {TEACHER} version" in output and "s3cret" not in output
+    deadline = time.monotonic() + 15  # the watchdog ends the command's Ray within seconds
+    while True:
+        with socket.socket() as again:
+            try:
+                again.bind(("127.0.0.1", port))  # nothing holds the port any more
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"port {port} still held"
+        time.sleep(0.5)
+
+
+def post_or_none(url: str, token: str) -> int | None:
+    """The status of a translation request, or None until the application answers it."""
+    try:
+        status = post(url, {"inputs": TEXTS}, token=token)[0]
+    except OSError:
+        return None
+    return status if status in (200, 401) else None
