@@ -10,7 +10,8 @@ another on the same machine:
   loaded in this process (``serving.registered_version``, its registered decoding) translating
   every sentence in one call on every core, sorted into token-budget batches, the engine's
   ceiling here; then ``tfm serve`` (the real command, its config's ``serve`` section, ``--set``
-  overrides) under closed-loop clients sending one sentence a request
+  overrides), with each ``--ingresses`` (HAProxy where it is installed, and Ray Serve's
+  Python proxy), under closed-loop clients sending one sentence a request
   (``serving.closed_loop``) at each ``--clients`` level: sentences/s, p50 and p99 latency,
   errors;
 - ``mlflow models serve --env-manager local`` (as docs/translation.md runs it, the version's
@@ -20,7 +21,8 @@ another on the same machine:
   the answer took.
 
     python benchmarks/serve_load.py [--config CONFIG --model URI] [--clients 1 8 32 128]
-        [--seconds 20] [--engines auto ctranslate2] [--set serve.replicas=1 ...] [--no-mlflow]
+        [--seconds 20] [--engines auto ctranslate2] [--ingresses haproxy proxy]
+        [--set serve.replicas=1 ...] [--no-mlflow]
         [--json PATH]
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -207,9 +210,12 @@ def measure_server(name: str, command: list[str], env: dict, port: int, texts, a
     return {"loads": loads, "refusals": refused}
 
 
-def tfm_serve(config_path: str, uri: str, port: int, engine: str, args) -> tuple[list[str], dict]:
+def tfm_serve(
+    config_path: str, uri: str, port: int, engine: str, ingress: str, args
+) -> tuple[list[str], dict]:
     command = [str(BIN / "tfm"), "serve", "--model", uri, "--config", config_path]
-    for override in [*args.set, f"serve.engine={engine}", f"serve.port={port}"]:
+    overrides = [f"serve.engine={engine}", f"serve.ingress={ingress}", f"serve.port={port}"]
+    for override in [*args.set, *overrides]:
         command += ["--set", override]
     return command, dict(os.environ)
 
@@ -237,8 +243,9 @@ def summary(measured: dict, ceilings: dict[str, dict], at: int) -> list[str]:
         ours = level(measured[name]["loads"], at)
         if ours is None:
             continue
+        name = name.removeprefix("tfm serve, ")
         line = (
-            f"serve sentences/s at {at} clients ({ceiling['engine']}), tfm serve / offline "
+            f"serve sentences/s at {at} clients ({name}), tfm serve / offline "
             f"batched: {ours.rate / ceiling['sentences_per_s']:.2f}"
         )
         if theirs is not None:
@@ -265,6 +272,13 @@ def main() -> int:
         choices=["auto", "torch", "ctranslate2"],
         help="serve.engine of each tfm serve run (auto: the version's own)",
     )
+    parser.add_argument(
+        "--ingresses",
+        nargs="+",
+        default=["haproxy", "proxy"] if shutil.which("haproxy") else ["proxy"],
+        choices=["haproxy", "proxy"],
+        help="serve.ingress of each tfm serve run (default: both where haproxy is installed)",
+    )
     parser.add_argument("--no-mlflow", action="store_true", help="skip mlflow models serve")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -278,18 +292,20 @@ def main() -> int:
     for engine in args.engines:
         ceiling = offline(uri, config, texts, engine)
         print(f"offline: {ceiling}", flush=True)
-        name = f"tfm serve, {ceiling['engine']}"
-        ceilings[name] = ceiling
-        port = free_port()
-        command, env = tfm_serve(config_path, uri, port, engine, args)
-        measured[name] = measure_server(name, command, env, port, texts, args)
+        for ingress in args.ingresses:
+            name = f"tfm serve, {ceiling['engine']}, {ingress}"
+            ceilings[name] = ceiling
+            port = free_port()
+            command, env = tfm_serve(config_path, uri, port, engine, ingress, args)
+            measured[name] = measure_server(name, command, env, port, texts, args)
     if not args.no_mlflow:
         port = free_port()
         command, env = mlflow_serve(uri, config.tracking_uri, port)
         measured["mlflow models serve"] = measure_server(
             "mlflow models serve", command, env, port, texts, args
         )
-    rows = [{k: v for k, v in c.items() if k != "engine"} for c in ceilings.values()] + [
+    unique = {c["server"]: c for c in ceilings.values()}.values()  # one per engine
+    rows = [{k: v for k, v in c.items() if k != "engine"} for c in unique] + [
         {"server": name, **result.row()} for name, m in measured.items() for result in m["loads"]
     ]
     refused = [row for m in measured.values() for row in m["refusals"]]

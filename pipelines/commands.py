@@ -217,7 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load(args, args.config, args.set)
     from pipelines import signals, watchdog
-    from serving import registered_version, serve_launch
+    from serving import haproxy_ingress, registered_version, serve_launch
     from tasks.framework.runtime import ensure_ray
 
     settings = config.serve
@@ -227,6 +227,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     local = not (config.ray.address or os.environ.get("RAY_ADDRESS"))
     if local:  # the proxy will be on this machine
         serve_launch.check_port(settings.host, settings.port)
+    ingress = haproxy_ingress.choose(settings.ingress, local)
+    if ingress == "haproxy":  # read by Ray Serve's processes as the local Ray starts them
+        os.environ.update(haproxy_ingress.environment())
     watchdog.start()  # a local Ray ends with this process, however it ends
     ensure_ray(config.ray)
     try:
@@ -240,7 +243,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             else f"{scaling.min_replicas} to {scaling.max_replicas} replicas"
         )
         followed = f", following @{alias}" if alias else ""
-        print(f"serving {name} version {version}{followed} on {url} ({replicas})", flush=True)
+        where = f"{replicas}, {ingress} ingress" if local else replicas
+        print(f"serving {name} version {version}{followed} on {url} ({where})", flush=True)
         print("Ctrl-C stops it", flush=True)
         threading.Event().wait()
     finally:

@@ -12,12 +12,14 @@ from serving.ct2_options import ComputeType
 from serving.scoring_protocol import RequestLimits
 from transformer_core.config_checks import ConfigError, check_choices
 
-__all__ = ["Autoscaling", "BatchUnit", "ServeConfig", "ServeEngine"]
+__all__ = ["Autoscaling", "BatchUnit", "Ingress", "ServeConfig", "ServeEngine"]
 
 BatchUnit = Literal["sentences", "tokens"]
 """What ``ServeConfig.max_batch`` counts: texts, or their source pieces (EOS included)."""
 ServeEngine = Literal["auto", "torch", "ctranslate2"]
 """Who decodes a served version (``ServeConfig.engine``)."""
+Ingress = Literal["auto", "haproxy", "proxy"]
+"""What receives the HTTP requests (``ServeConfig.ingress``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +53,11 @@ class ServeConfig:
     token_env or token_file in front)."""
     port: int = 8000
     """HTTP port of Ray Serve's proxy."""
+    ingress: Ingress = "auto"
+    """What receives the requests: haproxy (HAProxy in front of replicas that answer HTTP
+    themselves; about twice the requests a second on 2 cores), proxy (Ray Serve's Python
+    proxy), or auto (haproxy on a local Ray where the haproxy binary is installed, else
+    proxy; on a cluster, what its nodes' Ray was started with)."""
     replicas: int = 1
     """Replicas of the model, each a Ray actor that loads the version once (without
     autoscaling)."""

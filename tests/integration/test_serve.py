@@ -173,10 +173,12 @@ def test_a_token_is_asked_when_configured(served):
         assert ping.status == 200  # a gateway's probe needs no token
 
 
-def test_nothing_listens_beyond_loopback(served):
-    me = psutil.Process()
+def listening(pid: int) -> list[tuple[str, str, int]]:
+    """Name, address and port of each listening socket of process ``pid`` and its
+    descendants (Ray's processes, Ray Serve's proxy or HAProxy, the replicas)."""
+    root = psutil.Process(pid)
     sockets = []
-    for process in [me, *me.children(recursive=True)]:
+    for process in [root, *root.children(recursive=True)]:
         try:
             sockets += [
                 (process.name(), c.laddr.ip, c.laddr.port)
@@ -185,6 +187,11 @@ def test_nothing_listens_beyond_loopback(served):
             ]
         except psutil.NoSuchProcess:
             continue
+    return sockets
+
+
+def test_nothing_listens_beyond_loopback(served):
+    sockets = listening(psutil.Process().pid)
     port = int(served[0].rsplit(":", 1)[1].split("/")[0])
     assert port in {p for _, _, p in sockets}, sockets  # the proxy was seen
     exposed = [s for s in sockets if not loopback(s[1])]
@@ -234,14 +241,20 @@ def test_the_command_serves_with_a_token_from_the_environment_and_stops_on_ctrl_
     served, tmp_path: Path
 ):
     """`tfm serve` as a user runs it: a port in use is one config error before Ray starts; then
-    served with the token a variable holds, and Ctrl-C ends it with the port free again."""
+    served with the token a variable holds, through HAProxy where it is installed (CI installs
+    it): requests batched, every socket of the command's processes on loopback; Ctrl-C ends it
+    with the port free again."""
     import os
+    import shutil
     import signal
     import socket
     import subprocess
     import sys
 
     import yaml
+
+    haproxy = shutil.which("haproxy") is not None
+    assert haproxy or os.environ.get("CI") != "true", "CI installs haproxy (.ci/run)"
 
     tracking = served[2]
     with socket.socket() as held:
@@ -276,12 +289,21 @@ def test_the_command_serves_with_a_token_from_the_environment_and_stops_on_ctrl_
             assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()
             time.sleep(1)
         assert post(url, {"inputs": TEXTS})[0] == 401
-        assert post(url, {"inputs": TEXTS}, token="s3cret")[0] == 200
+        status, answer, headers = post(url, {"inputs": TEXTS}, token="s3cret")
+        assert status == 200 and len(answer["predictions"]) == len(TEXTS), answer
+        assert headers["X-Model-Version"] == "1"
+        load = run_load(url, TEXTS, clients=8, seconds=3, warmup=1, token="s3cret")
+        assert load.errors == 0 and max(load.batches) > 1, (load.statuses, load.batches)
+        found = listening(server.pid)  # HAProxy's stats and metrics frontends among them
+        assert port in {p for _, _, p in found}, found
+        exposed = [s for s in found if not loopback(s[1])]
+        assert exposed == [], f"listening beyond loopback: {exposed}"
     finally:
         server.send_signal(signal.SIGINT)
         output, _ = server.communicate(timeout=120)
     assert server.returncode == 130, output
     assert f"serving {TEACHER} version" in output and "s3cret" not in output
+    assert f"{'haproxy' if haproxy else 'proxy'} ingress" in output, output
     deadline = time.monotonic() + 15  # the watchdog ends the command's Ray within seconds
     while True:
         with socket.socket() as again:
