@@ -7,11 +7,12 @@ configs/multi30k_en_de.yaml, when its run has registered it; else the quickstart
 another on the same machine:
 
 - for each ``--engines`` (default: the version's own, then CTranslate2 int8): the version
-  loaded in this process (``serving.registered_version``, its registered decoding) translating
-  every sentence in one call on every core, sorted into token-budget batches, the engine's
-  ceiling here; then ``tfm serve`` (the real command, its config's ``serve`` section, ``--set``
-  overrides), with each ``--ingresses`` (HAProxy where it is installed, and Ray Serve's
-  Python proxy), under closed-loop clients sending one sentence a request
+  loaded offline (``serving.registered_version``, its registered decoding) translating every
+  sentence in one call, sorted into token-budget batches, in one process of a thread per core
+  and in a process of one thread per core each translating its share: the faster is the
+  engine's ceiling here; then ``tfm serve`` (the real command, its config's ``serve``
+  section, ``--set`` overrides), with each ``--ingresses`` (HAProxy where it is installed,
+  and Ray Serve's Python proxy), under closed-loop clients sending one sentence a request
   (``serving.closed_loop``) at each ``--clients`` level: sentences/s, p50 and p99 latency,
   errors;
 - ``mlflow models serve --env-manager local`` (as docs/translation.md runs it, the version's
@@ -91,29 +92,62 @@ def test_sources(config) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def offline(uri: str, config, texts: list[str], engine: str) -> dict:
-    """The version in this process on ``engine`` (as ``serve.engine`` says it), every core,
-    every sentence in one call: sentences/s."""
-    from serving.registered_version import download, load_translator
+def _translate_share(files, engine: str, compute_type: str, threads: int, texts, start, done):
+    """One offline translator of ``threads`` threads: ``texts`` in one call once every
+    process has loaded (``start``, a barrier); puts its engine's name and seconds on ``done``."""
+    from serving.registered_version import load_translator
 
-    settings = config.serve
+    translator = load_translator(files, engine, compute_type, threads)
+    translator.translate(texts[:50])  # warm-up
+    start.wait()
+    began = time.perf_counter()
+    translator.translate(texts)
+    done.put((translator.engine.name, time.perf_counter() - began))
+
+
+def offline(uri: str, config, texts: list[str], engine: str) -> list[dict]:
+    """The version's offline batched rate on ``engine`` (as ``serve.engine`` says it), every
+    sentence translated in one call, in two layouts of the machine's cores: one process of
+    as many threads, and one process of one thread per core, each translating its share at
+    the same time (what the replicas do). The faster is the ceiling (first)."""
+    import multiprocessing
+
+    from serving.registered_version import download
+
+    cores = os.cpu_count() or 1
+    layouts = [(1, cores)] + ([(cores, 1)] if cores > 1 else [])
+    rows = []
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         files = download(uri, Path(tmp), config.tracking_uri)
-        threads = os.cpu_count() or 1
-        translator = load_translator(files, engine, settings.compute_type, threads)
-        translator.translate(texts[:50])  # warm-up
-        start = time.perf_counter()
-        translator.translate(texts)
-        seconds = time.perf_counter() - start
-    return {
-        "server": f"offline batched, {translator.engine.name}",
-        "engine": translator.engine.name,
-        "clients": "-",
-        "sentences_per_s": round(len(texts) / seconds, 1),
-        "p50_ms": None,
-        "p99_ms": None,
-        "errors": 0,
-    }
+        context = multiprocessing.get_context("spawn")
+        for processes, threads in layouts:
+            start, done = context.Barrier(processes), context.Queue()
+            workers = [
+                context.Process(
+                    target=_translate_share,
+                    args=(files, engine, config.serve.compute_type, threads, texts[i::processes]),
+                    kwargs={"start": start, "done": done},
+                )
+                for i in range(processes)
+            ]
+            for worker in workers:
+                worker.start()
+            found = [done.get(timeout=1800) for _ in workers]
+            for worker in workers:
+                worker.join()
+            name = found[0][0]
+            rows.append(
+                {
+                    "server": f"offline batched, {name}, {processes} x {threads} thread(s)",
+                    "engine": name,
+                    "clients": "-",
+                    "sentences_per_s": round(len(texts) / max(s for _, s in found), 1),
+                    "p50_ms": None,
+                    "p99_ms": None,
+                    "errors": 0,
+                }
+            )
+    return sorted(rows, key=lambda row: -row["sentences_per_s"])
 
 
 def free_port() -> int:
@@ -288,10 +322,13 @@ def main() -> int:
     config_path, uri, config = pick(args)
     texts = test_sources(config)
     print(f"bench-serve: {uri} ({config_path}), {len(texts)} test sentences", flush=True)
-    measured, ceilings = {}, {}
+    measured, ceilings, offline_rows = {}, {}, []
     for engine in args.engines:
-        ceiling = offline(uri, config, texts, engine)
-        print(f"offline: {ceiling}", flush=True)
+        layouts = offline(uri, config, texts, engine)
+        for row in layouts:
+            print(f"offline: {row}", flush=True)
+        offline_rows += layouts
+        ceiling = layouts[0]
         for ingress in args.ingresses:
             name = f"tfm serve, {ceiling['engine']}, {ingress}"
             ceilings[name] = ceiling
@@ -304,8 +341,7 @@ def main() -> int:
         measured["mlflow models serve"] = measure_server(
             "mlflow models serve", command, env, port, texts, args
         )
-    unique = {c["server"]: c for c in ceilings.values()}.values()  # one per engine
-    rows = [{k: v for k, v in c.items() if k != "engine"} for c in unique] + [
+    rows = [{k: v for k, v in c.items() if k != "engine"} for c in offline_rows] + [
         {"server": name, **result.row()} for name, m in measured.items() for result in m["loads"]
     ]
     refused = [row for m in measured.values() for row in m["refusals"]]
