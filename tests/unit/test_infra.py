@@ -285,6 +285,40 @@ def test_dockerfile_copies_every_package_and_runs_tfm():
     assert re.search(r"^ENV [^#]*\bRAY_AUTH_MODE=token\b", text, re.MULTILINE | re.DOTALL)
 
 
+EXTRA_OF_VALUE = {"ctranslate2": "serve"}
+"""A config value and the pyproject extra that installs what it needs."""
+
+
+def _values(node: object):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _values(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _values(value)
+    else:
+        yield node
+
+
+def test_the_image_installs_every_extra_the_shipped_configs_need():
+    """A config that decodes on CTranslate2 needs the serve extra in the cluster image."""
+    import yaml
+
+    needed = {
+        EXTRA_OF_VALUE[value]: path.name
+        for path in sorted((ROOT / "configs").glob("*.yaml"))
+        for value in _values(yaml.safe_load(path.read_text()))
+        if isinstance(value, str) and value in EXTRA_OF_VALUE
+    }
+    assert needed, "no shipped config decodes on CTranslate2 any more: update EXTRA_OF_VALUE"
+    text = (ROOT / "infra/docker/Dockerfile").read_text()
+    installs = re.findall(r"pip install [^\n&]*-e \"?\.(?:\[([\w,]+)\])?", text)
+    assert installs, "the Dockerfile installs the project with pip install -e ."
+    extras = {extra for group in installs for extra in group.split(",") if extra}
+    missing = {extra: config for extra, config in needed.items() if extra not in extras}
+    assert not missing, f"the image lacks the extras these configs need: {missing}"
+
+
 # ----------------------------------------------------------------------------- credentials
 
 SECRET_NAME = re.compile(r"PASSWORD|AUTH_STRING|TOKEN|SECRET")
