@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-serve bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean
+.PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-serve bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean clean-all
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -115,5 +115,15 @@ lint: $(STAMP)
 	$(PY) .ci/check_docs.py
 	$(PY) .ci/config_reference.py
 
+# clean: the tools' caches and each work dir's stage outputs (a rerun recomputes them), keeping
+# its MLflow store (mlflow.db, mlartifacts, mlruns) and tracking journals: the registered models
+# the distill configs and tfm serve read outlive it. clean-all: every work dir, registries too.
+KEEP_IN_RUNS := mlflow.db mlartifacts mlruns tracking
 clean:
-	rm -rf runs .pytest_cache .ruff_cache
+	rm -rf .pytest_cache .ruff_cache
+	if [ -d runs ]; then \
+	  find runs -mindepth 2 -maxdepth 2 $(foreach k,$(KEEP_IN_RUNS),! -name $(k)) -exec rm -rf {} +; \
+	fi
+
+clean-all: clean
+	rm -rf runs
