@@ -190,7 +190,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.model is not None:
         tracking = args.tracking_uri
         if tracking is None and args.config:
-            tracking = _load(args, args.config).tracking_uri
+            tracking = _load(args, args.config, args.set).tracking_uri
         n_best = {"n_best": args.n_best} if args.n_best > 1 else {}
         predict = stream.from_registry(args.model, tracking, params={**options, **n_best})
     else:
@@ -198,7 +198,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "", "--checkpoint needs --tokenizer DIR (the folder holding spm.model)"
             )
-        decode = _load(args, args.config).decoding if args.config else None
+        decode = _load(args, args.config, args.set).decoding if args.config else None
         from serving.translator import DecodeConfig
 
         engine = {"engine": args.engine} if args.engine else {}
@@ -229,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve_launch.check_port(settings.host, settings.port)
     ingress = haproxy_ingress.choose(settings.ingress, local)
     if ingress == "haproxy":  # read by Ray Serve's processes as the local Ray starts them
-        os.environ.update(haproxy_ingress.environment())
+        environment.serve_ingress(haproxy_ingress.environment())
     watchdog.start()  # a local Ray ends with this process, however it ends
     ensure_ray(config.ray)
     try:
@@ -262,7 +262,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as tmp:
         if args.model is not None:
             tracking = args.tracking_uri or (
-                _load(args, args.config).tracking_uri if args.config else None
+                _load(args, args.config, args.set).tracking_uri if args.config else None
             )
             checkpoint, tokenizer_dir, decode = registered_files(args.model, Path(tmp), tracking)
         elif args.tokenizer is None:
@@ -271,7 +271,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
         else:
             checkpoint, tokenizer_dir = Path(args.checkpoint), Path(args.tokenizer)
-            decode = _load(args, args.config).decoding if args.config else None
+            decode = _load(args, args.config, args.set).decoding if args.config else None
         out = export(args.to, checkpoint, tokenizer_dir, Path(args.out), args.quantization, decode)
     print(out)
     return 0
@@ -313,7 +313,7 @@ def cmd_import_fairseq(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    config = _load(args, args.config)
+    config = _load(args, args.config, args.set)
     from pipelines.deploy import deploy
 
     deploy(
@@ -322,12 +322,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         cron=args.cron,
         work_pool=args.work_pool,
         stage=args.stage,
+        overrides=_overrides(args.set),
     )
     return 0
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    config = _load(args, args.config) if args.config else None
+    config = _load(args, args.config, args.set) if args.config else None
     tracking = config.tracking_uri if config else "sqlite:///mlflow.db"
     mlflow_cmd = [
         sys.executable,

@@ -1,7 +1,8 @@
 """What a ``tfm`` process (or a Prefect deployment's flow run) writes into its environment, in
 one place, at its start: the switches of the libraries that read them only from there (Prefect's
 home and server, MLflow's progress bars and HTTP budget, Ray's worker-line prefix, its local
-Ray's token authentication, loopback and State API, Ray Data's logging), and what it found
+Ray's token authentication, loopback and State API, Ray Data's logging, Ray Serve's ingress
+for ``tfm serve``), and what it found
 there before any library changed it.
 
 Every other module is handed what it needs; ``training.process_group`` sets a rank's rendezvous
@@ -106,6 +107,12 @@ def configured(config: RunConfig) -> RunConfig:
     ray, wanted = runtime.ray_switches(config.ray, os.environ)
     _set({**mlflow_runs.http_environment(config), **wanted})
     return config if ray is config.ray else config.replace(ray=ray)
+
+
+def serve_ingress(variables: Mapping[str, str]) -> None:
+    """``tfm serve``'s ingress switches (``serving.haproxy_ingress.environment``), set before
+    its local Ray starts: Ray Serve's processes read them only as they start."""
+    _set(variables)
 
 
 @contextlib.contextmanager
