@@ -60,7 +60,9 @@ text is the docstring under its field. `make lint` fails when the page and the c
 `{WRITE}` writes it again.
 
 A run config is one YAML file of these keys, one mapping per section (`train:`, `data:`, ...);
-a key left out takes its default. Any key can also be given on the command line, as
+a key left out takes its default. Any key can also be given on the command line of every
+command that reads a config (`run`, `stage`, `status`, `serve`, `translate`, `export`, `import`,
+`deploy`, whose deployments apply it on each run, `ui` and `tracking replay`), as
 `--set train.steps=200` (the value read as YAML). Unknown keys are an error, and values are
 taken as written: `"3"` is a string, not an integer. Types read as YAML: `null` is YAML's null,
 `list of str` a YAML list, `[int, int]` a list of exactly two; `int >= 1` is a bound checked at

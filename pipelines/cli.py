@@ -126,7 +126,9 @@ def _export_parser(sub: Any) -> None:
     p.add_argument(
         "--quantization",
         default="float32",
-        help="ctranslate2: float32, int8, int8_float16, bfloat16, float16, ...",
+        help="ctranslate2: float32 (the default: the model's own outputs), int8, int8_float16, "
+        "bfloat16, float16, ... (the distill flow's export stage takes export.quantization, "
+        "int8 by default)",
     )
     p.add_argument(
         "--config",
@@ -134,6 +136,7 @@ def _export_parser(sub: Any) -> None:
         "--checkpoint, also its decoding, written into a CTranslate2 export)",
     )
     p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
+    _add_set(p)
     p.set_defaults(func=commands.cmd_export)
 
 
@@ -169,6 +172,7 @@ def _server_parsers(sub: Any) -> None:
     p.add_argument("--cron", help='cron schedule, e.g. "0 3 * * 1"')
     p.add_argument("--work-pool", default="transformer", help="Prefect work pool")
     p.add_argument("--stage", help="deploy the single-stage flow for this stage instead")
+    _add_set(p)
     p.set_defaults(func=commands.cmd_deploy)
 
     p = sub.add_parser(
@@ -179,6 +183,7 @@ def _server_parsers(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--mlflow-port", type=int, default=5000)
     p.add_argument("--prefect-port", type=int, default=4200)
+    _add_set(p)
     p.set_defaults(func=commands.cmd_ui)
 
 
@@ -213,6 +218,7 @@ def _translate_parser(sub: Any) -> None:
     p.add_argument(
         "--engine", choices=["torch", "ctranslate2"], help="with --checkpoint: who decodes"
     )
+    _add_set(p)
     p.set_defaults(func=commands.cmd_translate)
 
 

@@ -7,6 +7,7 @@ the command line, so no deployment file can drift from the flows.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tasks.framework import graph
 from tasks.framework.config import RunConfig
@@ -21,8 +22,10 @@ def deploy(
     cron: str | None,
     work_pool: str,
     stage: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> str:
     """Register a deployment on the Prefect server named by PREFECT_API_URL; returns its id.
+    ``overrides`` (the command's ``--set``) travel in its parameters: each run applies them.
 
     The flow code is read from this checkout (``from_source``), so a process worker on the
     same machine or a shared filesystem runs it.
@@ -30,6 +33,7 @@ def deploy(
     from prefect import Flow
     from prefect import flow as prefect_flow
 
+    parameters: dict[str, Any]
     if stage is not None:
         graph.spec(config, stage)
         entrypoint = "pipelines/flows.py:stage_flow"
@@ -39,6 +43,8 @@ def deploy(
         entrypoint = "pipelines/flows.py:pipeline_flow"
         parameters = {"config_path": str(config_path)}
         name = config.name
+    if overrides:
+        parameters["overrides"] = overrides
     remote = prefect_flow.from_source(source=str(REPO), entrypoint=entrypoint)
     assert isinstance(remote, Flow)  # a caller outside an event loop gets it; typed as either
     deployment_id = remote.deploy(

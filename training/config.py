@@ -18,9 +18,12 @@ class TrainConfig:
     steps: int = 100_000
     """Optimizer steps (base 100k, big 300k)."""
     tokens_per_step: int = 25_000
-    """Target tokens per optimizer step (the paper: ~25k source + ~25k target)."""
+    """Padded tokens a side per optimizer step (the paper: ~25k source + ~25k target tokens),
+    in whole micro-batches: world size x ceil(tokens_per_step / (world size x
+    max_tokens_per_batch)) of them, so a budget that does not divide rounds the step up."""
     max_tokens_per_batch: int = 4096
-    """Padded tokens per device micro-batch; accumulation reaches tokens_per_step."""
+    """Padded tokens a side per device micro-batch (its rows x the longer side's padded
+    length); accumulation reaches tokens_per_step."""
     warmup_steps: int = 4000
     """Linear warmup steps of the inverse-square-root schedule."""
     lr_scale: float = 1.0

@@ -393,4 +393,5 @@ class ExportConfig:
 
     quantization: Quantization = "int8"
     """The weights' type in the export: int8 (what distilled students ship as), int8_float16,
-    float16, bfloat16, float32, ..."""
+    float16, bfloat16, float32, ... (``tfm export --quantization`` defaults to float32
+    instead: an export by hand keeps the model's own outputs unless asked)."""

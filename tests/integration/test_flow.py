@@ -323,8 +323,9 @@ def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path
     asyncio.run(create_pool())
     flow_id = deploy(Path(path), config, cron="0 3 * * 1", work_pool="transformer-test")
     stage_id = deploy(
-        Path(path), config, cron=None, work_pool="transformer-test", stage="translate"
-    )
+        Path(path), config, cron=None, work_pool="transformer-test", stage="translate",
+        overrides={"decode.beam_size": 2},  # tfm deploy --set decode.beam_size=2
+    )  # fmt: skip
 
     async def read(deployment_id):
         async with get_client() as client:
@@ -337,6 +338,7 @@ def test_deploy_registers_a_scheduled_deployment_and_a_stage_deployment(tmp_path
     stage_dep = asyncio.run(read(stage_id))
     assert stage_dep.entrypoint == "pipelines/flows.py:stage_flow"
     assert stage_dep.parameters["stage"] == "translate" and stage_dep.parameters["force"] is True
+    assert stage_dep.parameters["overrides"] == {"decode.beam_size": 2}
 
 
 def test_a_download_that_fails_for_good_is_not_retried(tmp_path, harness):
