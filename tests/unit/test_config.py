@@ -49,6 +49,28 @@ def test_paper_presets_in_shipped_configs():
     assert fr.model.dropout == 0.1 and fr.tokenizer.kind == "wordpiece"
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_a_shipped_configs_step_is_the_tokens_it_states(path: Path):
+    """The step's padded tokens a side, from its workers and micro-batches, are the config's
+    tokens_per_step (no silent rounding up), and a figure on that line's comment is the same."""
+    import re
+
+    train = load_config(path).train
+    if train.elastic:
+        return
+    step = train.batches_per_step(train.max_workers) * train.max_tokens_per_batch
+    assert step == train.tokens_per_step, f"{path.name}: a step is {step} tokens"
+    number = r"(\d{1,3}(?:,\d{3})+|\d+)"
+    for line in path.read_text().splitlines():
+        if line.strip().startswith("tokens_per_step:") and "#" in line:
+            comment = line.split("#", 1)[1]
+            products = re.findall(rf"{number} workers? x {number}", comment)
+            figures = re.findall(rf"{number} (?:padded )?tokens", comment)
+            stated = [int(a.replace(",", "")) * int(b.replace(",", "")) for a, b in products]
+            stated += [int(n.replace(",", "")) for n in figures]
+            assert all(n == step for n in stated), f"{path.name}: {comment!r}, a step is {step}"
+
+
 def _write(tmp_path: Path, data: dict) -> Path:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(data))
