@@ -122,6 +122,10 @@ def _copy_tsv(path: Path, writers: list[LineWriter]) -> None:
                 for writer, segment in zip(writers, row, strict=True):
                     writer.write(segment)
         except ValueError as exc:  # read_tsv's "line N: ..."
-            raise CorpusError(f"{path}, {exc} (each line is source<TAB>target)") from None
+            cat = "zcat" if path.suffix == ".gz" else "cat"
+            raise CorpusError(
+                f"{path}, {exc} (each line is source<TAB>target; to drop such lines: "
+                f"{cat} {path.name} | awk -F'\\t' 'NF==2' > fixed.tsv)"
+            ) from None
         except _GZIP_ERRORS as exc:
             raise corrupt_archive(path, exc) from None

@@ -97,7 +97,8 @@ def test_a_ragged_tsv_fails_in_one_line_and_the_rerun_after_the_fix_works(tmp_pa
     ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tfm:")]
     assert ours == [
         f"tfm: stage download failed: {corpus / 'train.tsv.gz'}, line 7: 3 tab-separated "
-        "fields, expected 2 (each line is source<TAB>target)"
+        "fields, expected 2 (each line is source<TAB>target; to drop such lines: "
+        "zcat train.tsv.gz | awk -F'\\t' 'NF==2' > fixed.tsv)"
     ]
     assert not (tmp_path / "your_data" / "download").exists()
     rows[6] = rows[6].rsplit("\t", 1)[0]
