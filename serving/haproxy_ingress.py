@@ -41,9 +41,9 @@ def choose(ingress: str, local: bool) -> str:
 
     if ingress == "proxy":
         return "proxy"
-    found = shutil.which("haproxy") is not None and wrapper().is_file()
+    binary, script = shutil.which("haproxy"), wrapper().is_file()
     if ingress == "auto":
-        return "haproxy" if local and found else "proxy"
+        return "haproxy" if local and binary and script else "proxy"
     if not local:
         raise ConfigError(
             "serve.ingress",
@@ -51,13 +51,13 @@ def choose(ingress: str, local: bool) -> str:
             "node's Ray with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 and RAY_SERVE_ENABLE_HA_PROXY=1 "
             "(docs/serving.md) and leave serve.ingress at auto",
         )
-    if shutil.which("haproxy") is None:
+    if binary is None:
         raise ConfigError(
             "serve.ingress",
             "haproxy: no haproxy on PATH (Debian or Ubuntu: apt-get install haproxy), "
             "or set serve.ingress: proxy",
         )
-    if not found:
+    if not script:
         raise ConfigError(
             "serve.ingress",
             f"haproxy: {wrapper()} is missing; reinstall the project (pip install -e .)",
