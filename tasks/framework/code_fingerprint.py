@@ -35,6 +35,7 @@ PACKAGES = (
     "transformer_core",
     "corpora",
     "parsing",
+    "weight_adapters",
     "tracking",
     "training",
     "evaluation",

@@ -17,6 +17,7 @@ PACKAGES = (
     "transformer_core",
     "corpora",
     "parsing",
+    "weight_adapters",
     "tracking",
     "training",
     "evaluation",
