@@ -106,7 +106,8 @@ test-gpu:
 # .ci/check_docs.py: the guides' links, sections, images, make targets and scripts exist, their
 # tfm commands parse and load their configs, and no path of one machine is in docs/, README.md
 # or configs/. .ci/config_reference.py: docs/config.md is what the config classes and their field
-# docstrings say now.
+# docstrings say now. benchmarks/figures.py: docs/benchmarks.md's results table and README.md's
+# recipe table are what benchmarks/figures/*.json say.
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
@@ -114,6 +115,7 @@ lint: $(STAMP)
 	$(VENV)/bin/pyrefly check --python-interpreter-path $(PY) --summary=none
 	$(PY) .ci/check_docs.py
 	$(PY) .ci/config_reference.py
+	$(PY) benchmarks/figures.py
 
 # clean: the tools' caches and each work dir's stage outputs (a rerun recomputes them), keeping
 # its MLflow store (mlflow.db, mlartifacts, mlruns) and tracking journals: the registered models

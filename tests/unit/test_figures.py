@@ -1,0 +1,113 @@
+"""benchmarks/figures.py, the figures' one home: docs/benchmarks.md's results table and README.md's
+recipe table are written from benchmarks/figures/*.json, ``make lint`` fails in one line when a
+table was edited by hand, and a benchmark's ``record`` updates its row with the run's facts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import figures  # noqa: E402
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A copy of the two pages and the figures files, as committed."""
+    for path in [*figures.PAGES, figures.FIGURES]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        copy = shutil.copytree if (ROOT / path).is_dir() else shutil.copy
+        copy(ROOT / path, tmp_path / path)
+    return tmp_path
+
+
+def test_the_committed_tables_are_what_the_files_say():
+    assert figures.stale(ROOT) == []
+
+
+def test_a_hand_edit_of_a_figure_in_the_results_table_fails_the_check(repo: Path, capsys):
+    page = repo / "docs/benchmarks.md"
+    text = page.read_text()
+    row = json.loads((repo / figures.FIGURES / "data.json").read_text())["rows"][0]
+    assert row["figure"] in text
+    page.write_text(text.replace(row["figure"], "**0.99** (typed by hand)", 1))
+
+    assert figures.main(["--root", str(repo)]) == 1
+    assert capsys.readouterr().out == (
+        "docs/benchmarks.md: the results table differs from benchmarks/figures: "
+        "run .venv/bin/python benchmarks/figures.py --write\n"
+    )
+    assert figures.main(["--root", str(repo), "--write"]) == 0
+    assert figures.main(["--root", str(repo)]) == 0
+    assert row["figure"] in page.read_text()
+
+
+def test_a_hand_edit_of_the_readme_recipe_table_fails_the_check(repo: Path):
+    readme = repo / "README.md"
+    readme.write_text(readme.read_text().replace("94.26", "95.00", 1))
+    assert figures.stale(repo) == [
+        "README.md: the recipes table differs from benchmarks/figures: "
+        "run .venv/bin/python benchmarks/figures.py --write"
+    ]
+
+
+def test_the_tables_give_each_row_an_anchor_and_the_readme_links_to_it(repo: Path):
+    files = figures.load(repo)
+    ids = [r["id"] for rows in files.values() for r in rows]
+    assert len(ids) == len(set(ids))
+    results = (repo / "docs/benchmarks.md").read_text()
+    readme = (repo / "README.md").read_text()
+    assert all(f'<a id="{i}"></a>' in results for i in ids)
+    assert all(f"(docs/benchmarks.md#{r['id']})" in readme for r in files[figures.RECIPES])
+
+
+def test_text_outside_the_markers_is_kept(repo: Path):
+    page = repo / "docs/benchmarks.md"
+    page.write_text(page.read_text().replace("## Limits", "## Limits\n\nA line of prose.", 1))
+    figures.write(repo)
+    assert "## Limits\n\nA line of prose." in page.read_text()
+    assert figures.stale(repo) == []
+
+
+def test_a_page_without_its_markers_is_an_error():
+    with pytest.raises(ValueError, match="no '<!-- results table"):
+        figures.render("# Benchmarks\n", "results", {})
+
+
+def test_record_replaces_a_rows_figure_with_this_runs_command_date_machine_and_commit(
+    repo: Path, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks/data.py"), "--pairs", "1000"])
+    figures.record("data", "data-stages", "**0.61**", root=repo)
+
+    (row,) = json.loads((repo / figures.FIGURES / "data.json").read_text())["rows"]
+    assert row["figure"] == "**0.61**"
+    assert row["command"] == ".venv/bin/python benchmarks/data.py --pairs 1000"
+    assert row["date"] == figures.datetime.datetime.now(figures.datetime.UTC).date().isoformat()
+    assert row["machine"].split("-core ")[0].isdigit() or " x " in row["machine"]
+    assert "what" in row and row["commit"] is None  # the copy is no git checkout
+    assert figures.stale(repo) == [
+        "docs/benchmarks.md: the results table differs from benchmarks/figures: "
+        "run .venv/bin/python benchmarks/figures.py --write"
+    ]
+
+
+def test_record_refuses_a_new_row_without_what_and_an_unknown_file(repo: Path):
+    with pytest.raises(ValueError, match="a new row needs what="):
+        figures.record("data", "no-such-row", "1.0", root=repo)
+    with pytest.raises(ValueError, match="not a figures file"):
+        figures.record("nowhere", "data-stages", "1.0", root=repo)
+    figures.record("data", "new-row", "1.0", root=repo, what="a new measurement")
+    assert [r["id"] for r in figures.load(repo)["data"]] == ["data-stages", "new-row"]
+
+
+def test_an_unlisted_figures_file_is_an_error(repo: Path):
+    (repo / figures.FIGURES / "stray.json").write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="stray"):
+        figures.load(repo)
