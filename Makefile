@@ -32,7 +32,9 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu"
 
-# Quick settings by default; `make bench BENCH_FULL=1` runs the full-size measurements.
+# Quick settings by default; `make bench BENCH_FULL=1` runs the full-size measurements, whose
+# figures go to benchmarks/figures/ (docs/benchmarks.md). Without ../shared/data/wmt14_ende_sample
+# beside the clone, data.py and train_memory.py run on the synthetic corpus instead.
 RESULTS := benchmarks/results
 bench: $(STAMP)
 	mkdir -p $(RESULTS)
@@ -43,7 +45,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/train_memory.py $(if $(BENCH_FULL),,--pairs 100000 --steps 12 --repeats 1) --json $(RESULTS)/train_memory.json
 
 # The work dir on a local S3 server (SeaweedFS, started by the script) against a local disk,
-# stage by stage on the Multi30k mirror (../shared/data/multi30k): ~5 minutes on 2 cores.
+# stage by stage on the Multi30k mirror (../shared/data/multi30k): ~5 minutes on 2 cores. Without
+# the mirror, or without SeaweedFS's weed binary, it stops with one line that says what it needs.
 bench-store: $(STAMP)
 	mkdir -p $(RESULTS)
 	$(PY) benchmarks/store.py --json $(RESULTS)/store.json
