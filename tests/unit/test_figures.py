@@ -92,10 +92,8 @@ def test_record_replaces_a_rows_figure_with_this_runs_command_date_machine_and_c
     assert row["date"] == figures.datetime.datetime.now(figures.datetime.UTC).date().isoformat()
     assert row["machine"].split("-core ")[0].isdigit() or " x " in row["machine"]
     assert "what" in row and row["commit"] is None  # the copy is no git checkout
-    assert figures.stale(repo) == [
-        "docs/benchmarks.md: the results table differs from benchmarks/figures: "
-        "run .venv/bin/python benchmarks/figures.py --write"
-    ]
+    assert figures.stale(repo) == []  # the tables are written with it
+    assert "| **0.61** |" in (repo / "docs/benchmarks.md").read_text()
 
 
 def test_record_refuses_a_new_row_without_what_and_an_unknown_file(repo: Path):
@@ -111,3 +109,43 @@ def test_an_unlisted_figures_file_is_an_error(repo: Path):
     (repo / figures.FIGURES / "stray.json").write_text('{"rows": []}')
     with pytest.raises(ValueError, match="stray"):
         figures.load(repo)
+
+
+def _peers_results(updates: int) -> dict:
+    train = {
+        "fairseq (2 processes)": {"target_tokens_per_s": 3473.0},
+        "ours (Ray Train, as tfm run)": {"target_tokens_per_s": 6058.0},
+    }
+    decode = {
+        "fairseq-generate": {"sentences": 1000, "decode_seconds": 10.0, "bleu_tok_lc": 20.31},
+        "tfm translate, engine torch, fairseq's weights": {
+            **{"sentences": 1000, "decode_seconds": 5.0, "bleu_tok_lc": 20.32},
+            "identical": 0.996,
+        },
+    }
+    best = {"ours": "ours (Ray Train, as tfm run)", "fairseq": "fairseq (2 processes)"}
+    return {
+        "updates": updates,
+        "train": train,
+        "decode": decode,
+        "ours_over_fairseq": 6058 / 3473,
+        "best_layouts": best,
+    }
+
+
+def test_bench_peers_records_its_rows_only_at_the_rows_length(repo: Path, monkeypatch):
+    from peers import run
+
+    monkeypatch.setattr(figures, "ROOT", repo)
+    before = figures.load(repo)["peers"]
+    run.record_rows(_peers_results(updates=30))
+    assert figures.load(repo)["peers"] == before  # a default run writes nothing
+
+    run.record_rows(_peers_results(updates=run.ROW_UPDATES))
+    training, decoding = figures.load(repo)["peers"]
+    assert training["figure"].startswith("**1.74** (6,058 against 3,473 target tokens/s;")
+    assert decoding["figure"] == (
+        "**2.00x** fairseq-generate's sentences/s (200.0 against 100.0); 99.6% of the "
+        "hypotheses identical, BLEU 20.32 against 20.31"
+    )
+    assert figures.stale(repo) == []
