@@ -149,3 +149,48 @@ def test_bench_peers_records_its_rows_only_at_the_rows_length(repo: Path, monkey
         "hypotheses identical, BLEU 20.32 against 20.31"
     )
     assert figures.stale(repo) == []
+
+
+def _training_row(model: str, tokens: float, mfu: float, **switches: bool) -> dict:
+    return {"model": model, "compile": False, "fused_loss": False, **switches} | {
+        "tokens/s": tokens,
+        "MFU": mfu,
+    }
+
+
+def test_bench_gpu_records_the_rows_its_sections_measured(repo: Path, monkeypatch):
+    import gpu
+
+    monkeypatch.setattr(figures, "ROOT", repo)
+    results = {
+        "environment": {"device": "NVIDIA H200"},
+        "ray": [
+            {"run": 1, "loop": "plain", "vs_plain_mean": 1.01},
+            {"run": 1, "loop": "Ray Train, 1 worker", "vs_plain_mean": 0.95},
+            {"run": 2, "loop": "Ray Train, 1 worker", "vs_plain_mean": 0.97},
+            {"run": "mean", "loop": "Ray Train / plain", "vs_plain_mean": 0.96},
+        ],
+        "training": [
+            _training_row("base", 400_000, 0.079),
+            _training_row("base", 380_000, 0.075, fused_loss=True),
+            _training_row("base", 580_000, 0.113, compile=True),
+            _training_row("big", 376_000, 0.247, compile=True),
+            _training_row("big", 370_000, 0.243, compile=True, fused_loss=True),
+        ],
+        "decoding": [
+            {"dtype": "bfloat16", "batch": 64, "out_len": 50, "tgt_tokens/s": 12_000.0},
+            {"dtype": "bfloat16", "batch": 128, "out_len": 50, "tgt_tokens/s": 20_958.0},
+        ],
+    }
+    gpu.record_rows(results)
+
+    rows = {r["id"]: r for r in figures.load(repo)["gpu"]}
+    assert rows["ray-train-vs-plain-loop-gpu"]["figure"] == "0.950-0.970"
+    assert rows["gpu-base-eager"]["figure"] == "400,000 tokens/s, 7.9% MFU"
+    assert rows["gpu-training-mfu"]["figure"] == (
+        "580,000 / 376,000 tokens/s; **11.3% / 24.7% MFU**"
+    )
+    assert rows["gpu-beam-search"]["figure"] == "20,958 target tokens/s"
+    recorded = ("ray-train-vs-plain-loop-gpu", "gpu-base-eager", "gpu-training-mfu")
+    assert {rows[i]["machine"] for i in (*recorded, "gpu-beam-search")} == {"NVIDIA H200"}
+    assert rows["gpu-multi30k-2.5-minutes"]["machine"] == "H100"  # not measured: kept
