@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import figures  # noqa: E402
 from common import report  # noqa: E402
-from data import replicate, sample_folder  # noqa: E402
+from data import FULL_PAIRS, SAMPLE, replicate, sample_folder  # noqa: E402
 
 from tasks.framework.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
 from tasks.framework.manifest import read_manifest  # noqa: E402
@@ -234,7 +235,7 @@ def mean_mib(ranks: list[dict], key: str) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=1_000_000)
+    parser.add_argument("--pairs", type=int, default=FULL_PAIRS)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--steps", type=int, default=24)
@@ -335,6 +336,13 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         ray.shutdown()
     write_report(args, stats, rows, summary)
+    two = next((s for s in summary if s["workers"] == 2), None)
+    if sample == SAMPLE and args.pairs == FULL_PAIRS and two is not None:  # the row's run
+        figures.record(
+            "train",
+            "training-memory",
+            f"USS {two['uss_ratio']:.2f}, the corpus's share {two['corpus_ratio']:.2f}",
+        )
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

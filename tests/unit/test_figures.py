@@ -4,6 +4,7 @@ table was edited by hand, and a benchmark's ``record`` updates its row with the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -194,3 +195,40 @@ def test_bench_gpu_records_the_rows_its_sections_measured(repo: Path, monkeypatc
     recorded = ("ray-train-vs-plain-loop-gpu", "gpu-base-eager", "gpu-training-mfu")
     assert {rows[i]["machine"] for i in (*recorded, "gpu-beam-search")} == {"NVIDIA H200"}
     assert rows["gpu-multi30k-2.5-minutes"]["machine"] == "H100"  # not measured: kept
+
+
+def _train_args(**given: object) -> argparse.Namespace:
+    defaults = {"shards": "runs/x/shard", "layouts": None, "glibc_defaults": False, "repeats": 3}
+    return argparse.Namespace(**{**defaults, **given})
+
+
+def test_train_py_records_a_row_only_for_the_rows_measurements(repo: Path, monkeypatch):
+    import train
+
+    monkeypatch.setattr(figures, "ROOT", repo)
+    plain = {"path": "plain", "tokens_per_s": 8298.0}
+    ray = {"path": "ray_train", "tokens_per_s": 7639.0, "vs_plain": 7639 / 8298}
+    before = figures.load(repo)["train"]
+    train.record_rows([plain, ray], _train_args(shards=None))  # synthetic batches: no row
+    train.record_rows([plain, ray], _train_args(layouts="1x1:512"))  # not a row's layouts
+    assert figures.load(repo)["train"] == before
+
+    train.record_rows([plain, ray], _train_args())
+    one = {"path": "ray_train 1x2:2048", "tokens_per_s": 10_452.0}
+    two = {"path": "ray_train 2x1:1024", "tokens_per_s": 15_233.0}
+    train.record_rows([one, two], _train_args(layouts="1x2:2048,2x1:1024"))
+    kept = {"path": "ray_train 2x1:4096", "tokens_per_s": 7377.0}
+    kept |= {"faults_per_step": 100.0, "worker_rss_mib": 2085.0}
+    glibc = {"path": "ray_train 2x1:4096 glibc defaults", "tokens_per_s": 5705.0}
+    glibc |= {"faults_per_step": 1200.0, "worker_rss_mib": 1556.0}
+    train.record_rows([kept, glibc], _train_args(layouts="2x1:4096,1x2:4096", glibc_defaults=True))
+
+    rows = {r["id"]: r["figure"] for r in figures.load(repo)["train"]}
+    assert rows["ray-train-vs-plain-loop-cpu"] == (
+        "**0.92** (7,639 against 8,298 tokens/s, best of 3 interleaved runs)"
+    )
+    assert rows["layout-2x1-vs-1x2"] == "**1.46** (15,233 against 10,452 tokens/s)"
+    assert rows["keep-freed-memory"] == (
+        "**1.29x** tokens/s (7,377 against 5,705), 12x fewer page faults, +529 MiB (+34%) "
+        "resident memory a worker"
+    )
