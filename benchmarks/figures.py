@@ -71,7 +71,8 @@ def recipes_table(files: dict[str, list[dict]]) -> list[str]:
     """The recipes file's rows: the recipe, its command, what it gives and how long it takes."""
     lines = ["| recipe | command | what you get | time |", "|---|---|---|---|"]
     for r in files.get(RECIPES, []):
-        link = f"[{r['date']}, {cell(r['machine'])}](docs/benchmarks.md#{r['id']})"
+        measured = ", ".join(cell(r[k]) for k in ("date", "machine") if r[k] not in ("", "—"))
+        link = f"[{measured if r['date'] != '—' else 'its row'}](docs/benchmarks.md#{r['id']})"
         lines.append(
             f"| {cell(r['what'])} | `{cell(r['command'])}` | {cell(r['figure'])} "
             f"| {cell(r['time'])} ({link}) |"
