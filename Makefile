@@ -32,9 +32,11 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu"
 
-# Quick settings by default; `make bench BENCH_FULL=1` runs the full-size measurements, whose
-# figures go to benchmarks/figures/ (docs/benchmarks.md). Without ../shared/data/wmt14_ende_sample
-# beside the clone, data.py and train_memory.py run on the synthetic corpus instead.
+# Quick settings by default; `make bench BENCH_FULL=1` runs the full-size measurements. A run that
+# is a row's own measurement (as BENCH_FULL=1's data and memory runs are) records its figure in
+# benchmarks/figures/ and the tables of docs/benchmarks.md and README.md; so do the targets below.
+# Without ../shared/data/wmt14_ende_sample beside the clone, data.py and train_memory.py run on
+# the synthetic corpus instead (and record nothing).
 RESULTS := benchmarks/results
 bench: $(STAMP)
 	mkdir -p $(RESULTS)
