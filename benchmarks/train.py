@@ -141,7 +141,7 @@ def ray_loop(
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from corpora.location import locate
+    from filesystem.location import locate
     from training.allocator import worker_runtime_env
     from training.job_spec import TrainJob, folder_at
     from training.worker import JOB_KEY, train_loop_per_worker

@@ -200,7 +200,7 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
         checkpoint_minutes=0.0,
         log_every=warm,
     )
-    from corpora.location import locate
+    from filesystem.location import locate
     from training.job_spec import TrainJob, folder_at
     from training.worker import JOB_KEY
 

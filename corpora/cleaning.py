@@ -32,7 +32,7 @@ from corpora.filters import (
     normalize_array,
 )
 from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
-from corpora.storage import StoredFolder, fetch_all
+from filesystem.storage import StoredFolder, fetch_all
 
 __all__ = ["clean_corpus", "line_index", "read_range"]
 

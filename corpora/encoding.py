@@ -31,8 +31,8 @@ import pyarrow as pa
 from corpora import CorpusError, actor_pools
 from corpora.parquet import ParquetShardWriter, part_files
 from corpora.pretokenize import Pretokenizer
-from corpora.storage import StoredFolder, fetch_all
 from corpora.text import read_lines
+from filesystem.storage import StoredFolder, fetch_all
 from transformer_core.config_checks import ConfigError
 from transformer_core.special_ids import EOS_ID
 

@@ -21,8 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from corpora.location import Location, locate
-from corpora.redact import redact_uri, redacted
+from filesystem.location import Location, locate
+from filesystem.redact import redact_uri, redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, flatten, to_dict
 from tasks.framework.contract import (

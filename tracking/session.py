@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corpora.redact import redact_uri
+from filesystem.redact import redact_uri
 from tracking.copies import JournalCopies
 from tracking.journal import JOURNALS, Journal, journals, new_key, server_of
 from tracking.owner import end_abandoned, killed_runs

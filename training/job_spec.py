@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corpora.location import Location
-from corpora.storage import StoredFolder, open_store
+from filesystem.location import Location
+from filesystem.storage import StoredFolder, open_store
 from tracking.journal import RecordSink
 from training.config import TrainConfig
 from training.trainer import Callback

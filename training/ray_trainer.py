@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corpora.location import Location
+from filesystem.location import Location
 from training.allocator import worker_runtime_env
 from training.job_spec import TrainJob
 from training.worker import JOB_KEY, train_loop_per_worker

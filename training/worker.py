@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from corpora.location import Location
+from filesystem.location import Location
 from tracking.relay import Tracker
 from training.allocator import kept_here
 from training.data import TokenData

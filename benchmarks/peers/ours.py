@@ -86,7 +86,7 @@ def vocab_size(workdir: Path) -> int:
 
 def train_ray(config: RunConfig, workdir: Path, out: Path) -> dict:
     """The train stage's Ray Train job on ``recipe_config``'s ``config``; its rank-0 summary."""
-    from corpora.location import locate
+    from filesystem.location import locate
     from tasks.framework.runtime import ensure_ray
     from training.job_spec import TrainJob, folder_at
     from training.ray_trainer import run_job

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from corpora.location import Location
-from corpora.redact import redact_uri, redacted
+from filesystem.location import Location
+from filesystem.redact import redact_uri, redacted
 from serving.mlflow_uris import pointed_at
 from tasks.framework.config import RunConfig, flatten
 from tasks.framework.manifest import MANIFEST

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpora.location import Location, locate
-from corpora.storage import StoredFolder, is_remote
+from filesystem.location import Location, locate
+from filesystem.storage import StoredFolder, is_remote
 from tasks.framework.config import RunConfig
 from tasks.framework.freshness import accept, freshness
 from tasks.framework.manifest import read_manifest

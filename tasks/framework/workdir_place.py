@@ -8,7 +8,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-from corpora.storage import StorageError, Store, StoreSettings, is_remote, open_store
+from filesystem.storage import StorageError, Store, StoreSettings, is_remote, open_store
 from transformer_core.config_checks import ConfigError
 
 

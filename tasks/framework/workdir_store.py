@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corpora.location import Location
-from corpora.storage import StorageError, Store, StoredFolder, node_copy
+from filesystem.location import Location
+from filesystem.storage import StorageError, Store, StoredFolder, node_copy
 from tasks.framework.freshness import accepted, judge
 from tasks.framework.manifest import MANIFEST, read_manifest
 from tasks.framework.results import StageError, StageResult, Status

@@ -15,6 +15,7 @@ from helpers.code_size import MAX_FUNCTION_LINES, MAX_MODULE_LINES, long_functio
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "transformer_core",
+    "filesystem",
     "corpora",
     "parsing",
     "tracking",
@@ -181,7 +182,7 @@ def test_tracking_lives_in_its_one_package():
 
 
 STORE_SEAM = {
-    "corpora/storage.py",  # the store itself: a local folder or an object store's prefix
+    "filesystem/storage.py",  # the store itself: a local folder or an object store's prefix
     "tasks/framework/workdir.py",  # the work dir seam and its local side
     "tasks/framework/workdir_store.py",  # the work dir seam's object-store side
     "tasks/framework/workdir_place.py",  # what a config's workdir names: its kind, node folder

@@ -7,7 +7,7 @@ import pytest
 
 from corpora import CorpusError
 from corpora.fetch import mirror_url
-from corpora.redact import redact_text, redact_uri, redacted
+from filesystem.redact import redact_text, redact_uri, redacted
 from tasks.framework.config import config_from_dict, to_dict
 from tasks.framework.stage_fingerprint import stage_fingerprint, stage_identity
 

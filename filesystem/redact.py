@@ -1,8 +1,8 @@
 """Credentials out of URIs before they leave the process: ``redact_uri`` masks the password of a
 ``scheme://user:password@host`` URI (a mirror, a tracking server) and ``redacted`` every such
 string in a config or stats, wherever they are logged, written to a manifest or an artifact, or
-logged to MLflow. Here in ``corpora``, the lowest layer that handles URLs (the fetcher's mirrors),
-so that the fetcher and every layer above it share one function.
+logged to MLflow. Here in ``filesystem``, below every layer that handles URLs (the fetcher's
+mirrors, the tracking server, the store), so that they all share one function.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
-from corpora import CorpusError
 from transformer_core.folders import publish as publish_local
 from transformer_core.folders import sha256_file, temporary_sibling
 
@@ -35,7 +34,7 @@ MANIFEST = "manifest.json"
 REMOTE_SCHEMES = ("s3", "gs")
 
 
-class StorageError(CorpusError):
+class StorageError(RuntimeError):
     """The store cannot be used: the message names the URI (never a secret) and what to check."""
 
 
