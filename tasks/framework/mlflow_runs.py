@@ -128,7 +128,7 @@ def training_run(config: RunConfig, stage: str, run_dir: Location) -> Iterator[R
     """The run a training logs into: the one its storage folder logged into before (a resume),
     else the current run, else a new stage run; remembered in the folder (``run_dir``), and
     ended FINISHED or FAILED with the training when it was opened again."""
-    fs, root = run_dir.filesystem, run_dir.path
+    fs, root = run_dir.arrow, run_dir.path
     record_path = f"{root}/{MLFLOW_RUN_FILE}"
     stored = _read_record(fs, record_path) or {}
     if "journal" in stored:

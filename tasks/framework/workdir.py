@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from filesystem.location import Location, locate
-from filesystem.storage import StoredFolder, is_remote
+from filesystem.location import Location, open_location
+from filesystem.storage import StoredFolder, folder_at, is_remote
 from tasks.framework.config import RunConfig
 from tasks.framework.freshness import accept, freshness
 from tasks.framework.manifest import read_manifest
@@ -74,8 +74,9 @@ class WorkDir(Protocol):
         fps: Mapping[str, str],
         given: Mapping[str, Path] | None = None,
     ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
-        """The local folders a build reads by role, and the store's folders a Ray worker on
-        another node is handed (none for a local work dir)."""
+        """The local folders a build reads by role, and the same folders as a Ray worker on any
+        node is handed them (``StoredFolder.local``: an object store's folder copied once per
+        node; a local work dir's read where it is)."""
         ...
 
     def input_places(
@@ -127,7 +128,7 @@ class LocalWorkDir:
         return str(self.root / name)
 
     def location(self, rel: str) -> Location:
-        return locate(str(self.root / rel))
+        return open_location(self.root / rel)
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return read_manifest(self.root / name)
@@ -166,7 +167,8 @@ class LocalWorkDir:
         fps: Mapping[str, str],
         given: Mapping[str, Path] | None = None,
     ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
-        return self._folders(inputs, given), {}
+        folders = self._folders(inputs, given)
+        return folders, {role: folder_at(path) for role, path in folders.items()}
 
     def input_places(
         self, inputs: Mapping[str, str], folders: Mapping[str, Path]

@@ -47,8 +47,7 @@ class StoreWorkDir:
         return f"{self.store.uri}/{name}"
 
     def location(self, rel: str) -> Location:
-        path = self.store.path(rel)
-        return Location(self.store.filesystem, path, path)
+        return self.store.location(rel)
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return self.store.read_manifest(name)
