@@ -42,6 +42,13 @@ class WorkDir(Protocol):
         """``rel`` in the work dir as a filesystem and a path (Ray Train's storage)."""
         ...
 
+    def node_path(self, rel: str) -> Path:
+        """``rel`` in this node's folder for the run (a local work dir itself; for an object
+        store's, its folder under ``storage.cache_dir``): what stays on this node, never
+        published (the download cache and its lock file, CTranslate2 exports, a stage's resume
+        folder)."""
+        ...
+
     def manifest(self, name: str) -> dict[str, Any] | None:
         """Folder ``name``'s manifest, or None (none, or unreadable)."""
         ...
@@ -129,6 +136,9 @@ class LocalWorkDir:
 
     def location(self, rel: str) -> Location:
         return open_location(self.root / rel)
+
+    def node_path(self, rel: str) -> Path:
+        return self.root / rel
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return read_manifest(self.root / name)

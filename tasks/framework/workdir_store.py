@@ -49,6 +49,9 @@ class StoreWorkDir:
     def location(self, rel: str) -> Location:
         return self.store.location(rel)
 
+    def node_path(self, rel: str) -> Path:
+        return self.root / rel
+
     def manifest(self, name: str) -> dict[str, Any] | None:
         return self.store.read_manifest(name)
 
