@@ -10,7 +10,7 @@ best time. Measured: each stage's wall time on disk and on the store and their r
 run is the reference, measured on the same cores within minutes); the bytes each stage's
 folder holds (and Ray Train's checkpoints, ``train_ray``); the files whose bytes differ between
 the two runs (their manifests' sizes and hashes) and whether the final weights are equal; and
-the shard folder's node copy (``corpora.storage.node_copy``: what each training node fetches
+the shard folder's node copy (``filesystem.storage.node_copy``: what each training node fetches
 once) filled into a fresh cache, then asked for again. Ray's start and a warm-up of its workers
 come before both runs, so neither pays them.
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import figures  # noqa: E402
 from common import parse_overrides, report  # noqa: E402
 
-from corpora.storage import Store, node_copy  # noqa: E402
+from filesystem.storage import Store, node_copy  # noqa: E402
 from tasks.framework.config import RunConfig, load_config  # noqa: E402
 from tasks.framework.runner import run_stage  # noqa: E402
 

@@ -142,9 +142,10 @@ def ray_loop(
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from corpora.location import locate
+    from filesystem.location import open_location
+    from filesystem.storage import folder_at
     from training.allocator import worker_runtime_env
-    from training.job_spec import TrainJob, folder_at
+    from training.job_spec import TrainJob
     from training.worker import JOB_KEY, train_loop_per_worker
 
     with tempfile.TemporaryDirectory() as storage:
@@ -158,7 +159,7 @@ def ray_loop(
             seed=SEED,
             vocab_size=vocab,
             shard_folder=folder_at(str(shard_dir)),
-            storage=locate(storage),
+            storage=open_location(storage),
             run_name="bench",
         )
         trainer = TorchTrainer(

@@ -202,8 +202,9 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
         checkpoint_minutes=0.0,
         log_every=warm,
     )
-    from corpora.location import locate
-    from training.job_spec import TrainJob, folder_at
+    from filesystem.location import open_location
+    from filesystem.storage import folder_at
+    from training.job_spec import TrainJob
     from training.worker import JOB_KEY
 
     with tempfile.TemporaryDirectory() as storage, tempfile.TemporaryDirectory() as records:
@@ -213,7 +214,7 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
             seed=SEED,
             vocab_size=vocab,
             shard_folder=folder_at(str(shards)),
-            storage=locate(storage),
+            storage=open_location(storage),
             run_name="bench",
         )
         trainer = TorchTrainer(

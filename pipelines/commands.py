@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redact_uri, redacted
+from filesystem.redact import redact_uri, redacted
 from pipelines import console, environment
 from tasks.framework.config import ConfigError, RunConfig, load_config
 

@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from corpora.redact import redact_uri
+from filesystem.redact import redact_uri
 from pipelines import console, environment
 from tasks.framework import graph, mlflow_runs, runner
 from tasks.framework.config import RunConfig, load_config

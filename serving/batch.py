@@ -30,7 +30,7 @@ from typing import IO, Any
 import numpy as np
 
 from corpora import actor_pools
-from corpora.storage import StoredFolder, fetch_all
+from filesystem.storage import StoredFolder, fetch_all
 from serving.translator import DecodeConfig, Translator, plan_decode_batches, restore_order
 
 __all__ = [

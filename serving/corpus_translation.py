@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpora import actor_pools
-from corpora.storage import StoredFolder, fetch_all
+from filesystem.storage import StoredFolder, fetch_all
 from serving.batch import Progress, pool_size
 from serving.translator import DecodeConfig, Translator
 from transformer_core.search_settings import BeamSettings, Hypothesis, length_penalty

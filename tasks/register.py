@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from corpora.pretokenize import Pretokenizer
-from corpora.redact import redact_text, redact_uri, redacted
 from evaluation.champion import decide_champion, protocol
+from filesystem.redact import redact_text, redact_uri, redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.code_fingerprint import git_state, stage_code
 from tasks.framework.config import RunConfig, fingerprint, to_dict

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redact_uri
+from filesystem.redact import redact_uri
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig
 from tasks.framework.config_sections import ModelReference

@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "transformer_core",
+    "filesystem",
     "corpora",
     "parsing",
     "weight_adapters",

@@ -25,8 +25,8 @@ from pydantic import TypeAdapter, ValidationError
 from corpora.encoding import ShardConfig
 from corpora.filters import CleanConfig
 from corpora.sources import split_pair
-from corpora.storage import Store, StoreSettings
 from corpora.subwords import TokenizerConfig
+from filesystem.storage import Store, StoreSettings
 from parsing.nltk_sample import find_sample
 from serving.serve_config import ServeConfig
 from serving.translator import DecodeConfig

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corpora.storage import StoredFolder
+from filesystem.storage import StoredFolder
 from tasks.framework.config import RunConfig
 
 # A stage module's import lines count in its code fingerprint (``code_fingerprint``): the names

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redacted
+from filesystem.redact import redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, fingerprint, to_dict
 from tasks.framework.contract import BuildContext

@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redacted
+from filesystem.redact import redacted
 from tasks.framework.code_fingerprint import stage_code
 from tasks.framework.config import fingerprint, flatten, to_dict
 from tasks.framework.damage import damage

@@ -8,7 +8,14 @@ import functools
 import hashlib
 from pathlib import Path
 
-from corpora.storage import StorageError, Store, StoreSettings, is_remote, open_store
+from filesystem.storage import (
+    StorageError,
+    Store,
+    StoreSettings,
+    is_remote,
+    open_store,
+    root_of,
+)
 from transformer_core.config_checks import ConfigError
 
 
@@ -16,13 +23,12 @@ def workdir_of(template: str | Path, name: str) -> str:
     """``workdir`` as written (``{name}`` for the run name): the absolute folder it names, or
     the store URI it names (without a trailing '/'); a ConfigError for another scheme."""
     text = str(template).format(name=name)
-    if is_remote(text):
-        return text.rstrip("/")
-    if "://" in text:
+    try:
+        return root_of(text)
+    except StorageError:
         raise ConfigError(
             "workdir", f"{text!r}: use a local path, s3://bucket/prefix or gs://bucket/prefix"
-        )
-    return str(Path(text).resolve())
+        ) from None
 
 
 def node_folder_suffix(workdir: str) -> str:

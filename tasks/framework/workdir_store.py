@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corpora.location import Location
-from corpora.storage import StorageError, Store, StoredFolder, node_copy
+from filesystem.location import Location
+from filesystem.storage import StorageError, Store, StoredFolder, node_copy
 from tasks.framework.freshness import accepted, judge
 from tasks.framework.manifest import MANIFEST, read_manifest
 from tasks.framework.results import StageError, StageResult, Status
@@ -47,8 +47,10 @@ class StoreWorkDir:
         return f"{self.store.uri}/{name}"
 
     def location(self, rel: str) -> Location:
-        path = self.store.path(rel)
-        return Location(self.store.filesystem, path, path)
+        return self.store.location(rel)
+
+    def node_path(self, rel: str) -> Path:
+        return self.root / rel
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return self.store.read_manifest(name)
