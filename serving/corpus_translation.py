@@ -128,7 +128,7 @@ class CorpusTranslator:
         for j, (piece, planned) in enumerate(zip(batch["piece"], batch["rows"], strict=True)):
             started = time.perf_counter()
             rows = [int(i) for i in planned]
-            ids = self._ids(rows, batch["src"][j] if self.src_ids is None else None)
+            ids = self._ids(batch, j, rows)
             best = [hyps[0] for hyps in self.translator.nbest_ids(ids, 1)]
             tgt = self.translator.detokenize([h.tokens for h in best])
             out["piece"] += [int(piece)] * len(rows)
@@ -148,10 +148,10 @@ class CorpusTranslator:
             "probe": np.asarray(probes, dtype=object),
         }
 
-    def _ids(self, rows: list[int], texts: np.ndarray | None) -> list[list[int]]:
-        """The piece's source ids: the split's rows, else its texts encoded."""
+    def _ids(self, batch: dict[str, np.ndarray], j: int, rows: list[int]) -> list[list[int]]:
+        """Piece ``j``'s source ids: the split's ``rows``, else its texts (``src``) encoded."""
         if self.src_ids is None:
-            return self.translator.encode([str(t) for t in texts])
+            return self.translator.encode([str(t) for t in batch["src"][j]])
         return [self.src_ids[i].as_py() for i in rows]
 
     def _probe(self, row: int, src_ids: Sequence[int], tgt: str) -> bytes:

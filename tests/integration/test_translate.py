@@ -129,8 +129,18 @@ def test_an_empty_line_is_an_empty_translation(inputs, tmp_path, monkeypatch, en
         source,
         export_dir=str(tmp_path / "ct2"),
     )
-    out = actor({"piece": np.array([0]), "rows": np.array([np.arange(len(texts))], dtype=object)})
+    piece = {"piece": np.array([0]), "rows": np.array([np.arange(len(texts))], dtype=object)}
+    out = actor(piece)
     assert out["tgt"].tolist() == alone and out["tgt_len"].tolist()[1] == 0
+    # The distill stage's actors are given the texts, not an encoded split.
+    actor = CorpusTranslator(
+        str(inputs["average"]),
+        str(inputs["tokenizer"]),
+        decode.__dict__,
+        export_dir=str(tmp_path / "ct2"),
+    )
+    out = actor({**piece, "src": np.array([np.array(texts, dtype=object)], dtype=object)})
+    assert out["tgt"].tolist() == alone and out["score"].tolist()[1] == 0.0
 
 
 def test_empty_test_set_is_a_clear_error(ray_local, inputs, tmp_path) -> None:
