@@ -54,7 +54,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from corpora.parquet import part_files
-    from serving.corpus_translation import shard_name, translate_shards
+    from serving.corpus_translation import translate_shards
+    from serving.translated_shards import shard_name
     from serving.translator import DecodeConfig
     from tasks.framework.runtime import ensure_ray
     from transformer_core.checkpoint import MODEL_FILE

@@ -38,7 +38,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     line)."""
     from corpora.parquet import part_files
     from evaluation.attention import AttentionMap, attention_map, draw_attention, short_enough
-    from serving.batch import read_lengths, translate_distributed
+    from serving.corpus_translation import read_lengths, translate_split
     from tasks.framework.runtime import ensure_ray
     from transformer_core.checkpoint import model_file
 
@@ -60,7 +60,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     started = time.perf_counter()
     # Engine ctranslate2 keeps its export in the run's cache, never in the average folder.
     export_dir = config.root / "cache" / "ctranslate2" / model_fingerprint[:16]
-    decoded = translate_distributed(
+    decoded = translate_split(
         weights,
         tokenizer_dir,
         source,

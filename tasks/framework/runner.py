@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,12 @@ from filesystem.redact import redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, fingerprint, to_dict
 from tasks.framework.contract import BuildContext
-from tasks.framework.graph import StageSpec, pipeline, spec
+from tasks.framework.graph import StageSpec, pipeline, pipeline_name, spec
 from tasks.framework.manifest import MANIFEST, describe_files
 from tasks.framework.results import StageResult, Status
 from tasks.framework.stage_fingerprint import code_version, stage_identity
 from tasks.framework.workdir import LocalWorkDir, WorkDir, open_workdir
+from tracking.run import Run
 from transformer_core.folders import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,62 @@ def accept_stage(config: RunConfig, name: str, workdir: WorkDir | None = None) -
     return wd.accept(
         name, name, lambda: identity(config, stage, wd.input_fingerprints(stage.inputs))
     )
+
+
+RunOne = Callable[[StageSpec, "bool | str", str], StageResult]
+"""Runs one stage of a pipeline in its own MLflow run: ``(the stage, its force, the parent run's
+journal key) -> result`` (a flow's Prefect task, or ``tracked_stage``)."""
+
+
+def tracked_stage(
+    config: RunConfig,
+    name: str,
+    *,
+    force: bool | str = False,
+    workdir: WorkDir | None = None,
+    parent: str | None = None,
+) -> StageResult:
+    """``run_stage`` inside the stage's own MLflow run (under journal ``parent``'s run, else the
+    current run, if any), which it logs its result into."""
+    with mlflow_runs.stage_run(config, name, parent=parent):
+        return run_stage(config, name, force=force, workdir=workdir)
+
+
+def run_pipeline(
+    config: RunConfig,
+    run_one: RunOne,
+    *,
+    force: Collection[str] = (),
+    only: Collection[str] | None = None,
+    tags: Mapping[str, str] | None = None,
+    opened: Callable[[Run], None] | None = None,
+    follow_upstream: bool = True,
+) -> tuple[list[StageResult], str]:
+    """Run the config's pipeline stage by stage (those in ``only``, if given), each by
+    ``run_one``, under one MLflow parent run (``tags``; ``opened`` is told it first); the results
+    and how a person finds the parent run.
+
+    ``force`` names stages to rerun. With ``follow_upstream`` a stage that actually runs reruns
+    everything downstream of it too ("upstream <stage> ran"), as a trained model is never the
+    same twice; without, each stage judges its own folder (the fairseq import: a conversion).
+    """
+    rerun: dict[str, str | bool] = {stage: True for stage in force}
+    results: list[StageResult] = []
+    name = pipeline_name(config)
+    with mlflow_runs.pipeline_run(config, name, dict(tags or {})) as parent:
+        if opened is not None:
+            opened(parent)
+        for stage in pipeline(config):
+            if only is not None and stage.name not in only:
+                continue
+            ran = [
+                up for up in stage.inputs.values() if any(r.ran and r.stage == up for r in results)
+            ]
+            if follow_upstream and ran and stage.name not in rerun:
+                rerun[stage.name] = f"upstream {ran[0]} ran"
+            results.append(run_one(stage, rerun.get(stage.name, False), parent.key))
+        parent.set_tags({"stages.ran": ",".join(r.stage for r in results if r.ran)})
+    return results, parent.label()
 
 
 def status(

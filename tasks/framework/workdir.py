@@ -21,7 +21,7 @@ from tasks.framework.freshness import accept, freshness
 from tasks.framework.manifest import read_manifest
 from tasks.framework.results import StageError, StageResult, Status
 from tasks.framework.stage_fingerprint import input_fingerprints
-from transformer_core.folders import publish, remove_stale_temporaries, temporary_sibling
+from transformer_core.folders import fresh_temporary, publish
 
 Outdated = Callable[[Path], "str | None"]
 """A stage's rule that overrules an up-to-date folder (register: its registry version is gone)."""
@@ -186,12 +186,7 @@ class LocalWorkDir:
         return {role: str(Path(folders[role]).resolve()) for role in inputs}
 
     def staging(self, name: str) -> Path:
-        out = self.root / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out)
-        tmp = temporary_sibling(out)
-        tmp.mkdir()
-        return tmp
+        return fresh_temporary(self.root / name)
 
     def publish(self, name: str, tmp: Path) -> Path:
         publish(tmp, self.root / name)

@@ -20,12 +20,7 @@ from filesystem.storage import StorageError, Store, StoredFolder, node_copy
 from tasks.framework.freshness import accepted, judge
 from tasks.framework.manifest import MANIFEST, read_manifest
 from tasks.framework.results import StageError, StageResult, Status
-from transformer_core.folders import (
-    publish,
-    remove_stale_temporaries,
-    temporary_sibling,
-    write_json_atomic,
-)
+from transformer_core.folders import fresh_temporary, publish, write_json_atomic
 
 
 class StoreWorkDir:
@@ -129,12 +124,7 @@ class StoreWorkDir:
         return {role: self.locate(name) for role, name in inputs.items()}
 
     def staging(self, name: str) -> Path:
-        out = self.root / "staging" / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out)
-        tmp = temporary_sibling(out)
-        tmp.mkdir()
-        return tmp
+        return fresh_temporary(self.root / "staging" / name)
 
     def publish(self, name: str, tmp: Path) -> Path:
         """Upload the finished ``tmp`` as folder ``name``, manifest last, then keep it as this

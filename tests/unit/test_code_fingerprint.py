@@ -66,8 +66,9 @@ def test_comments_docstrings_and_formatting_reach_no_stage(repo: Path):
     assert changed_stages(repo, edit) == set()
 
 
-def test_serving_batch_reaches_translate_not_train(repo: Path):
-    assert changed_stages(repo, lambda r: _add_code(r / "serving/batch.py")) == {"translate"}
+def test_the_corpus_translator_reaches_translate_not_train(repo: Path):
+    changed = changed_stages(repo, lambda r: _add_code(r / "serving/corpus_translation.py"))
+    assert changed == {"translate"}
 
 
 def test_a_model_change_reaches_what_runs_the_model_not_the_data_stages(repo: Path):
