@@ -19,7 +19,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -381,18 +381,34 @@ class StoredFolder:
                 return have
         return node_copy(self.store, self.rel, Path(self.cache_root))
 
+    def __truediv__(self, rel: str) -> StoredPath:
+        return StoredPath(self, rel)
+
+
+@dataclass(frozen=True)
+class StoredPath:
+    """A file or folder inside a ``StoredFolder`` (``folder / "name"``; ``rel`` empty: the folder
+    itself), as a Ray worker is handed it: ``local`` is this node's copy."""
+
+    folder: StoredFolder
+    rel: str = ""
+
+    def local(self) -> Path:
+        """This node's copy (the whole folder copied first, once per node)."""
+        root = self.folder.local()
+        return root / self.rel if self.rel else root
+
+
+def on_this_node(path: str | Path | StoredPath) -> Path:
+    """``path`` on the node that asks: a local path as it is, a stored one as this node's copy.
+    Libraries that hand paths to Ray workers take either and call this on the worker's side."""
+    return path.local() if isinstance(path, StoredPath) else Path(path)
+
 
 def folder_at(path: str | Path) -> StoredFolder:
     """A local folder as a worker is handed one: read where it is (a local work dir's input)."""
     folder = Path(path).resolve()
     return StoredFolder(open_store(folder.parent), folder.name, "")
-
-
-def fetch_all(folders: Iterable[StoredFolder]) -> None:
-    """Make sure this node has its copy of each folder (a Ray task's first step, on any node:
-    the copies are at the paths the driver gave it)."""
-    for folder in folders:
-        folder.local()
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpora import actor_pools
-from filesystem.storage import StoredFolder, fetch_all
+from filesystem.storage import StoredPath, on_this_node
 from serving.translate_progress import Progress
 from serving.translated_shards import PendingShard, collect, shard_name, write_shard
 from serving.translator import DecodeConfig, Translator, plan_decode_batches, restore_order
@@ -104,21 +104,22 @@ class CorpusTranslator:
 
     def __init__(
         self,
-        model_path: str,
-        tokenizer_dir: str,
+        model_path: str | StoredPath,
+        tokenizer_dir: str | StoredPath,
         decode: dict[str, Any],
-        source: Sequence[str] = (),
+        source: Sequence[str | StoredPath] = (),
         export_dir: str | None = None,
         probe: Probe | None = None,
         probe_rows: Collection[int] = (),
-        fetch: Sequence[StoredFolder] = (),
     ):
-        fetch_all(fetch)  # this node's copies of the inputs, at the paths the driver gave
         self.decode = DecodeConfig.from_dict(decode)
-        self.translator = Translator.load(
-            model_path, tokenizer_dir, self.decode, export_dir=export_dir
+        self.translator = Translator.load(  # this node's copies, made now if it has none
+            on_this_node(model_path),
+            on_this_node(tokenizer_dir),
+            self.decode,
+            export_dir=export_dir,
         )
-        self.src_ids = _read_ids(source) if source else None
+        self.src_ids = _read_ids([str(on_this_node(s)) for s in source]) if source else None
         self.probe, self.probe_rows = probe, frozenset(probe_rows)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -162,13 +163,12 @@ class CorpusTranslator:
 
 
 def _actor_args(
-    model_path: Path,
-    tokenizer_dir: Path,
+    model_path: Path | StoredPath,
+    tokenizer_dir: Path | StoredPath,
     decode: DecodeConfig,
     export_dir: Path | None,
-    fetch: Sequence[StoredFolder],
     *,
-    source: Sequence[Path] = (),
+    source: Sequence[Path | StoredPath] = (),
     probe: Probe | None = None,
     probe_rows: Collection[int] = (),
 ) -> dict[str, Any]:
@@ -177,18 +177,22 @@ def _actor_args(
     if decode.engine == "ctranslate2":
         from serving import ct2_export
 
-        export_dir = export_dir or ct2_export.default_export_dir(model_path)
-        ct2_export.export_ctranslate2(model_path, tokenizer_dir, export_dir, decode=decode)
-    return {
-        "model_path": str(model_path),
-        "tokenizer_dir": str(tokenizer_dir),
+        model, tokenizer = on_this_node(model_path), on_this_node(tokenizer_dir)
+        export_dir = export_dir or ct2_export.default_export_dir(model)
+        ct2_export.export_ctranslate2(model, tokenizer, export_dir, decode=decode)
+    return {  # a local path as text; a stored one as it is, for each node to copy
+        "model_path": _for_actor(model_path),
+        "tokenizer_dir": _for_actor(tokenizer_dir),
         "decode": dataclasses.asdict(decode),
         "export_dir": None if export_dir is None else str(export_dir),
-        "fetch": tuple(fetch),
-        "source": [str(f) for f in source],
+        "source": [_for_actor(f) for f in source],
         "probe": probe,
         "probe_rows": sorted(probe_rows),
     }
+
+
+def _for_actor(path: Path | StoredPath) -> str | StoredPath:
+    return path if isinstance(path, StoredPath) else str(path)
 
 
 def _translated(
@@ -226,34 +230,32 @@ class Decoded:
 
 
 def translate_split(
-    model_path: Path,
-    tokenizer_dir: Path,
-    source: Sequence[Path],
+    model_path: Path | StoredPath,
+    tokenizer_dir: Path | StoredPath,
+    source: Sequence[Path | StoredPath],
     decode: DecodeConfig,
     export_dir: Path | None = None,
     *,
     lengths: np.ndarray | None = None,
     probe: Probe | None = None,
     probe_rows: Collection[int] = (),
-    fetch: Sequence[StoredFolder] = (),
 ) -> Decoded:
     """Decode the split whose Parquet parts are ``source`` (Ray must be running). ``lengths``:
     its ``src_len`` column, if the caller has read it already. ``export_dir``: where engine
-    ctranslate2 keeps its export (default: next to the checkpoint). ``fetch``: the object-store
-    folders the paths are this node's copies of; an actor on another node copies them to the
-    same paths first."""
+    ctranslate2 keeps its export (default: next to the checkpoint). The model, the tokenizer and
+    the source are local paths (this node's) or ``StoredPath``s (each actor reads its node's copy:
+    a pool on a cluster)."""
     args = _actor_args(
         model_path,
         tokenizer_dir,
         decode,
         export_dir,
-        fetch,
         source=source,
         probe=probe,
         probe_rows=probe_rows,
     )
     if lengths is None:
-        lengths = read_lengths(source)
+        lengths = read_lengths([on_this_node(s) for s in source])
     batches = plan_decode_batches(lengths, decode.max_tokens_per_batch)
     pieces = [{"piece": b, "rows": rows.tolist()} for b, rows in enumerate(batches)]
     actors, resources = pool_size(decode.num_actors)
@@ -293,8 +295,8 @@ def translate_split(
 
 
 def translate_shards(
-    model_path: Path,
-    tokenizer_dir: Path,
+    model_path: Path | StoredPath,
+    tokenizer_dir: Path | StoredPath,
     sources: Sequence[str],
     decode: DecodeConfig,
     out: Path,
@@ -302,13 +304,11 @@ def translate_shards(
     *,
     export_dir: Path | None = None,
     max_failures: int = 1,
-    fetch: Sequence[StoredFolder] = (),
 ) -> dict[str, Any]:
     """Translate ``sources`` into the shards ``out/part-NNNNN.parquet`` (``SHARD_SCHEMA`` of
     ``serving.translated_shards``) of ``rows_per_shard`` sentences, skipping the shards ``out``
     holds already (Ray must be running); counts and timings. ``export_dir``: where engine
-    ctranslate2 keeps its export. ``fetch``: the object-store folders the paths are this node's
-    copies of."""
+    ctranslate2 keeps its export. The model and the tokenizer as ``translate_split``'s."""
     out.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(sources), rows_per_shard)
     shards = [list(sources[i : i + rows_per_shard]) for i in starts]
@@ -317,7 +317,7 @@ def translate_shards(
         log.info(
             "distill: %d of %d shards already translated in %s", len(written), len(shards), out
         )
-    args = _actor_args(model_path, tokenizer_dir, decode, export_dir, fetch)
+    args = _actor_args(model_path, tokenizer_dir, decode, export_dir)
     started, busy, restarts = time.perf_counter(), 0.0, 0
     while True:
         pending = [k for k in range(len(shards)) if not (out / shard_name(k)).is_file()]
