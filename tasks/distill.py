@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +41,11 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def resume_folder(config: RunConfig, input_fps: Mapping[str, str]) -> Path:
+def resume_folder(ctx: BuildContext) -> Path:
     """Where the shards of this identity are kept while the stage runs (the run's node-local
     folder: an object-store work dir's too)."""
-    key = stage_fingerprint(STAGE, stage_config(config), input_fps)
-    return config.root / "cache" / STAGE / key[:16]
+    key = stage_fingerprint(STAGE, stage_config(ctx.config), ctx.input_fps)
+    return ctx.workdir.node_path(f"cache/{STAGE}/{key[:16]}")
 
 
 def build(ctx: BuildContext) -> dict[str, Any]:
@@ -73,17 +72,17 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     if not sources:
         raise StageError(f"{ctx.inputs['clean'] / 'train'} holds no sentences to translate")
     ensure_ray(config.ray)
-    resume = resume_folder(config, ctx.input_fps)
+    resume = resume_folder(ctx)
+    stored = ctx.stored["teacher"]  # each actor reads its node's copy
     stats = translate_shards(
-        teacher / MODEL_FILE,
-        teacher / "tokenizer",
+        stored / MODEL_FILE,
+        stored / "tokenizer",
         sources,
         decode,
         resume,
         config.distill.rows_per_shard,
-        export_dir=config.root / "cache" / "ctranslate2" / ctx.input_fps["teacher"][:16],
+        export_dir=ctx.workdir.node_path(f"cache/ctranslate2/{ctx.input_fps['teacher'][:16]}"),
         max_failures=config.distill.max_failures,
-        fetch=tuple(ctx.stored.values()),
     )
     out = ctx.tmp / "train"
     out.mkdir()
