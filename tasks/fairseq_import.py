@@ -22,7 +22,8 @@ from typing import Any
 
 from corpora.pretokenize import Pretokenizer
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 
