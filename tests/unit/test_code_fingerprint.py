@@ -107,6 +107,13 @@ def move(repo: Path, module: str, name: str, target: str) -> None:
     start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
     cut = lines[start : node.end_lineno]
     own = {getattr(n, "name", None) for n in tree.body} - {name, None}
+    own |= {
+        t.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     used = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & own)
     imports = [
         "".join(lines[n.lineno - 1 : n.end_lineno])
