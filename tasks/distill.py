@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
-from tasks.framework.contract import BuildContext, StageError, stage_fingerprint
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
+from tasks.framework.stage_fingerprint import stage_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 from tasks.framework.workdir import WorkDir
 
 STAGE = "download"

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from corpora.pretokenize import Pretokenizer
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 if TYPE_CHECKING:
     from weight_adapters.fairseq_vocab import Vocabulary

@@ -27,7 +27,8 @@ from filesystem.redact import redact_uri
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig
 from tasks.framework.config_sections import ModelReference
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,11 @@ from filesystem.location import Location, open_location
 from filesystem.redact import redact_uri, redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, flatten, to_dict
-from tasks.framework.contract import (
-    BuildContext,
-    StageError,
-    code_version,
-    read_manifest,
-    stage_fingerprint,
-)
+from tasks.framework.contract import BuildContext
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runtime import ensure_ray
+from tasks.framework.stage_fingerprint import code_version, stage_fingerprint
 from tasks.framework.workdir import WorkDir
 from training.data import shard_files
 from training.job_spec import TrainJob

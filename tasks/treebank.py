@@ -12,7 +12,8 @@ from typing import Any
 from parsing import nltk_sample
 from tasks.framework.config import ParsingConfig, RunConfig
 from tasks.framework.content import files_digest
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 STAGE = "treebank"
 SPLITS = ("train", "dev", "test")

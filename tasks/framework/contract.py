@@ -8,7 +8,8 @@ leaves a folder that looks complete. A stage whose folder holds a manifest with 
 fingerprint, and whose files are all there with the recorded sizes, is up to date and is
 skipped (``freshness``). The runner logs each ``StageResult`` to MLflow once
 (``tasks.framework.mlflow_runs.log_stage_result``); only train (its workers' curves) and
-register (the model) log on their own, through ``tasks.framework.mlflow_runs`` too.
+register (the model) log on their own, through ``tasks.framework.mlflow_runs`` too. A stage
+raises ``tasks.framework.results.StageError`` for a failure it can explain.
 """
 
 from __future__ import annotations
@@ -19,24 +20,7 @@ from pathlib import Path
 
 from filesystem.storage import StoredFolder
 from tasks.framework.config import RunConfig
-
-# A stage module's import lines count in its code fingerprint (``code_fingerprint``): the names
-# stages import from here stay importable here, so that no output goes stale for where a name
-# moved. The framework imports each from its own module.
-from tasks.framework.lineage import lineage
-from tasks.framework.manifest import read_manifest
-from tasks.framework.results import StageError
-from tasks.framework.stage_fingerprint import code_version, stage_fingerprint
 from tasks.framework.workdir import WorkDir
-
-__all__ = [
-    "BuildContext",
-    "StageError",
-    "code_version",
-    "lineage",
-    "read_manifest",
-    "stage_fingerprint",
-]
 
 
 @dataclass(frozen=True)

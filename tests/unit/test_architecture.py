@@ -7,25 +7,16 @@ import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from helpers.code_size import MAX_FUNCTION_LINES, MAX_MODULE_LINES, long_functions, module_lines
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (
-    "transformer_core",
-    "filesystem",
-    "corpora",
-    "parsing",
-    "weight_adapters",
-    "tracking",
-    "training",
-    "evaluation",
-    "serving",
-    "tasks",
-    "pipelines",
-)
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+PACKAGES = tuple(PYPROJECT["tool"]["importlinter"]["root_packages"])
+"""The project's packages, from their one list (pyproject.toml's [tool.importlinter])."""
 DATA_TABLES = {
     # word lists and inflection tables of the synthetic English-German grammar
     "corpora/synthetic_lexicon.py",
@@ -93,6 +84,43 @@ def test_the_cycle_check_sees_type_checking_and_package_imports(tmp_path, module
     target.write_text(target.read_text() + source)
     name = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     assert any(line.startswith(f"{name} -> ") for line in import_cycles(tmp_path))
+
+
+def test_the_package_list_is_the_one_every_tool_uses():
+    """The wheel's packages (setuptools' discovery), the type checker's files (Pyrefly's
+    globs) and the code fingerprint's packages are the importlinter roots, each of which has
+    a place in the layers: adding a package is one edit there (and its place in the layers)."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    from tasks.framework.code_fingerprint import project_packages
+
+    wheel = read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]["packages"]
+    assert {p.split(".")[0] for p in wheel} == set(PACKAGES)
+    assert project_packages() == PACKAGES
+    layered = {
+        p.strip()
+        for c in PYPROJECT["tool"]["importlinter"]["contracts"]
+        if c["type"] == "layers"
+        for layer in c["layers"]
+        for p in layer.split("|")
+    }
+    assert set(PACKAGES) <= layered
+    pyrefly = Path(sys.executable).with_name("pyrefly")
+    if not pyrefly.exists():
+        pytest.skip("pyrefly is not installed (the dev extra)")
+    dump = subprocess.run(
+        [str(pyrefly), "dump-config", "--max-files", "all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    covered = {
+        Path(line.strip()).relative_to(ROOT)
+        for line in dump.stdout.split("Covered files:", 1)[1].splitlines()
+        if line.strip().endswith(".py")
+    }
+    assert covered == {p.relative_to(ROOT) for p in production_modules()}
 
 
 def test_import_contracts_hold():

@@ -203,7 +203,7 @@ def test_both_work_dirs_stage_in_a_fresh_folder_after_clearing_a_dead_runs(tmp_p
     ``staging/``: each gets a new empty folder, and what a killed run left there is removed."""
     import subprocess
 
-    from corpora.storage import open_store
+    from filesystem.storage import open_store
     from tasks.framework.workdir import LocalWorkDir
     from tasks.framework.workdir_store import StoreWorkDir
 
