@@ -37,5 +37,6 @@ class BuildContext:
     """The run's work dir, opened once per command: where Ray Train keeps its checkpoints
     (``WorkDir.location``), on whichever kind of store it is."""
     stored: Mapping[str, StoredFolder] = field(default_factory=dict)
-    """Input role -> its folder on the object store, when the work dir is on one (``inputs``
-    are then this node's copies): what a Ray worker on another node is handed to copy."""
+    """Input role -> its folder as a Ray worker on any node is handed it (``StoredFolder.local``:
+    an object store's folder copied once per node, a local work dir's read where it is;
+    ``inputs`` are this node's)."""
