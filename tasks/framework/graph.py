@@ -22,10 +22,12 @@ from tasks.framework.code_fingerprint import STAGES
 from tasks.framework.config import RunConfig
 from tasks.framework.contract import BuildContext
 from tasks.framework.results import StageError
+from tasks.framework.workdir import WorkDir
 
 
 class StageModule(Protocol):
-    """What a stage module defines (and, where it has one, ``outdated(config, folder)``)."""
+    """What a stage module defines (and, where it has them, ``outdated(config, folder)``,
+    ``resolve(config)`` and ``looked_up(config, manifest)``: ``StageSpec``'s)."""
 
     def stage_config(self, config: RunConfig) -> dict[str, Any]:
         """What the stage fingerprints besides its inputs."""
@@ -67,6 +69,20 @@ class StageSpec:
         ``outdated``: register's registry version that is gone); None for most stages."""
         rule = getattr(stage_module(self.name), "outdated", None)
         return None if rule is None else rule(config, folder)
+
+    def resolve(self, config: RunConfig) -> RunConfig:
+        """``config`` with what the stage needs from outside resolved, asked once before it
+        runs (the module's ``resolve``: the teacher's registry version); most stages need
+        nothing, and building a config asks nothing."""
+        rule = getattr(stage_module(self.name), "resolve", None)
+        return config if rule is None else rule(config)
+
+    def looked_up(self, config: RunConfig, workdir: WorkDir) -> tuple[RunConfig, str | None]:
+        """``config`` as ``tfm status`` judges the stage (the module's ``looked_up``, given the
+        stage folder's manifest in ``workdir``): resolved where the world answers, else as the
+        folder records it; and what could not be resolved, in words (None: all was)."""
+        rule = getattr(stage_module(self.name), "looked_up", None)
+        return (config, None) if rule is None else rule(config, workdir.manifest(self.name))
 
 
 WMT14: tuple[StageSpec, ...] = (
