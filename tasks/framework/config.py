@@ -18,7 +18,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -92,6 +92,11 @@ class RunConfig:
     name: str
     """Run name; names the work directory and MLflow runs. Left out, the loader takes the config
     file's name without ``.yaml``."""
+    pipeline: PipelineName | None = None
+    """The pipeline the config runs: ``wmt14`` (any translation source), ``distill`` (needs
+    ``distill.teacher``), ``fairseq`` (needs ``fairseq.checkpoint``, which ``tfm import
+    fairseq`` gives) or ``parsing`` (needs ``data.source: treebank``); null: the one those keys
+    name, else wmt14. A config that sets another pipeline's key is refused."""
     seed: int = 1234
     """Seed for sampling, shuffling and initialisation."""
     workdir: Workdir = "runs/{name}"
@@ -145,10 +150,31 @@ class RunConfig:
     def __post_init__(self) -> None:
         # Rules only: building a config derives nothing and asks nothing outside (the loader
         # derives, the stage or command that needs the world asks it).
-        if self.distill.teacher is not None and self.data.source == "treebank":
+        named = [(key, name) for key, name in _PIPELINE_KEYS if _sets(self, key)]
+        if self.pipeline is None and len(named) > 1:
+            (key1, name1), (key2, name2) = named[:2]
             raise ConfigError(
-                "distill.teacher", "the parsing pipeline has no distillation: leave it null"
+                key2,
+                f"names the {name2} pipeline and {key1} the {name1} pipeline; a config runs "
+                "one: leave one of them out",
             )
+        for key, name in named:
+            if self.pipeline not in (None, name):
+                raise ConfigError(
+                    key,
+                    f"names the {name} pipeline, but pipeline is {self.pipeline}: leave it out "
+                    f"or set pipeline: {name}",
+                )
+        needed = next((key for key, name in _PIPELINE_KEYS if name == self.pipeline), None)
+        if needed is not None and not _sets(self, needed):
+            raise ConfigError("pipeline", f"{self.pipeline} needs {needed}")
+
+    @property
+    def pipeline_name(self) -> PipelineName:
+        """The pipeline this config runs: ``pipeline``, else the one its keys name (a
+        fairseq checkpoint, treebank data, a teacher), else wmt14."""
+        named = (name for key, name in _PIPELINE_KEYS if _sets(self, key))
+        return self.pipeline or next(named, "wmt14")
 
     @property
     def root(self) -> Path:
@@ -197,6 +223,25 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some sections or fields replaced, its values derived as the loader's."""
         return _derived(dataclasses.replace(self, **changes))
+
+
+PipelineName = Literal["wmt14", "distill", "fairseq", "parsing"]
+"""The pipelines (``tasks.framework.graph.PIPELINES``)."""
+
+_PIPELINE_KEYS: tuple[tuple[str, PipelineName], ...] = (
+    ("fairseq.checkpoint", "fairseq"),
+    ("data.source: treebank", "parsing"),
+    ("distill.teacher", "distill"),
+)
+"""The key that names each pipeline but wmt14 (the one a config that names none runs)."""
+
+
+def _sets(config: RunConfig, key: str) -> bool:
+    """Whether ``config`` sets a key of ``_PIPELINE_KEYS``."""
+    if key == "data.source: treebank":
+        return config.data.source == "treebank"
+    section, _, name = key.partition(".")
+    return getattr(getattr(config, section), name) is not None
 
 
 # ----------------------------------------------------------------------------- loading

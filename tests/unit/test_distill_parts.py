@@ -39,7 +39,7 @@ def test_a_malformed_teacher_is_a_config_error_naming_the_key(uri):
 def test_without_a_teacher_the_config_runs_the_main_pipeline_and_parsing_has_none():
     assert graph.pipeline_name(config_from_dict({"name": "d"})) == "wmt14"
     data = {"source": "treebank", "pair": "words-tree"}
-    with pytest.raises(ConfigError, match="^distill.teacher: the parsing pipeline"):
+    with pytest.raises(ConfigError, match="^distill.teacher: names the distill pipeline and da"):
         config_from_dict({"name": "d", "data": data, "distill": {"teacher": "models:/x/1"}})
 
 
