@@ -315,6 +315,7 @@ def cmd_import_fairseq(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     config = _load(args, args.config, args.set)
+    _ = config.store  # its runs will open it: a URI or credentials that cannot work, now
     from pipelines.deploy import deploy
 
     deploy(
