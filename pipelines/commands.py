@@ -55,6 +55,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args, args.config, args.set)
+    _ = config.store  # a store URI or credentials that cannot work: one line, before Prefect
     environment.logging_to(config.root, args.verbose)
     from pipelines import watchdog
     from pipelines.flows import Loaded, pipeline_flow
@@ -318,6 +319,7 @@ def cmd_import_fairseq(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     config = _load(args, args.config, args.set)
+    _ = config.store  # its runs will open it: a URI or credentials that cannot work, now
     from pipelines.deploy import deploy
 
     deploy(

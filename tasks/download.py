@@ -28,7 +28,7 @@ LOCK = "downloads.lock.json"
 def stage_config(config: RunConfig) -> dict[str, Any]:
     """The data section (and the seed, which the synthetic grammar draws from; for local files,
     their bytes: an edited file reruns the stage, a touched one does not)."""
-    data = to_dict(config.data)
+    data = to_dict(config.data.with_eval_sets())  # the sets' names as the loader keeps them
     if config.data.source == "synthetic":
         data["seed"] = config.seed
     if config.data.source == "local" and config.data.local_dir:
@@ -64,8 +64,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
 
     config, out = ctx.config, ctx.tmp
     data = config.data
-    dev, test = data.dev, data.test
-    assert dev is not None and test is not None  # DataConfig fills them in from the source
+    dev, test = data.eval_sets
     if data.source == "wmt14":
         return assemble.from_wmt14(
             out,

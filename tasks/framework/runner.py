@@ -89,6 +89,7 @@ def run_stage(
     stage = spec(config, name)
     started = time.time()
     try:
+        config = stage.resolve(config)  # what it needs from outside, asked once: its build's too
         wd = workdir or open_workdir(config)
         wd.check()  # a missing bucket, refused keys, a silent endpoint: one line, nothing written
         input_fps = wd.input_fingerprints(stage.inputs, inputs)
@@ -111,6 +112,7 @@ def accept_stage(config: RunConfig, name: str, workdir: WorkDir | None = None) -
     """Keep stage ``name``'s output for the current config, inputs and code without running it
     (``freshness.accept``: recorded in its manifest)."""
     stage, wd = spec(config, name), workdir or open_workdir(config)
+    config = stage.resolve(config)
     return wd.accept(
         name, name, lambda: identity(config, stage, wd.input_fingerprints(stage.inputs))
     )
@@ -181,6 +183,7 @@ def status(
     fresh: dict[str, bool] = {}
     wd = workdir or open_workdir(config)
     for stage in pipeline(config):
+        config, unresolved = stage.looked_up(config, wd)  # a teacher's version, if it can
         stale_inputs = [up for up in stage.inputs.values() if not fresh.get(up, False)]
         if stale_inputs:
             state = "stale" if wd.exists(stage.name) else "missing"
@@ -194,6 +197,8 @@ def status(
                 assert manifest is not None  # found up to date just now
                 input_fps[role] = manifest["fingerprint"]
             _, st = standing(config, stage, input_fps, full=full, workdir=wd)
+        if unresolved is not None:
+            st = Status(st.state, f"{st.reason}; {unresolved}")
         fresh[stage.name] = st.up_to_date
         result.append((stage.name, st))
     return result

@@ -8,14 +8,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-from filesystem.storage import (
-    StorageError,
-    Store,
-    StoreSettings,
-    is_remote,
-    open_store,
-    root_of,
-)
+from filesystem.storage import StorageError, Store, StoreSettings, is_remote, open_store, root_of
 from transformer_core.config_checks import ConfigError
 
 
@@ -50,16 +43,6 @@ def run_root(workdir: str, name: str, settings: StoreSettings) -> Path:
 def store_at(workdir: str, settings: StoreSettings) -> Store:
     """The work dir as a ``Store`` (its client, built once per process)."""
     return open_store(workdir, settings)
-
-
-def check_store(workdir: str, settings: StoreSettings) -> None:
-    """A work dir on an object store: its URI and credential variables, now (the client built
-    and kept), as a ConfigError on ``workdir``. A local folder has nothing to check at load."""
-    if is_remote(workdir):
-        try:
-            store_at(workdir, settings)
-        except StorageError as exc:
-            raise ConfigError("workdir", str(exc)) from None
 
 
 def holds_files(workdir: str) -> bool:
