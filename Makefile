@@ -32,7 +32,11 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu"
 
-# Quick settings by default; `make bench BENCH_FULL=1` runs the full-size measurements.
+# Quick settings by default; `make bench BENCH_FULL=1` runs the full-size measurements. A run that
+# is a row's own measurement (as BENCH_FULL=1's data and memory runs are) records its figure in
+# benchmarks/figures/ and the tables of docs/benchmarks.md and README.md; so do the targets below.
+# Without ../shared/data/wmt14_ende_sample beside the clone, data.py and train_memory.py run on
+# the synthetic corpus instead (and record nothing).
 RESULTS := benchmarks/results
 bench: $(STAMP)
 	mkdir -p $(RESULTS)
@@ -43,7 +47,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/train_memory.py $(if $(BENCH_FULL),,--pairs 100000 --steps 12 --repeats 1) --json $(RESULTS)/train_memory.json
 
 # The work dir on a local S3 server (SeaweedFS, started by the script) against a local disk,
-# stage by stage on the Multi30k mirror (../shared/data/multi30k): ~5 minutes on 2 cores.
+# stage by stage on the Multi30k mirror (../shared/data/multi30k): ~5 minutes on 2 cores. Without
+# the mirror, or without SeaweedFS's weed binary, it stops with one line that says what it needs.
 bench-store: $(STAMP)
 	mkdir -p $(RESULTS)
 	$(PY) benchmarks/store.py --json $(RESULTS)/store.json
@@ -106,7 +111,8 @@ test-gpu:
 # .ci/check_docs.py: the guides' links, sections, images, make targets and scripts exist, their
 # tfm commands parse and load their configs, and no path of one machine is in docs/, README.md
 # or configs/. .ci/config_reference.py: docs/config.md is what the config classes and their field
-# docstrings say now.
+# docstrings say now. benchmarks/figures.py: docs/benchmarks.md's results table and README.md's
+# recipe table are what benchmarks/figures/*.json say.
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
@@ -114,6 +120,7 @@ lint: $(STAMP)
 	$(VENV)/bin/pyrefly check --python-interpreter-path $(PY) --summary=none
 	$(PY) .ci/check_docs.py
 	$(PY) .ci/config_reference.py
+	$(PY) benchmarks/figures.py
 
 # clean: the tools' caches and each work dir's stage outputs (a rerun recomputes them), keeping
 # its MLflow store (mlflow.db, mlartifacts, mlruns) and tracking journals: the registered models

@@ -40,6 +40,8 @@ MACHINE_PATH = re.compile(r"(?<![\w.~$-])(?:file://)?/(?:work|root|home/[^/\s]+|
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 REPO_FILE = re.compile(r"(?<![\w/.-])((?:benchmarks/[\w./-]+\.py)|(?:configs/[\w.-]+\.ya?ml))")
 COMMENT = re.compile(r"(?:^|\s)#.*$")
+ROW_ANCHOR = re.compile(r'<a id="([\w.-]+)"></a>')
+"""A table row's anchor, as benchmarks/figures.py writes one into the results table."""
 SHELL = ("", "bash", "sh", "shell", "console", "text")
 """The fences whose lines are shell lines (not ``yaml`` or ``python``)."""
 _FILE = r"(?:\[[^\]]*\]\((?P<link>[^)\s#]+\.md)\)|`?(?P<path>[\w./-]+\.md)`?)"
@@ -91,14 +93,16 @@ def headings(tokens: list[Token]) -> list[str]:
 
 
 def anchors(tokens: list[Token]) -> set[str]:
-    """Every heading's anchor, repeats numbered as GitHub numbers them."""
+    """Every heading's anchor, repeats numbered as GitHub numbers them, and every
+    ``<a id="...">`` (a row of a generated table)."""
     seen: dict[str, int] = {}
     found = set()
     for base in map(slug, headings(tokens)):
         n = seen.get(base, 0)
         seen[base] = n + 1
         found.add(base if n == 0 else f"{base}-{n}")
-    return found
+    inline = (t.content for t in tokens if t.type == "inline")
+    return found | {m.group(1) for text in inline for m in ROW_ANCHOR.finditer(text)}
 
 
 def targets(tokens: list[Token]) -> Iterator[tuple[int, str]]:

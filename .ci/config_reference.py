@@ -5,7 +5,8 @@ key, its type as pydantic checks it (``Literal`` values, ``annotated_types`` bou
 ``Ge(1)``, a validator's docstring), its default and its meaning: the docstring under the field,
 the one source of the text. The model section's presets come from ``transformer_core.presets``.
 A field without a docstring is an error, as is a committed file that differs from what this
-writes.
+writes. A value a command derives and carries with the config (``NOT_A_SETTING``) is no key and
+is not listed.
 
 Hand-written: pydantic reads attribute docstrings (``use_attribute_docstrings``) from the body
 of the validated class only, so the fields a section inherits (``BeamSettings``' under
@@ -37,6 +38,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from annotated_types import Ge, Gt, Le, Lt
 
 from tasks.framework.config import RunConfig
+from tasks.framework.config_sections import is_setting
 from transformer_core import presets
 from transformer_core.config import ModelConfig
 
@@ -156,7 +158,7 @@ def undocumented(cls: type) -> list[str]:
     """``file:line: what`` for ``cls`` and each section under it where a docstring is missing."""
     found = [] if class_doc(cls) else [f"{_where(cls)}: class {cls.__name__} has no docstring"]
     docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
+    for f in filter(is_setting, dataclasses.fields(cls)):
         owner = next(k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {}))
         if not (docs.get(f.name) or "").strip():
             found.append(f"{_where(owner, f.name)}: {owner.__name__}.{f.name} has no docstring")
@@ -287,7 +289,7 @@ def sections(cls: type, key: str = "") -> Iterator[Section]:
     """``cls``'s own keys as one section, then each section under it, depth first."""
     docs, rows, nested = field_docs(cls), [], []
     prefix = f"{key}." if key else ""
-    for f in dataclasses.fields(cls):
+    for f in filter(is_setting, dataclasses.fields(cls)):
         rows.append(row(cls, f, prefix, docs.get(f.name) or ""))
         sub = section_of(_hints(cls)[f.name])
         if sub is not None:

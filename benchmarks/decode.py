@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figures  # noqa: E402
 from common import best_tokens, report, vocab_for  # noqa: E402
 
 from transformer_core import EOS_ID, PAD_ID, Transformer, decoding, presets  # noqa: E402
@@ -152,6 +153,20 @@ def main() -> None:
     report(
         f"Decoding speed on {device.type}, ~25-token sources, fixed-length outputs", rows, args.json
     )
+    if device.type == "cpu" and args.sizes == "base" and args.cache_only and not args.quick:
+        record_row(rows)
+
+
+def record_row(rows: list[dict]) -> None:
+    """docs/benchmarks.md's CPU decoding row: base's beam search in float32 and bfloat16."""
+    beams = {r["dtype"]: r for r in rows if r["search"] == "beam"}
+    if "bfloat16" in beams:
+        figures.record(
+            "decode",
+            "decoding-cpu",
+            f"{beams['float32']['cache_tok/s']:,.0f} / **{beams['bfloat16']['cache_tok/s']:,.0f}** "
+            "target tokens/s",
+        )
 
 
 def row(size, vocab, search, batch, beam, out_len, t_cache, t_full, out_cache, out_full) -> dict:

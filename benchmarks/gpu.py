@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import figures  # noqa: E402
 from gpu_decoding import decoding  # noqa: E402
 from gpu_multi30k import multi30k_bleu  # noqa: E402
 from gpu_ray import ray_vs_plain  # noqa: E402
@@ -193,6 +194,44 @@ def measure_peers(
     report.section("peers", rows)
 
 
+def record_rows(results: dict[str, Any]) -> None:
+    """The rows of docs/benchmarks.md that a full-length run (no ``--quick``) measured: Ray
+    Train against the plain loop, base eager with the default switches, the best compiled
+    base and big, and beam search at batch 128 in bfloat16."""
+    device = results["environment"]["device"]
+
+    def record(row_id: str, figure: str) -> None:
+        figures.record("gpu", row_id, figure, machine=device)
+
+    runs = [r for r in results.get("ray", []) if r["run"] != "mean" and r["loop"] != "plain"]
+    if runs:
+        ratios = [r["vs_plain_mean"] for r in runs]
+        record("ray-train-vs-plain-loop-gpu", f"{min(ratios):.3f}-{max(ratios):.3f}")
+    training = results.get("training", [])
+    # the first base run is the default switches' (training_runs)
+    eager = next((r for r in training if r["model"] == "base" and not r["compile"]), None)
+    if eager is not None and not eager["fused_loss"]:
+        record("gpu-base-eager", f"{eager['tokens/s']:,.0f} tokens/s, {eager['MFU']:.1%} MFU")
+    best = {}
+    for r in (r for r in training if r["compile"] and r["MFU"] is not None):
+        if r["MFU"] > best.get(r["model"], {"MFU": -1.0})["MFU"]:
+            best[r["model"]] = r
+    if {"base", "big"} <= set(best):
+        base, big = best["base"], best["big"]
+        record(
+            "gpu-training-mfu",
+            f"{base['tokens/s']:,.0f} / {big['tokens/s']:,.0f} tokens/s; "
+            f"**{base['MFU']:.1%} / {big['MFU']:.1%} MFU**",
+        )
+    beam = [
+        r
+        for r in results.get("decoding", [])
+        if (r["dtype"], r["batch"], r["out_len"]) == ("bfloat16", 128, 50)
+    ]
+    if beam:
+        record("gpu-beam-search", f"{beam[0]['tgt_tokens/s']:,.0f} target tokens/s")
+
+
 def main() -> int:
     args = parse_args()
     if not torch.cuda.is_available():
@@ -228,6 +267,8 @@ def main() -> int:
         report.log("decoding")
         report.section("decoding", decoding((64, 128), 20 if args.quick else 50))
     report.log(f"done: {out / 'gpu.md'}, {out / 'gpu.json'}")
+    if not args.quick:
+        record_rows(report.results)
     return 0
 
 

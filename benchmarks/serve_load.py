@@ -44,6 +44,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figures  # noqa: E402
 from common import environment, report  # noqa: E402
 
 from serving.closed_loop import LoadResult, run_load  # noqa: E402
@@ -350,6 +351,8 @@ def main() -> int:
     at = 32 if 32 in args.clients else args.clients[-1]
     lines = summary(measured, ceilings, at)
     print("\n".join(lines))
+    if config_path == DEFAULTS[0][0] and not (args.set or args.no_mlflow) and at == 32:
+        figures.record("serve", "serve-under-load", "; ".join(lines))  # the row's measurement
     if args.json:
         payload = {"model": uri, "config": config_path, "serve_overrides": args.set}
         payload.update(environment=environment(), rows=rows, refusals=refused, summary=lines)

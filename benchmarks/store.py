@@ -10,7 +10,7 @@ best time. Measured: each stage's wall time on disk and on the store and their r
 run is the reference, measured on the same cores within minutes); the bytes each stage's
 folder holds (and Ray Train's checkpoints, ``train_ray``); the files whose bytes differ between
 the two runs (their manifests' sizes and hashes) and whether the final weights are equal; and
-the shard folder's node copy (``corpora.storage.node_copy``: what each training node fetches
+the shard folder's node copy (``filesystem.storage.node_copy``: what each training node fetches
 once) filled into a fresh cache, then asked for again. Ray's start and a warm-up of its workers
 come before both runs, so neither pays them.
 
@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # SeaweedFS is started by the tests' own launcher (one launcher, not two): tests/helpers.
 sys.path.insert(0, str(ROOT / "tests"))
 
+import figures  # noqa: E402
 from common import parse_overrides, report  # noqa: E402
 
-from corpora.storage import Store, node_copy  # noqa: E402
+from filesystem.storage import Store, node_copy  # noqa: E402
 from tasks.framework.config import RunConfig, load_config  # noqa: E402
 from tasks.framework.runner import run_stage  # noqa: E402
 
@@ -218,9 +219,9 @@ def run_rounds(
     return best, disk, store
 
 
-def measure(base: Path, steps: int, repeats: int, extra: dict[str, object]) -> list[dict] | None:
-    """Start SeaweedFS, run both work dirs and fill a fresh shard cache; the table's rows (None:
-    skipped, the weed binary is absent)."""
+def measure(base: Path, steps: int, repeats: int, extra: dict[str, object]) -> list[dict]:
+    """Start SeaweedFS, run both work dirs and fill a fresh shard cache; the table's rows. Without
+    the weed binary, exit with one line that says so."""
     import pytest
     import ray
     from helpers.s3_server import SeaweedS3
@@ -229,8 +230,7 @@ def measure(base: Path, steps: int, repeats: int, extra: dict[str, object]) -> l
     try:
         server = SeaweedS3(base / "s3")
     except pytest.skip.Exception as exc:  # the launcher skips a test when weed is absent
-        print(f"skipped: {exc}")
-        return None
+        sys.exit(f"bench-store needs SeaweedFS: {exc}")
     server_s = time.perf_counter() - start
     try:
         # Ray's workers take the keys from the environment they start in: set before Ray starts.
@@ -268,19 +268,22 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if not (MIRROR / "data" / "task1" / "raw" / "train.en.gz").is_file():
-        print(f"skipped: {MIRROR} is absent (this benchmark needs the Multi30k mirror)")
-        return
+        sys.exit(
+            f"bench-store needs the Multi30k mirror at {MIRROR}: a clone of "
+            "https://github.com/multi30k/dataset there (docs/data.md, Mirrors and offline use)"
+        )
     base = Path(tempfile.mkdtemp(prefix="bench-store-"))
     try:
         rows = measure(base, args.steps, args.repeats, parse_overrides(args.set))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    if rows is not None:
-        title = (
-            "Work dir on SeaweedFS (S3, loopback) vs a local disk: Multi30k en-de data stages "
-            f"and {args.steps} training steps of a tiny model, best of {args.repeats}"
-        )
-        report(title, rows, args.json)
+    title = (
+        "Work dir on SeaweedFS (S3, loopback) vs a local disk: Multi30k en-de data stages "
+        f"and {args.steps} training steps of a tiny model, best of {args.repeats}"
+    )
+    report(title, rows, args.json)
+    total = next(r for r in rows if r["what"].startswith("all "))
+    figures.record("store", "store-s3-vs-disk", f"{total['store/disk']:.2f}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figures  # noqa: E402
 from common import parse_overrides, report, vocab_for  # noqa: E402
 
 from training.config import TrainConfig  # noqa: E402
@@ -141,9 +142,10 @@ def ray_loop(
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from corpora.location import locate
+    from filesystem.location import open_location
+    from filesystem.storage import folder_at
     from training.allocator import worker_runtime_env
-    from training.job_spec import TrainJob, folder_at
+    from training.job_spec import TrainJob
     from training.worker import JOB_KEY, train_loop_per_worker
 
     with tempfile.TemporaryDirectory() as storage:
@@ -157,7 +159,7 @@ def ray_loop(
             seed=SEED,
             vocab_size=vocab,
             shard_folder=folder_at(str(shard_dir)),
-            storage=locate(storage),
+            storage=open_location(storage),
             run_name="bench",
         )
         trainer = TorchTrainer(
@@ -353,6 +355,47 @@ def measure_size(size: str, args: argparse.Namespace, warm: int, cuda: bool) -> 
     ]
 
 
+ROW_LAYOUTS = {"1x2:2048,2x1:1024": "layout-2x1-vs-1x2", "2x1:4096,1x2:4096": "keep-freed-memory"}
+"""The ``--layouts`` of docs/benchmarks.md's rows, and each row."""
+
+
+def record_rows(rows: list[dict], args: argparse.Namespace) -> None:
+    """The CPU rows of docs/benchmarks.md measured on real batches (``--shards``): Ray Train
+    against the plain loop, the laptop recipe's two layouts, and freed memory kept."""
+    by_path = {r["path"]: r for r in rows}
+    row_id = ROW_LAYOUTS.get(args.layouts or "")
+    if not args.shards or (args.layouts and row_id is None):
+        return
+    if not args.layouts and not args.glibc_defaults:
+        ray, plain = by_path["ray_train"], by_path["plain"]
+        figures.record(
+            "train",
+            "ray-train-vs-plain-loop-cpu",
+            f"**{ray['vs_plain']:.2f}** ({ray['tokens_per_s']:,.0f} against "
+            f"{plain['tokens_per_s']:,.0f} tokens/s, best of {args.repeats} interleaved runs)",
+        )
+    elif row_id == "layout-2x1-vs-1x2" and not args.glibc_defaults:
+        two, one = by_path["ray_train 2x1:1024"], by_path["ray_train 1x2:2048"]
+        figures.record(
+            "train",
+            row_id,
+            f"**{two['tokens_per_s'] / one['tokens_per_s']:.2f}** ({two['tokens_per_s']:,.0f} "
+            f"against {one['tokens_per_s']:,.0f} tokens/s)",
+        )
+    elif row_id == "keep-freed-memory" and args.glibc_defaults:
+        kept, glibc = by_path["ray_train 2x1:4096"], by_path["ray_train 2x1:4096 glibc defaults"]
+        figures.record(
+            "train",
+            row_id,
+            f"**{kept['tokens_per_s'] / glibc['tokens_per_s']:.2f}x** tokens/s "
+            f"({kept['tokens_per_s']:,.0f} against {glibc['tokens_per_s']:,.0f}), "
+            f"{glibc['faults_per_step'] / kept['faults_per_step']:.0f}x fewer page faults, "
+            f"{kept['worker_rss_mib'] - glibc['worker_rss_mib']:+,.0f} MiB "
+            f"({kept['worker_rss_mib'] / glibc['worker_rss_mib'] - 1:+.0%}) resident memory "
+            "a worker",
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     cuda = torch.cuda.is_available()
     args = parse_args(argv, cuda)
@@ -380,6 +423,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     if not math.isfinite(rows[-1]["vs_plain"]):
         raise SystemExit("no timing")
+    if not cuda:
+        record_rows(rows, args)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Training memory per worker: token data memory-mapped from the shards' Arrow IPC files vs the
 Parquet shards read into every worker's memory (the reading before the IPC files existed).
 
-The real WMT14 sample (../shared/data/wmt14_ende_sample) is replicated to ``--pairs`` pairs (each
-replica numbered, as benchmarks/data.py does) and run through the download, clean, tokenizer and
-shard stages once (reused from ``--workdir`` when it holds them). The "parquet" reading is the same
-shard folder without its ``arrow/`` files (hard links to the rest), which ``TokenData.read`` then
-reads from Parquet, as it did before. A third, "no corpus", memory-maps the dev split (3,000 rows)
+The real WMT14 sample (../shared/data/wmt14_ende_sample; without it, data.py's synthetic
+stand-in) is replicated to ``--pairs`` pairs (each replica numbered, as benchmarks/data.py does)
+and run through the download, clean, tokenizer and shard stages once (reused from ``--workdir``
+when it holds them). The "parquet" reading is the same shard folder without its ``arrow/`` files
+(hard links to the rest), which ``TokenData.read`` then reads from Parquet, as it did before. A
+third, "no corpus", memory-maps the dev split (3,000 rows)
 as the training split: what a training worker costs without a corpus, so ``corpus_MiB`` = USS minus
 its USS is what the corpus costs each worker. Each reading trains the debug model for ``--steps``
 steps under Ray Train with 1 and with 2 workers (this node), each worker recording, after its last
@@ -41,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import figures  # noqa: E402
 from common import report  # noqa: E402
-from data import SAMPLE, replicate  # noqa: E402
+from data import FULL_PAIRS, SAMPLE, replicate, sample_folder  # noqa: E402
 
 from tasks.framework.config import CleanConfig, RayConfig, RunConfig, ShardConfig, TokenizerConfig  # noqa: E402
 from tasks.framework.manifest import read_manifest  # noqa: E402
@@ -54,9 +56,9 @@ SEED = 1234
 MIB = 2**20
 
 
-def build_shards(work: Path, pairs: int, vocab: int, cpus: int) -> Path:
-    """The shard stage folder for ``pairs`` replicated sample pairs (each stage skipped when
-    ``work`` already holds it)."""
+def build_shards(work: Path, pairs: int, vocab: int, cpus: int, sample: Path) -> Path:
+    """The shard stage folder for ``pairs`` replicated pairs of ``sample`` (each stage skipped
+    when ``work`` already holds it)."""
     import shutil as sh
 
     from corpora.filters import normalize_array
@@ -76,9 +78,9 @@ def build_shards(work: Path, pairs: int, vocab: int, cpus: int) -> Path:
     def write_download(tmp: Path) -> dict:
         (tmp / "train").mkdir()
         for lang in ("en", "de"):
-            replicate(SAMPLE / f"train.{lang}", tmp / "train" / f"sample.{lang}", pairs)
-            sh.copyfile(SAMPLE / f"newstest2012.{lang}", tmp / f"dev.{lang}")
-            sh.copyfile(SAMPLE / f"newstest2014.full.{lang}", tmp / f"test.{lang}")
+            replicate(sample / f"train.{lang}", tmp / "train" / f"sample.{lang}", pairs)
+            sh.copyfile(sample / f"newstest2012.{lang}", tmp / f"dev.{lang}")
+            sh.copyfile(sample / f"newstest2014.full.{lang}", tmp / f"test.{lang}")
         return {}
 
     def write_tok_input(tmp: Path) -> dict:  # the tokenizer learns from the sample itself
@@ -86,8 +88,8 @@ def build_shards(work: Path, pairs: int, vocab: int, cpus: int) -> Path:
         import pyarrow.parquet as pq
 
         (tmp / "train").mkdir()
-        src = (SAMPLE / "train.en").read_text(encoding="utf-8").splitlines()
-        tgt = (SAMPLE / "train.de").read_text(encoding="utf-8").splitlines()
+        src = (sample / "train.en").read_text(encoding="utf-8").splitlines()
+        tgt = (sample / "train.de").read_text(encoding="utf-8").splitlines()
         table = pa.table(
             {"src": normalize_array(pa.array(src)), "tgt": normalize_array(pa.array(tgt))}
         )
@@ -200,8 +202,9 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
         checkpoint_minutes=0.0,
         log_every=warm,
     )
-    from corpora.location import locate
-    from training.job_spec import TrainJob, folder_at
+    from filesystem.location import open_location
+    from filesystem.storage import folder_at
+    from training.job_spec import TrainJob
     from training.worker import JOB_KEY
 
     with tempfile.TemporaryDirectory() as storage, tempfile.TemporaryDirectory() as records:
@@ -211,7 +214,7 @@ def run(shards: Path, vocab: int, workers: int, args: argparse.Namespace) -> lis
             seed=SEED,
             vocab_size=vocab,
             shard_folder=folder_at(str(shards)),
-            storage=locate(storage),
+            storage=open_location(storage),
             run_name="bench",
         )
         trainer = TorchTrainer(
@@ -233,7 +236,7 @@ def mean_mib(ranks: list[dict], key: str) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=1_000_000)
+    parser.add_argument("--pairs", type=int, default=FULL_PAIRS)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--steps", type=int, default=24)
@@ -311,14 +314,13 @@ def write_report(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if not (SAMPLE / "train.en").is_file():
-        sys.exit(f"{SAMPLE} is absent: this benchmark needs the WMT14 sample")
+    sample = sample_folder()
 
     import ray
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-train-memory-"))
     started = time.perf_counter()
-    shards = build_shards(work, args.pairs, args.vocab, args.cpus)
+    shards = build_shards(work, args.pairs, args.vocab, args.cpus, sample)
     print(f"shards ready in {time.perf_counter() - started:.0f} s: {shards}")
     stats = read_manifest(shards)["stats"]["train"]
     readings = {
@@ -335,6 +337,13 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         ray.shutdown()
     write_report(args, stats, rows, summary)
+    two = next((s for s in summary if s["workers"] == 2), None)
+    if sample == SAMPLE and args.pairs == FULL_PAIRS and two is not None:  # the row's run
+        figures.record(
+            "train",
+            "training-memory",
+            f"USS {two['uss_ratio']:.2f}, the corpus's share {two['corpus_ratio']:.2f}",
+        )
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

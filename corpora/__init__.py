@@ -5,9 +5,8 @@ own registry), getting them (``fetch``: resumable verified downloads; ``archives
 streaming extraction), their text formats (``text``), the raw corpus folder the download stage
 writes (``assemble``), normalisation and filters (``filters``) applied through Ray Data
 (``cleaning``), subword models (``subwords``), Parquet files (``parquet``) and encoding into
-token-id shards (``encoding``, in a Ray Data actor pool: ``actor_pools``), where a work dir
-lives, a local folder or an object store (``storage``), and the quickstart's synthetic grammar
-(``synthetic``).
+token-id shards (``encoding``, in a Ray Data actor pool: ``actor_pools``), and the quickstart's
+synthetic grammar (``synthetic``). Where files live is the ``filesystem`` package's, below.
 """
 
 

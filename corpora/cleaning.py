@@ -14,7 +14,7 @@ decontamination is small and is broadcast with the map function.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from corpora.filters import (
     normalize_array,
 )
 from corpora.parquet import TEXT_SCHEMA, ParquetShardWriter
-from corpora.storage import StoredFolder, fetch_all
+from filesystem.storage import StoredFolder
 
 __all__ = ["clean_corpus", "line_index", "read_range"]
 
@@ -105,11 +105,11 @@ def _clean_ranges(
     batch: Mapping[str, np.ndarray],
     config: CleanConfig,
     contaminants: pa.Array,
-    fetch: Sequence[StoredFolder] = (),
+    download: StoredFolder,
 ) -> pa.Table:
     """Ray Data batch function: read and clean each line range of the batch (from this node's
-    copy of the input, with ``fetch``: the work dir is on an object store)."""
-    fetch_all(fetch)
+    copy of ``download``, at the path the driver's has)."""
+    download.local()
     tables = []
     for i in range(len(batch["src_path"])):
         src_lines = read_range(
@@ -170,24 +170,21 @@ def _eval_sets(download: Path, out: Path, src: str, tgt: str) -> tuple[dict[str,
 
 
 def clean_corpus(
-    download: Path,
+    download: StoredFolder,
     out: Path,
     config: CleanConfig,
     src: str,
     tgt: str,
-    *,
-    fetch: Sequence[StoredFolder] = (),
 ) -> dict[str, Any]:
     """Clean the raw corpus folder ``download`` (``corpora.assemble``'s layout) into ``out``:
     ``train/part-*.parquet`` (src, tgt), and ``dev.*``, ``test.*`` normalised line for line.
-    Returns the counts per filter, for the manifest. Needs a running Ray. ``fetch``: the
-    object-store folders ``download`` is this node's copy of; a task on another node copies
-    them to the same path first."""
+    Returns the counts per filter, for the manifest. Needs a running Ray; each task reads its
+    node's copy of ``download``."""
     import ray
 
-    download, out = Path(download), Path(out)
-    eval_stats, eval_sentences = _eval_sets(download, out, src, tgt)
-    items, corpus_lines = _ranges(download, src, tgt, config.batch_size)
+    root, out = download.local(), Path(out)
+    eval_stats, eval_sentences = _eval_sets(root, out, src, tgt)
+    items, corpus_lines = _ranges(root, src, tgt, config.batch_size)
     contaminants = pa.array(eval_sentences, pa.string())
 
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
@@ -196,7 +193,7 @@ def clean_corpus(
         _clean_ranges,  # pyrefly: ignore[bad-argument-type]
         batch_size=1,
         batch_format="numpy",
-        fn_kwargs={"config": config, "contaminants": contaminants, "fetch": tuple(fetch)},
+        fn_kwargs={"config": config, "contaminants": contaminants, "download": download},
     )
     ds.context.execution_options.preserve_order = True  # dedup keeps the first in corpus order
 

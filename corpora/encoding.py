@@ -19,7 +19,7 @@ trainer could never batch them. Test rows are kept line for line and only counte
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -31,8 +31,8 @@ import pyarrow as pa
 from corpora import CorpusError, actor_pools
 from corpora.parquet import ParquetShardWriter, part_files
 from corpora.pretokenize import Pretokenizer
-from corpora.storage import StoredFolder, fetch_all
 from corpora.text import read_lines
+from filesystem.storage import StoredFolder
 from transformer_core.config_checks import ConfigError
 from transformer_core.special_ids import EOS_ID
 
@@ -178,22 +178,21 @@ def _train_ranges(files: list[Path], rows_per_range: int, root: Path) -> list[di
 
 
 class RangeEncoder:
-    """Ray Data actor: loads the tokenizer once, then reads ranges of clean row groups and
-    encodes them (reading inside the actor: only encoded rows cross the object store). The
-    clean files are read from the folder ``root``, or straight from the object store when the
-    clean folder is there (``source``: only the row groups a range needs are fetched)."""
+    """Ray Data actor: loads the tokenizer once (``model_file`` in this node's copy of the
+    ``tokenizer`` folder), then reads ranges of clean row groups and encodes them (reading inside
+    the actor: only encoded rows cross the object store). The clean files are read straight from
+    where the ``clean`` folder is (an object store's: only the row groups a range needs are
+    fetched)."""
 
     def __init__(
         self,
+        tokenizer: StoredFolder,
         model_file: str,
-        root: str,
+        clean: StoredFolder,
         pretokenizer: Pretokenizer | None = None,
-        fetch: Sequence[StoredFolder] = (),
-        source: StoredFolder | None = None,
     ):
-        fetch_all(fetch)  # this node's copies of the inputs, at the paths the driver gave
-        self.sp = _processor(model_file)
-        self.root, self.source, self.pretokenizer = Path(root), source, pretokenizer
+        self.sp = _processor(tokenizer.local() / model_file)
+        self.clean, self.pretokenizer = clean, pretokenizer
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> pa.Table:
         import pyarrow.parquet as pq
@@ -201,13 +200,8 @@ class RangeEncoder:
         tables = []
         for name, groups, rows in zip(batch["name"], batch["groups"], batch["rows"], strict=True):
             wanted = [int(g) for g in groups]
-            if self.source is not None:
-                with self.source.open_input_file(str(name)) as f:
-                    table = pq.ParquetFile(f).read_row_groups(wanted, columns=["src", "tgt"])
-            else:
-                table = pq.ParquetFile(self.root / str(name)).read_row_groups(
-                    wanted, columns=["src", "tgt"]
-                )
+            with self.clean.open_input_file(str(name)) as f:
+                table = pq.ParquetFile(f).read_row_groups(wanted, columns=["src", "tgt"])
             if table.num_rows != int(rows):  # pragma: no cover - the file changed under us
                 raise CorpusError(f"{name} changed while it was being read")
             tables.append(encode_table(self.sp, table, self.pretokenizer))
@@ -215,13 +209,12 @@ class RangeEncoder:
 
 
 def _encode_train(
+    clean: StoredFolder,
     files: list[Path],
-    model_file: Path,
+    tokenizer: StoredFolder,
+    model_file: str,
     config: ShardConfig,
     pretokenizer: Pretokenizer | None,
-    root: Path,
-    fetch: Sequence[StoredFolder] = (),
-    source: StoredFolder | None = None,
 ) -> Iterator[pa.Table]:
     """Encode the clean training files in an actor pool; the shard rows in input order, batch
     by batch.
@@ -233,16 +226,15 @@ def _encode_train(
     import ray
 
     rows_per_range = config.batch_size * max(1, 16384 // config.batch_size)
-    items = _train_ranges(files, rows_per_range, root)
+    items = _train_ranges(files, rows_per_range, clean.local())
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         RangeEncoder,
         fn_constructor_kwargs={
-            "model_file": str(model_file),
-            "root": str(root),
+            "tokenizer": tokenizer,
+            "model_file": model_file,
+            "clean": clean,
             "pretokenizer": pretokenizer,
-            "fetch": tuple(fetch),
-            "source": source,
         },
         batch_size=1,
         batch_format="numpy",
@@ -256,14 +248,13 @@ def _encode_train(
 
 
 def _encode_eval(
+    tokenizer: StoredFolder,
     model_file: str,
     table: pa.Table,
     pretokenizer: Pretokenizer | None,
-    fetch: Sequence[StoredFolder],
 ) -> pa.Table:
     """A Ray task: dev and test (small) encoded in one go."""
-    fetch_all(fetch)
-    return encode_table(_processor(model_file), table, pretokenizer)
+    return encode_table(_processor(tokenizer.local() / model_file), table, pretokenizer)
 
 
 def _processor(model_file: str | Path) -> Any:
@@ -321,8 +312,9 @@ def plot_lengths(hists: dict[str, np.ndarray], path: Path) -> None:
 
 
 def shard_corpus(
-    clean: Path,
-    model_file: Path,
+    clean: StoredFolder,
+    tokenizer: StoredFolder,
+    model_file: str,
     out: Path,
     config: ShardConfig,
     src: str,
@@ -330,30 +322,26 @@ def shard_corpus(
     *,
     max_len: int,
     pretokenizer: Pretokenizer | None = None,
-    fetch: Sequence[StoredFolder] = (),
-    source: StoredFolder | None = None,
 ) -> dict[str, Any]:
     """Encode the clean folder (``train/part-*.parquet``, ``dev.*``, ``test.*``) with the
-    sentencepiece ``model_file`` (after ``pretokenizer``, if given) into
-    ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
+    sentencepiece model ``model_file`` of the ``tokenizer`` folder (after ``pretokenizer``, if
+    given) into ``out/{train,dev,test}/part-*.parquet`` and their IPC twins
     ``out/arrow/{train,dev,test}/part-*.arrow``, dropping train and dev rows over ``max_len``
-    pieces; the stats per split and ``lengths.png``. Needs a running Ray. ``fetch``: the
-    object-store folders the model (and ``clean``) are this node's copies of; a task on another node
-    copies them to the same paths first. ``source``: the clean folder on the object store, which the
-    actors read the training rows from, straight."""
+    pieces; the stats per split and ``lengths.png``. Needs a running Ray: each task reads its
+    node's copy of the tokenizer, and the actors read the clean training rows where they are."""
     import ray
 
-    clean, out = Path(clean), Path(out)
-    train_files = part_files(clean / "train")
+    root, out = clean.local(), Path(out)
+    train_files = part_files(root / "train")
     stats: dict[str, Any] = {}
     # dev and test together, in one task that runs beside the training split; split again by
     # row count
-    evals = {split: _read_eval(clean, split, src, tgt) for split in ("dev", "test")}
+    evals = {split: _read_eval(root, split, src, tgt) for split in ("dev", "test")}
     eval_ref = ray.remote(num_cpus=min(1.0, config.cpus_per_actor))(_encode_eval).remote(
-        str(model_file), pa.concat_tables(list(evals.values())), pretokenizer, tuple(fetch)
+        tokenizer, model_file, pa.concat_tables(list(evals.values())), pretokenizer
     )
     train_lengths, files, over = _write(
-        _encode_train(train_files, model_file, config, pretokenizer, clean, fetch, source),
+        _encode_train(clean, train_files, tokenizer, model_file, config, pretokenizer),
         out / "train",
         config,
         max_len,

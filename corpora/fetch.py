@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from corpora import CorpusError
-from corpora.redact import redact_uri
+from filesystem.redact import redact_uri
 from transformer_core.folders import write_json_atomic
 
 __all__ = [

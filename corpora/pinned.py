@@ -14,8 +14,8 @@ from pathlib import Path
 from corpora import CorpusError
 from corpora.fetch import Expected, Seen, download, mirror_url
 from corpora.lockfile import LockFile
-from corpora.redact import redact_uri
 from corpora.sources import Archive
+from filesystem.redact import redact_uri
 
 __all__ = ["Fetched", "fetch", "pinned_once_read"]
 

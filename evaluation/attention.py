@@ -53,7 +53,7 @@ def attention_map(translator: Translator, src: Sequence[int], hyp: str) -> Atten
     """The map of source ids ``src`` and their translation ``hyp`` (text, encoded again as the
     tokenizer reads it) by the translator's torch model, on its own device and dtype; None when
     either side is too short or too long to draw, or the engine holds no torch model
-    (ctranslate2). A ``serving.batch.Probe``: the translate stage's actors call it."""
+    (ctranslate2). A ``serving.corpus_translation.Probe``: the translate stage's actors call it."""
     import torch
 
     if not isinstance(translator.engine, TorchEngine):

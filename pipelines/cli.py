@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from corpora import CorpusError
+from filesystem.storage import StorageError
 from parsing.trees import TreebankError
 from pipelines import commands, console, environment, signals
 from pipelines.commands import PROG
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Errors whose message is written for the user; anything else is named by its type.
-USER_ERRORS = (StageError, CorpusError, TreebankError, ServingError)
+USER_ERRORS = (StageError, CorpusError, StorageError, TreebankError, ServingError)
 
 
 def error_line(exc: BaseException) -> str:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redact_uri, redacted
+from filesystem.redact import redact_uri, redacted
 from pipelines import console, environment
 from tasks.framework.config import ConfigError, RunConfig, load_config
 
@@ -55,6 +55,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args, args.config, args.set)
+    _ = config.store  # a store URI or credentials that cannot work: one line, before Prefect
     environment.logging_to(config.root, args.verbose)
     from pipelines import watchdog
     from pipelines.flows import Loaded, pipeline_flow
@@ -120,7 +121,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     config = _load(args, args.config, args.set)
     environment.logging_to(config.root, args.verbose)
     from pipelines import watchdog
-    from tasks.framework import graph, mlflow_runs, runner
+    from tasks.framework import graph, runner
     from tasks.framework.workdir import open_workdir
 
     graph.spec(config, args.name)
@@ -133,9 +134,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         print(runner.place(config, args.name, wd))
         return 0
     watchdog.start()  # a local Ray ends with this process, however it ends
-    with mlflow_runs.stage_run(config, args.name):
-        # logs its result into that run
-        result = runner.run_stage(config, args.name, force=args.force, workdir=wd)
+    result = runner.tracked_stage(config, args.name, force=args.force, workdir=wd)
     print(f"{result.stage}: {'ran' if result.ran else 'up to date, skipped'} ({result.reason})")
     print(runner.place(config, args.name, wd))
     return 0
@@ -278,13 +277,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import_fairseq(args: argparse.Namespace) -> int:
-    """The fairseq pipeline's stages for the files given (fairseq_import, register), as
-    ``tfm stage`` runs each; a line a stage, then the registered version."""
+    """The fairseq pipeline's stages for the files given (fairseq_import, register) through the
+    pipelines' driver, under one MLflow parent run; a line a stage, then the registered
+    version."""
     files = {"checkpoint": args.checkpoint, "dict_dir": args.dict, "bpe_codes": args.bpe}
     given = {f"fairseq.{key}": str(Path(value).resolve()) for key, value in files.items()}
     config = _load(args, args.config, args.set, given)
     environment.logging_to(config.root, args.verbose)
-    from tasks.framework import graph, mlflow_runs, runner
+    from tasks.framework import graph, runner
+    from tasks.framework.graph import StageSpec
+    from tasks.framework.results import StageResult
     from tasks.framework.workdir import open_workdir
 
     wd = open_workdir(config)
@@ -296,15 +298,18 @@ def cmd_import_fairseq(args: argparse.Namespace) -> int:
             f"{redact_uri(config.workdir)} holds another pipeline's stages: give the import "
             f"a run of its own, e.g. --set name={config.name}-fairseq",
         )
-    stats: dict[str, Any] = {}
-    for spec in graph.pipeline(config):
-        with mlflow_runs.stage_run(config, spec.name):
-            result = runner.run_stage(config, spec.name, force=args.force, workdir=wd)
+
+    def run_one(stage: StageSpec, rerun: bool | str, parent: str) -> StageResult:
+        result = runner.tracked_stage(config, stage.name, force=rerun, workdir=wd, parent=parent)
         ran = "ran" if result.ran else "up to date, skipped"
-        print(f"{result.stage}: {ran} ({result.reason}) -> {runner.place(config, spec.name, wd)}")
+        print(f"{result.stage}: {ran} ({result.reason}) -> {runner.place(config, stage.name, wd)}")
         if "warning" in result.stats:
             print(f"{result.stage}: warning: {result.stats['warning']}")
-        stats = result.stats  # the last stage's: register's
+        return result
+
+    forced = ours if args.force else set()
+    results, _ = runner.run_pipeline(config, run_one, force=forced, follow_upstream=False)
+    stats = results[-1].stats  # the last stage's: register's
     print(
         f"registered: {stats['name']} version {stats['version']} "
         f"(aliases: {', '.join(stats['aliases'])}; {stats['decision']})"
@@ -314,6 +319,7 @@ def cmd_import_fairseq(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     config = _load(args, args.config, args.set)
+    _ = config.store  # its runs will open it: a URI or credentials that cannot work, now
     from pipelines.deploy import deploy
 
     deploy(

@@ -21,12 +21,14 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from corpora.redact import redact_uri
+from filesystem.redact import redact_uri
 from pipelines import console, environment
 from tasks.framework import graph, mlflow_runs, runner
 from tasks.framework.config import RunConfig, load_config
+from tasks.framework.graph import StageSpec
 from tasks.framework.results import StageResult
 from tasks.framework.workdir import WorkDir, open_workdir
+from tracking.run import Run
 
 
 class Loaded:
@@ -92,41 +94,38 @@ def run_pipeline(
     actually runs also reruns everything downstream of it ("upstream <stage> ran").
     """
     logger = get_run_logger()
-    name = graph.pipeline_name(config)
-    rerun: dict[str, str | bool] = {stage: True for stage in force}
-    results: list[StageResult] = []
     workdir = open_workdir(config)  # once for the flow: every stage is handed it
-    with mlflow_runs.pipeline_run(
-        config, name, {"prefect.flow_run_id": str(flow_run.id)}
-    ) as parent:
+
+    def opened(parent: Run) -> None:
         logger.info(
             "MLflow parent run journal %s (tracking %s)",
             parent.key,
             redact_uri(config.tracking_uri),
         )
-        for spec in graph.pipeline(config):
-            if only is not None and spec.name not in only:
-                continue
-            task_fn = stage_task.with_options(
-                name=spec.name,
-                retries=2 if spec.io_bound else 0,
-                retry_delay_seconds=10,
-                retry_condition_fn=worth_retrying,
-            )
-            ran = [
-                up for up in spec.inputs.values() if any(r.ran and r.stage == up for r in results)
-            ]
-            if ran and spec.name not in rerun:
-                rerun[spec.name] = f"upstream {ran[0]} ran"
-            result = task_fn(config, spec.name, rerun.get(spec.name, False), parent.key, workdir)
-            results.append(result)
-        parent.set_tags({"stages.ran": ",".join(r.stage for r in results if r.ran)})
+
+    def run_one(stage: StageSpec, rerun: bool | str, parent: str) -> StageResult:
+        task_fn = stage_task.with_options(
+            name=stage.name,
+            retries=2 if stage.io_bound else 0,
+            retry_delay_seconds=10,
+            retry_condition_fn=worth_retrying,
+        )
+        return task_fn(config, stage.name, rerun, parent, workdir)
+
+    results, parent_label = runner.run_pipeline(
+        config,
+        run_one,
+        force=force,
+        only=only,
+        tags={"prefect.flow_run_id": str(flow_run.id)},
+        opened=opened,
+    )
     from prefect.artifacts import create_markdown_artifact
 
     # The run's outcome in the Prefect UI too, beside the flow run, not only in MLflow.
     create_markdown_artifact(
         key=artifact_key(config.name),
-        markdown=summary_markdown(config, results, parent.label()),
+        markdown=summary_markdown(config, results, parent_label),
         description=f"{config.name}: stages and scores",
     )
     return results

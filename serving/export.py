@@ -1,5 +1,5 @@
 """``tfm export``: a checkpoint, or a registered version, as a CTranslate2 model folder
-(``serving.ct2_export``) or a Hugging Face Marian folder (``serving.marian``)."""
+(``serving.ct2_export``) or a Hugging Face Marian folder (``serving.marian_export``)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def export(
         if quantization != "float32":
             raise ServingError(f"--quantization {quantization}: a Marian export is float32")
         _check_marian_tokenizer(tokenizer_dir)
-        from serving.marian import export_marian
+        from serving.marian_export import export_marian
 
         return export_marian(checkpoint, tokenizer_dir, out)
     raise ServingError(f"export target {target!r} is not one of {', '.join(TARGETS)}")

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from corpora.redact import redact_text
+from filesystem.redact import redact_text
 from serving.registered_version import download, load_translator, pinned_uri, resolve
 from serving.scoring_protocol import RequestLimits, piece_limit
 from serving.serve_config import ServeConfig

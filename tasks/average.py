@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     config = ctx.config
     src, tgt = config.languages
     ensure_ray(config.ray)
-    stats = clean_corpus(
-        ctx.inputs["download"], ctx.tmp, config.clean, src, tgt, fetch=tuple(ctx.stored.values())
-    )
+    stats = clean_corpus(ctx.stored["download"], ctx.tmp, config.clean, src, tgt)
     log.info(
         "clean: %d of %d pairs kept; dropped %s", stats["kept"], stats["input"], stats["dropped"]
     )

@@ -19,12 +19,13 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
-from tasks.framework.contract import BuildContext, StageError, stage_fingerprint
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
+from tasks.framework.stage_fingerprint import stage_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,11 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def resume_folder(config: RunConfig, input_fps: Mapping[str, str]) -> Path:
+def resume_folder(ctx: BuildContext) -> Path:
     """Where the shards of this identity are kept while the stage runs (the run's node-local
     folder: an object-store work dir's too)."""
-    key = stage_fingerprint(STAGE, stage_config(config), input_fps)
-    return config.root / "cache" / STAGE / key[:16]
+    key = stage_fingerprint(STAGE, stage_config(ctx.config), ctx.input_fps)
+    return ctx.workdir.node_path(f"cache/{STAGE}/{key[:16]}")
 
 
 def build(ctx: BuildContext) -> dict[str, Any]:
@@ -54,7 +55,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from corpora.parquet import part_files
-    from serving.corpus_translation import shard_name, translate_shards
+    from serving.corpus_translation import translate_shards
+    from serving.translated_shards import shard_name
     from serving.translator import DecodeConfig
     from tasks.framework.runtime import ensure_ray
     from transformer_core.checkpoint import MODEL_FILE
@@ -72,17 +74,17 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     if not sources:
         raise StageError(f"{ctx.inputs['clean'] / 'train'} holds no sentences to translate")
     ensure_ray(config.ray)
-    resume = resume_folder(config, ctx.input_fps)
+    resume = resume_folder(ctx)
+    stored = ctx.stored["teacher"]  # each actor reads its node's copy
     stats = translate_shards(
-        teacher / MODEL_FILE,
-        teacher / "tokenizer",
+        stored / MODEL_FILE,
+        stored / "tokenizer",
         sources,
         decode,
         resume,
         config.distill.rows_per_shard,
-        export_dir=config.root / "cache" / "ctranslate2" / ctx.input_fps["teacher"][:16],
+        export_dir=ctx.workdir.node_path(f"cache/ctranslate2/{ctx.input_fps['teacher'][:16]}"),
         max_failures=config.distill.max_failures,
-        fetch=tuple(ctx.stored.values()),
     )
     out = ctx.tmp / "train"
     out.mkdir()

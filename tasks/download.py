@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
+from tasks.framework.workdir import WorkDir
 
 STAGE = "download"
+CACHE = "cache/downloads"
+LOCK = "downloads.lock.json"
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
     """The data section (and the seed, which the synthetic grammar draws from; for local files,
     their bytes: an edited file reruns the stage, a touched one does not)."""
-    data = to_dict(config.data)
+    data = to_dict(config.data.with_eval_sets())  # the sets' names as the loader keeps them
     if config.data.source == "synthetic":
         data["seed"] = config.seed
     if config.data.source == "local" and config.data.local_dir:
@@ -42,22 +46,16 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
     return data
 
 
-def cache_dir(config: RunConfig) -> Path:
-    """Where downloaded files are kept between runs."""
-    return (
-        Path(config.data.cache_dir)
-        if config.data.cache_dir
-        else config.root / "cache" / "downloads"
-    )
+def cache_dir(config: RunConfig, workdir: WorkDir) -> Path:
+    """Where downloaded files are kept between runs: ``data.cache_dir``, else this node's
+    ``cache/downloads`` of the run."""
+    return Path(config.data.cache_dir) if config.data.cache_dir else workdir.node_path(CACHE)
 
 
-def lock_path(config: RunConfig) -> Path:
-    """The lock file pinning each download's sha256 and size."""
-    return (
-        Path(config.data.lock_file)
-        if config.data.lock_file
-        else config.root / "downloads.lock.json"
-    )
+def lock_path(config: RunConfig, workdir: WorkDir) -> Path:
+    """The lock file pinning each download's sha256 and size: ``data.lock_file``, else this
+    node's ``downloads.lock.json`` of the run."""
+    return Path(config.data.lock_file) if config.data.lock_file else workdir.node_path(LOCK)
 
 
 def build(ctx: BuildContext) -> dict[str, Any]:
@@ -66,8 +64,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
 
     config, out = ctx.config, ctx.tmp
     data = config.data
-    dev, test = data.dev, data.test
-    assert dev is not None and test is not None  # DataConfig fills them in from the source
+    dev, test = data.eval_sets
     if data.source == "wmt14":
         return assemble.from_wmt14(
             out,
@@ -77,8 +74,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
             test=test,
             test_variant=data.test_variant,
             mirror=data.mirror,
-            cache=cache_dir(config),
-            lock_file=lock_path(config),
+            cache=cache_dir(config, ctx.workdir),
+            lock_file=lock_path(config, ctx.workdir),
             max_retries=data.max_retries,
         )
     if data.source == "multi30k":
@@ -88,8 +85,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
             dev=dev,
             test=test,
             mirror=data.mirror,
-            cache=cache_dir(config),
-            lock_file=lock_path(config),
+            cache=cache_dir(config, ctx.workdir),
+            lock_file=lock_path(config, ctx.workdir),
             max_retries=data.max_retries,
         )
     if data.source == "local":

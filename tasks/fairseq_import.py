@@ -9,20 +9,26 @@ data was made by whatever ran before ``fairseq-preprocess``, so the config says 
 Out: ``model.pt`` (our checkpoint; ``imported_from`` names the file and its sha256) beside the
 files of the tokenizer folder our ``tokenizer.kind: subword-nmt`` makes (``spm.model``,
 ``spm.vocab``, ``pretokenize.json``, ``bpe.codes``), so the folder is register's ``average`` and
-``tokenizer`` at once. The mapping is ``serving.fairseq_weights`` and ``serving.fairseq_vocab``.
+``tokenizer`` at once. The mapping is ``weight_adapters.fairseq`` and
+``weight_adapters.fairseq_vocab``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corpora.pretokenize import Pretokenizer
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
+
+if TYPE_CHECKING:
+    from weight_adapters.fairseq_vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -93,24 +99,26 @@ def build(ctx: BuildContext) -> dict[str, Any]:
 def write(out: Path, source: Source, pretokenizer: Pretokenizer) -> dict[str, Any]:
     """Write ``model.pt`` and the tokenizer's files for ``source`` into the folder ``out``, the
     text prepared by ``pretokenizer`` before the codes; the stats."""
-    from serving import ServingError, fairseq_vocab, fairseq_weights, tokenizer
+    from serving import ServingError, tokenizer
     from transformer_core import checkpoint
     from transformer_core.model import Transformer
+    from weight_adapters import fairseq, fairseq_vocab, weight_errors_as
 
     path = source.checkpoint
-    data = fairseq_weights.read(path)
-    found = fairseq_weights.languages(data)
-    if found is not None and found != pretokenizer.languages:
-        raise ServingError(
-            f"{path} translates {'-'.join(found)}, but the run config's data.pair is "
-            f"{'-'.join(pretokenizer.languages)}: give a config for its pair"
-        )
-    config = fairseq_weights.model_config(data, path)
-    dictionary = fairseq_vocab.dictionary_file(source.dict_dir, pretokenizer.languages)
-    symbols = fairseq_vocab.read_dictionary(dictionary)
-    vocab = fairseq_vocab.write_tokenizer(out, symbols, source.bpe_codes, pretokenizer)
-    model = Transformer(config, len(vocab.outputs))
-    fairseq_weights.load_weights(model, data, vocab, path)
+    with weight_errors_as(ServingError):
+        data = fairseq.read(path)
+        found = fairseq.languages(data)
+        if found is not None and found != pretokenizer.languages:
+            raise ServingError(
+                f"{path} translates {'-'.join(found)}, but the run config's data.pair is "
+                f"{'-'.join(pretokenizer.languages)}: give a config for its pair"
+            )
+        config = fairseq.model_config(data, path)
+        dictionary = fairseq_vocab.dictionary_file(source.dict_dir, pretokenizer.languages)
+        symbols = fairseq_vocab.read_dictionary(dictionary)
+        vocab = _write_tokenizer(out, symbols, source.bpe_codes, pretokenizer)
+        model = Transformer(config, len(vocab.outputs))
+        fairseq.load_weights(model, data, vocab, path)
     origin = {"toolkit": "fairseq", **source.origin(pretokenizer.languages)["checkpoint"]}
     checkpoint.save(
         out / checkpoint.MODEL_FILE,
@@ -135,3 +143,41 @@ def write(out: Path, source: Source, pretokenizer: Pretokenizer) -> dict[str, An
         )
         log.warning("fairseq_import: %s", stats["warning"])
     return stats
+
+
+def _write_tokenizer(
+    folder: Path, symbols: Sequence[str], codes: Path, pretokenizer: Pretokenizer
+) -> Vocabulary:
+    """Write the tokenizer folder of the dictionary's ``symbols`` and the subword-nmt ``codes``
+    (applied after ``pretokenizer``'s lowercasing and Moses) into ``folder``, by the calls our
+    ``tokenizer.kind: subword-nmt`` makes, so that every reader reads it unchanged; how our
+    ids map to fairseq's."""
+    from corpora import CorpusError
+    from corpora.subwords import TokenizerConfig, train
+    from serving import ServingError
+    from serving.tokenizer import MODEL_FILE, VOCAB_FILE, Tokenizer
+    from weight_adapters.fairseq_vocab import SPECIALS, vocabulary
+
+    if not Path(codes).is_file():
+        raise ServingError(f"{codes} does not exist (--bpe names subword-nmt's codes file)")
+    text = Path(codes).read_text(encoding="utf-8")
+    merges = sum(1 for line in text.splitlines() if line and not line.startswith("#version"))
+    config = TokenizerConfig(
+        kind="subword-nmt",
+        merges=max(merges, 1),
+        vocab_size=len(symbols) + len(SPECIALS),
+        lowercase=pretokenizer.lowercase,
+        moses=pretokenizer.moses,
+        threads=1,
+    )
+    try:
+        model = train(iter(symbols), config)  # a `word` model: every symbol one piece
+    except CorpusError as exc:
+        raise ServingError(f"{codes}: no tokenizer for this dictionary: {exc}") from exc
+    (folder / MODEL_FILE).write_bytes(model.proto)
+    (folder / VOCAB_FILE).write_text(model.vocab_listing(), encoding="utf-8")
+    Pretokenizer(pretokenizer.languages, pretokenizer.moses, pretokenizer.lowercase, text).save(
+        folder
+    )
+    sp = Tokenizer(folder / MODEL_FILE).sp
+    return vocabulary([sp.id_to_piece(i) for i in range(sp.get_piece_size())], symbols)

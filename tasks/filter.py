@@ -19,7 +19,8 @@ import shutil
 from typing import Any
 
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 STAGE = "linearize"
 ROWS_PER_PART = 1_000_000

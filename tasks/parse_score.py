@@ -16,7 +16,8 @@ from collections import Counter
 from typing import Any
 
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 STAGE = "parse_score"
 HYPOTHESES = "hyp.tree"

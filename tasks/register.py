@@ -31,18 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from corpora.pretokenize import Pretokenizer
-from corpora.redact import redact_text, redact_uri, redacted
 from evaluation.champion import decide_champion, protocol
+from filesystem.redact import redact_text, redact_uri, redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.code_fingerprint import git_state, stage_code
 from tasks.framework.config import RunConfig, fingerprint, to_dict
-from tasks.framework.contract import (
-    BuildContext,
-    StageError,
-    code_version,
-    lineage,
-    read_manifest,
-)
+from tasks.framework.contract import BuildContext
+from tasks.framework.lineage import lineage
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
+from tasks.framework.stage_fingerprint import code_version
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from importlib import metadata
 from typing import Any
 
 from tasks.framework.config import RunConfig
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,7 @@ def test_set(config: RunConfig) -> tuple[str, str]:
     is named as such, never as the newstest release the config names for real downloads."""
     if config.data.source == "synthetic":
         return "synthetic", "synthetic"
-    test = config.data.test
-    assert test is not None  # DataConfig fills it in from the source
-    return test, config.data.test_variant
+    return config.data.eval_sets[1], config.data.test_variant
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:

@@ -46,23 +46,21 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     from tasks.framework.runtime import ensure_ray
 
     config, tmp = ctx.config, ctx.tmp
-    clean, tokenizer_dir = ctx.inputs["clean"], ctx.inputs["tokenizer"]
+    tokenizer_dir = ctx.inputs["tokenizer"]
     src, tgt = config.languages
     tok = tokenizer.load(tokenizer_dir)  # fails early and clearly if the model is missing
     ensure_ray(config.ray)
     limit = max_pieces(config)
     stats = shard_corpus(
-        clean,
-        tok.model_file,
+        ctx.stored["clean"],
+        ctx.stored["tokenizer"],
+        tok.model_file.relative_to(tokenizer_dir).as_posix(),
         tmp,
         config.shard,
         src,
         tgt,
         max_len=limit,
         pretokenizer=tok.pretokenizer,
-        # The tokenizer's model is copied to each node; the clean rows are read from the bucket.
-        fetch=tuple(f for role, f in ctx.stored.items() if role != "clean"),
-        source=ctx.stored.get("clean"),
     )
     log.info(
         "shard: %d training rows in %d shards; %d train and %d dev rows over %d pieces dropped",

@@ -8,66 +8,89 @@ name, version, the reference it was found by, the weights' sha256, its MLflow ru
 Its fingerprint is the version and the weights' sha256 (the version's ``weights_sha256`` tag,
 which register sets; for a version without one, the downloaded weights' own), so a new
 champion reruns it and everything after it, and the same version named another way does not.
-The alias is resolved once per loaded config (``pinned``): the first stage of the flow, so
-the folder holds the version its fingerprint names even if the alias moves while the flow
-runs, and every later stage reads the teacher from this folder, never from the registry.
+Building a config asks the registry nothing: the stage's ``resolve`` asks it once, before the
+stage runs (the flow's first stage), and the config the stage runs with carries the version
+(``distill.pinned``), so the folder holds the version its fingerprint names even if the alias
+moves while the flow runs; every later stage reads the teacher from this folder, never from the
+registry. ``tfm status`` asks it too (``looked_up``), and where it does not answer, judges the
+folder by the version it records, or shows the teacher as not resolved.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redact_uri
+from filesystem.redact import redact_uri
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig
-from tasks.framework.config_sections import ModelReference
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.config_sections import ModelReference, TeacherPin
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 
 STAGE = "teacher"
 RECORD = "teacher.json"
-_PINNED = "_pinned_teacher"
-"""Where a loaded config's distill section keeps the version its teacher was resolved to."""
-
-
-@dataclass(frozen=True)
-class TeacherVersion:
-    """The registry version a teacher reference names."""
-
-    name: str
-    version: int
-    weights_sha256: str
-    run_id: str
-    found_by: str
-    """The reference as the config wrote it (``models:/name@champion``)."""
 
 
 def stage_config(config: RunConfig) -> dict[str, Any]:
-    """The teacher's name, registry version and weights' sha256."""
-    t = pinned(config)
+    """The teacher's name, registry version and weights' sha256 (``distill.pinned``); the version
+    is None while the reference is not resolved (``tfm status`` before the stage ran)."""
+    t = config.distill.pinned
+    if t is None:
+        name = ModelReference.parse(config.distill.teacher).name if config.distill.teacher else None
+        return {"name": name, "version": None, "weights_sha256": None}
     return {"name": t.name, "version": t.version, "weights_sha256": t.weights_sha256}
 
 
-def pinned(config: RunConfig) -> TeacherVersion:
-    """The version ``distill.teacher`` names, resolved once for this loaded config (the first
-    call, at the flow's first stage), however the alias moves after."""
-    section = config.distill
-    found = section.__dict__.get(_PINNED)
-    if found is None:
-        found = resolve(config)
-        # Beside the fields, not one of them: never hashed nor logged, gone with the config.
-        object.__setattr__(section, _PINNED, found)
-    return found
+def resolve(config: RunConfig) -> RunConfig:
+    """``config`` with its teacher resolved in the registry (``distill.pinned``), unless it is
+    already: what the stage runs with, so its fingerprint and its copy name one version."""
+    if config.distill.pinned is not None:
+        return config
+    return config.replace(
+        distill=dataclasses.replace(config.distill, pinned=registry_version(config))
+    )
 
 
-def resolve(config: RunConfig) -> TeacherVersion:
+def looked_up(
+    config: RunConfig, manifest: Mapping[str, Any] | None
+) -> tuple[RunConfig, str | None]:
+    """``config`` as ``tfm status`` judges the stage: resolved in the registry (a new champion
+    shows its stages stale), else, where the registry does not answer or lacks the reference,
+    as the folder's ``manifest`` records it for the same reference; and why it is not resolved
+    from the registry, in words (None: it is)."""
+    from mlflow.exceptions import MlflowException
+
+    if config.distill.pinned is not None:
+        return config, None
+    try:
+        return resolve(config), None
+    except StageError as exc:  # no such model, version or alias
+        why = str(exc)
+    except MlflowException as exc:  # the server does not answer (an INTERNAL_ERROR), or refuses
+        answer = "did not answer" if exc.error_code == "INTERNAL_ERROR" else exc.error_code
+        where = redact_uri(config.tracking_uri)
+        why = f"distill.teacher {config.distill.teacher}: the registry at {where} {answer}"
+    stats = (manifest or {}).get("stats") or {}
+    if stats.get("found_by") != config.distill.teacher:  # never ran, or for another reference
+        return config, f"not resolved: {why}"
+    pin = TeacherPin(
+        stats["name"], stats["version"], stats["weights_sha256"], "", stats["found_by"]
+    )
+    pinned = config.replace(distill=dataclasses.replace(config.distill, pinned=pin))
+    return pinned, f"version {pin.version} as its folder records it: {why}"
+
+
+def registry_version(config: RunConfig) -> TeacherPin:
     """Ask the registry which version ``distill.teacher`` names now; a StageError in one line
     naming the reference when there is no such model, version or alias."""
     from mlflow.exceptions import MlflowException
@@ -89,7 +112,7 @@ def resolve(config: RunConfig) -> TeacherVersion:
     from serving.pyfunc import WEIGHTS_TAG
 
     sha = found.tags.get(WEIGHTS_TAG) or _weights_sha256(config, ref.name, int(found.version))
-    return TeacherVersion(ref.name, int(found.version), sha, str(found.run_id), uri)
+    return TeacherPin(ref.name, int(found.version), sha, str(found.run_id), uri)
 
 
 def _missing(client: Any, ref: ModelReference, config: RunConfig) -> str:
@@ -123,7 +146,9 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     from transformer_core.folders import sha256_file
 
     config, tmp = ctx.config, ctx.tmp
-    t = pinned(config)
+    t = config.distill.pinned
+    if t is None:  # the runner resolves it first (``resolve``)
+        raise StageError(f"distill.teacher {config.distill.teacher} is not resolved")
     with tempfile.TemporaryDirectory(prefix="teacher-") as scratch:
         weights, tokenizer, decode = registered_files(
             f"models:/{t.name}/{t.version}", Path(scratch), config.tracking_uri

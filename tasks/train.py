@@ -21,21 +21,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from corpora.location import Location, locate
-from corpora.redact import redact_uri, redacted
+from filesystem.location import Location, open_location
+from filesystem.redact import redact_uri, redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, flatten, to_dict
-from tasks.framework.contract import (
-    BuildContext,
-    StageError,
-    code_version,
-    read_manifest,
-    stage_fingerprint,
-)
+from tasks.framework.contract import BuildContext
+from tasks.framework.manifest import read_manifest
+from tasks.framework.results import StageError
 from tasks.framework.runtime import ensure_ray
+from tasks.framework.stage_fingerprint import code_version, stage_fingerprint
 from tasks.framework.workdir import WorkDir
-from training.data import open_fs, shard_files
-from training.job_spec import TrainJob, folder_at
+from training.data import shard_files
+from training.job_spec import TrainJob
 from training.ray_trainer import CHECKPOINTS_JSON, JobError, run_job
 from training.trainer import Callback
 
@@ -84,7 +81,7 @@ def storage_location(
     ``train.storage_path``, else ``train_ray`` in the work dir; the run folder is their join."""
     key = resume_key(config, input_fps)[:12]
     if config.train.storage_path:
-        return locate(config.train.storage_path), f"{config.name}-train-{key}"
+        return open_location(config.train.storage_path), f"{config.name}-train-{key}"
     return workdir.location("train_ray"), f"train-{key}"
 
 
@@ -111,7 +108,7 @@ def check_inputs(config: RunConfig, inputs: Mapping[str, Path]) -> dict[str, int
         files = shard_files(str(shard / split))
         if not files:
             raise StageError(f"no shards: {shard / split} has no part-*.parquet files")
-        fs, _ = open_fs(str(shard / split))
+        fs = open_location(shard / split).arrow
         rows = 0
         metas = []
         for f in files:
@@ -272,8 +269,8 @@ def make_job(
 ) -> TrainJob:
     """The training job of ``ctx.config`` on the checked inputs (``check_inputs``'s ``counts``),
     in the Ray Train run folder their fingerprints name (``storage_location``). The workers read
-    the input folders they are handed (``ctx.stored``: an object store's, which each node copies;
-    else the local folders) and Ray Train keeps its checkpoints in the work dir."""
+    the input folders they are handed (``ctx.stored``: each node reads its copy of an object
+    store's, a local work dir's where it is) and Ray Train keeps its checkpoints in the work dir."""
     config = ctx.config
     storage, name = storage_location(config, ctx.input_fps, ctx.workdir)
     return TrainJob(
@@ -282,8 +279,8 @@ def make_job(
         seed=config.seed,
         vocab_size=counts["vocab_size"],
         tgt_vocab_size=counts["tgt_vocab_size"],
-        shard_folder=ctx.stored.get("shard") or folder_at(ctx.inputs["shard"]),
-        tokenizer_folder=ctx.stored.get("tokenizer") or folder_at(ctx.inputs["tokenizer"]),
+        shard_folder=ctx.stored["shard"],
+        tokenizer_folder=ctx.stored["tokenizer"],
         storage=storage,
         run_name=name,
         callbacks=tuple(callbacks),

@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from tasks.framework.config import RunConfig, to_dict
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,15 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     line)."""
     from corpora.parquet import part_files
     from evaluation.attention import AttentionMap, attention_map, draw_attention, short_enough
-    from serving.batch import read_lengths, translate_distributed
+    from filesystem.storage import StoredPath
+    from serving.corpus_translation import read_lengths, translate_split
     from tasks.framework.runtime import ensure_ray
     from transformer_core.checkpoint import model_file
 
     config, tmp = ctx.config, ctx.tmp
     tgt_lang = config.languages[1]
     decode = config.decoding
-    average, tokenizer_dir, shard = (ctx.inputs[k] for k in ("average", "tokenizer", "shard"))
+    average, shard = ctx.inputs["average"], ctx.inputs["shard"]
     source = part_files(shard / "test")
     lengths = read_lengths(source)
     if not len(lengths):
@@ -58,18 +60,19 @@ def build(ctx: BuildContext) -> dict[str, Any]:
 
     ensure_ray(config.ray)
     started = time.perf_counter()
-    # Engine ctranslate2 keeps its export in the run's cache, never in the average folder.
-    export_dir = config.root / "cache" / "ctranslate2" / model_fingerprint[:16]
-    decoded = translate_distributed(
-        weights,
-        tokenizer_dir,
-        source,
+    # Engine ctranslate2 keeps its export in the run's node-local cache, never in the average
+    # folder. The actors read each node's copies of the inputs.
+    export_dir = ctx.workdir.node_path(f"cache/ctranslate2/{model_fingerprint[:16]}")
+    stored = ctx.stored
+    decoded = translate_split(
+        stored["average"] / weights.name,
+        StoredPath(stored["tokenizer"]),
+        [stored["shard"] / f"test/{f.name}" for f in source],
         decode,
         export_dir,
         lengths=lengths,
         probe=attention_map,
         probe_rows=candidates,
-        fetch=tuple(ctx.stored.values()),
     )
     seconds = time.perf_counter() - started
     hyps = decoded.hyps

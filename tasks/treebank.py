@@ -6,16 +6,28 @@ In: nothing (``parsing.treebank_dir`` and the split patterns in the config). Out
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from parsing import nltk_sample
 from tasks.framework.config import ParsingConfig, RunConfig
 from tasks.framework.content import files_digest
-from tasks.framework.contract import BuildContext, StageError
+from tasks.framework.contract import BuildContext
+from tasks.framework.results import StageError
 
 STAGE = "treebank"
 SPLITS = ("train", "dev", "test")
+
+
+def located(parsing: ParsingConfig) -> ParsingConfig:
+    """``parsing`` with its treebank folder: ``treebank_dir``, else NLTK's WSJ sample where the
+    first NLTK data folder holding it has it (looked for here, by the stage: building a config
+    looks at no data); as it is when neither is there (``split_files`` says how to get it)."""
+    if parsing.treebank_dir is not None:
+        return parsing
+    sample = nltk_sample.find_sample()
+    return parsing if sample is None else dataclasses.replace(parsing, treebank_dir=str(sample))
 
 
 def split_files(parsing: ParsingConfig) -> dict[str, list[Path]]:
@@ -53,7 +65,7 @@ def split_files(parsing: ParsingConfig) -> dict[str, list[Path]]:
 def stage_config(config: RunConfig) -> dict[str, Any]:
     """The folder, the patterns, and the matched files (relative path and bytes), so a changed
     treebank reruns the stage."""
-    parsing = config.parsing
+    parsing = located(config.parsing)
     data: dict[str, Any] = {
         "treebank_dir": parsing.treebank_dir,
         "train_files": list(parsing.train_files),
@@ -78,7 +90,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     from parsing.trees import clean_tree, read_trees, write_tree
 
     tmp = ctx.tmp
-    files = split_files(ctx.config.parsing)
+    files = split_files(located(ctx.config.parsing))
     stats: dict[str, Any] = {}
     for split in SPLITS:
         trees = emptied = words = 0

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corpora.folder_sync import download_missing, upload
-from corpora.storage import Store
+from filesystem.folder_sync import download_missing, upload
+from filesystem.storage import Store
 from tracking.journal import JOURNALS, Journal
 
 

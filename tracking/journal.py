@@ -9,9 +9,10 @@ creating a run needs the server, so a run opened while it is down has no MLflow 
 journal is named by its own key and learns its MLflow run id when the run is created.
 
 A journal folder ``<root>/tracking/<key>/`` holds:
-- ``meta.json``: the key, the tracking server without its secret (``server_of``) and where the
-  secret came from (the config or the environment: never written), the experiment; written once
-  (an older version's holds ``tracking_uri``, the URI with its password masked);
+- ``meta.json``: the key, the tracking server without its secret
+  (``filesystem.redact.without_credentials``) and where the secret came from (the config or the
+  environment: never written), the experiment; written once (an older version's holds
+  ``tracking_uri``, the URI with its password masked);
 - ``journal.jsonl``: the records, one JSON object a line, appended under an exclusive lock;
 - ``state.json``: what the sender has: the bytes of the journal the server acknowledged (the
   watermark, replaced atomically after each acknowledged call), the run's MLflow id;
@@ -39,7 +40,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+
+from filesystem.redact import without_credentials
 
 JOURNALS = "tracking"
 """The folder of a work dir (this node's, for an object store) that holds the journals."""
@@ -82,14 +84,6 @@ def new_key(after: str = "") -> str:
         if stamp > after[:18]:
             return f"{stamp}-{secrets.token_hex(4)}"
         time.sleep(0.001)
-
-
-def server_of(uri: str) -> str:
-    """A tracking URI without its secret (``user:password@``): what names the server."""
-    if "@" not in uri or "://" not in uri:
-        return uri
-    parts = urlsplit(uri)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 # ----------------------------------------------------------------------------- records
@@ -201,10 +195,11 @@ class Journal:
         journal = cls(Path(root) / JOURNALS / key)
         if not (journal.folder / META).exists():
             journal.folder.mkdir(parents=True, exist_ok=True)
+            server = without_credentials(tracking_uri)
             meta = {
                 "key": key,
-                "server": server_of(tracking_uri),
-                "secret_from": secret_from if server_of(tracking_uri) != tracking_uri else None,
+                "server": server,
+                "secret_from": secret_from if server != tracking_uri else None,
                 "experiment": experiment,
                 "created": now_ms(),
             }

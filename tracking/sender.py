@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from corpora.redact import redact_text, redact_uri
+from filesystem.redact import redact_text, redact_uri
 from tracking.delivery import MAX_METRICS, Blocked, first_group, send, sent, verdict
 from tracking.journal import REJECTED, Journal, Record, SendState
 

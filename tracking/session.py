@@ -3,8 +3,8 @@
 run is recorded (``Target``: the journals' folder, the server, the copies another machine
 finds), what a command's end says about records left, and ``tfm tracking replay``.
 
-A journal names its server without the secret (``tracking.journal.server_of``) and says where
-the secret came from (``SECRET_SOURCES``): a later process takes it again from there.
+A journal names its server without the secret (``filesystem.redact.without_credentials``) and
+says where the secret came from (``SECRET_SOURCES``): a later process takes it again from there.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corpora.redact import redact_uri
+from filesystem.redact import redact_uri, without_credentials
 from tracking.copies import JournalCopies
-from tracking.journal import JOURNALS, Journal, journals, new_key, server_of
+from tracking.journal import JOURNALS, Journal, journals, new_key
 from tracking.owner import end_abandoned, killed_runs
 from tracking.sender import Sender, TrackingOptions
 
@@ -61,7 +61,7 @@ def uri_of(journal: Journal, secrets: Mapping[str, str]) -> str:
         named = meta.get("tracking_uri") or ""
         return next((uri for uri in secrets.values() if redact_uri(uri) == named), named)
     uri = secrets.get(meta.get("secret_from") or "")
-    return uri if uri is not None and server_of(uri) == server else server
+    return uri if uri is not None and without_credentials(uri) == server else server
 
 
 def end_killed(root: Path, say: Callable[[str], object]) -> None:

@@ -19,11 +19,11 @@ import logging
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from filesystem.location import open_location
 from transformer_core.batching import collate, plan_batches, plan_batches_fairseq
 
 log = logging.getLogger(__name__)
@@ -36,23 +36,10 @@ Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """One run of rows: source values, source offsets, target values, target offsets (CSR)."""
 
 
-def open_fs(path: str) -> tuple[Any, str]:
-    """A pyarrow filesystem and the path inside it, for a local path or a URI (s3://, gs://)."""
-    import pyarrow.fs as pafs
-
-    if "://" in path:
-        return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), str(Path(path).resolve())
-
-
 def shard_files(folder: str) -> list[str]:
     """The Parquet parts of one shard split (``part-*.parquet``), sorted; [] if none."""
-    import pyarrow.fs as pafs
-
-    fs, root = open_fs(folder)
-    info = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    names = [i.path for i in info if i.type == pafs.FileType.File]
-    return sorted(p for p in names if Path(p).name.startswith("part-") and p.endswith(".parquet"))
+    names = open_location(folder).files()
+    return [p for p in names if Path(p).name.startswith("part-") and p.endswith(".parquet")]
 
 
 def ipc_folder(folder: str) -> Path:
@@ -63,9 +50,9 @@ def ipc_folder(folder: str) -> Path:
 
 def token_files(folder: str) -> list[str] | None:
     """The Arrow IPC twins of a local split's Parquet parts, in order; None unless every part
-    has one (an older shard folder) or when ``folder`` is a URI (a memory map needs a local
-    file)."""
-    if "://" in folder:
+    has one (an older shard folder) or when ``folder`` is not on this node's disk (a memory map
+    needs a local file)."""
+    if open_location(folder).local() is None:
         return None
     twins = [
         str(ipc_folder(folder) / Path(f).with_suffix(".arrow").name) for f in shard_files(folder)
@@ -154,7 +141,7 @@ class TokenData:
         files = shard_files(folder)
         if not files:
             raise FileNotFoundError(f"no part-*.parquet files in {folder}")
-        fs, _ = open_fs(folder)
+        fs = open_location(folder).arrow
         table = pa.concat_tables(
             pq.read_table(f, columns=["src_ids", "tgt_ids"], filesystem=fs) for f in files
         )

@@ -7,18 +7,17 @@ to be read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from corpora.location import Location
-from corpora.storage import StoredFolder, open_store
+from filesystem.location import Location
+from filesystem.storage import StoredFolder
 from tracking.journal import RecordSink
 from training.config import TrainConfig
 from training.trainer import Callback
 from transformer_core.checkpoint import MODEL_FILE
 from transformer_core.config import ModelConfig
 
-__all__ = ["TrainJob", "folder_at"]
+__all__ = ["TrainJob"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,9 +89,3 @@ class TrainJob:
             "tokens_per_step": per_step * tc.max_tokens_per_batch,
             "ray_run_dir": self.run_dir.name,
         }
-
-
-def folder_at(path: str | Path) -> StoredFolder:
-    """A local folder as a worker is handed one (``TrainJob.shard_folder``): read where it is."""
-    folder = Path(path).resolve()
-    return StoredFolder(open_store(folder.parent), folder.name, "")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corpora.location import Location
+from filesystem.location import Location
 from training.allocator import worker_runtime_env
 from training.job_spec import TrainJob
 from training.worker import JOB_KEY, train_loop_per_worker
@@ -136,7 +136,7 @@ def torch_trainer(job: TrainJob) -> TorchTrainer:
         run_config=RunConfig(
             name=job.run_name,
             storage_path=job.storage.path,
-            storage_filesystem=job.storage.filesystem,
+            storage_filesystem=job.storage.arrow,
             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
             failure_config=FailureConfig(max_failures=tc.max_failures),
             worker_runtime_env=worker_runtime_env(tc),
@@ -203,7 +203,7 @@ def export_best(best: Location, out: Path) -> dict[str, Any]:
     entry."""
     import pyarrow.fs as pafs
 
-    fs, path = best.filesystem, best.path
+    fs, path = best.arrow, best.path
     if fs.get_file_info(path).type != pafs.FileType.File:
         raise JobError(f"training measured val_bleu but left no best checkpoint {path}")
     (out / "best").mkdir()

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from corpora.location import Location
+from filesystem.location import Location
 from tracking.relay import Tracker
 from training.allocator import kept_here
 from training.data import TokenData
@@ -253,7 +253,7 @@ def save_best(path: Location, module: Transformer, best: dict[str, Any], vocab_s
     recency."""
     import pyarrow.fs as pafs
 
-    fs, target = path.filesystem, path.path
+    fs, target = path.arrow, path.path
     partial = f"{target}.partial"
     with tempfile.TemporaryDirectory() as d:
         tgt = module.tgt_vocab_size if module.tgt_vocab_size != vocab_size else None

@@ -83,6 +83,16 @@ def remove_stale_temporaries(out: Path) -> list[Path]:
     return removed
 
 
+def fresh_temporary(out: Path) -> Path:
+    """A new, empty temporary sibling of ``out`` to build it in (parents made), what killed
+    writers left beside ``out`` removed first."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
+    tmp = temporary_sibling(out)
+    tmp.mkdir()
+    return tmp
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists

@@ -42,7 +42,7 @@ def initialise(model: nn.Module, config: ModelConfig, parts: Parts) -> None:
     # residual it is added to: with post-norm, a short warmup and small data the encoder's output
     # then collapses to one vector for every position (Multi30k: val_encoder_spread 0.06 after 50
     # steps, against 0.25-0.33 for torch.nn.Transformer on the same batches; docs/training.md,
-    # benchmarks/encoder_collapse.py).
+    # docs/log/training.md).
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=config.d_model**-0.5)

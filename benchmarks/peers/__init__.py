@@ -2,7 +2,6 @@
 
     python benchmarks/peers [flags]          # the comparison (run.py)
     python benchmarks/peers ours WHAT ...    # our side alone, as the comparison starts it (ours.py)
-    python benchmarks/peers profile ...      # an update's time by op, ours against fairseq's
 
 data.py: the recipe's data for every toolkit; env.py: the shared shape, recipe and each peer's
 environment; fairseq.py, eole.py: each peer's commands and what its logs say; report.py: the

@@ -1,4 +1,4 @@
-"""``python benchmarks/peers [ours|profile] ...``: the comparison, or one of its sides alone."""
+"""``python benchmarks/peers [ours] ...``: the comparison, or our side of it alone."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SIDES = ("ours", "profile")
+SIDES = ("ours",)
 
 # Run as a folder, the package's own folder is first on the path, where its modules would hide
-# the libraries of the same names (fairseq, eole, profile): the checkout and benchmarks/ go there
+# the libraries of the same names (fairseq, eole): the checkout and benchmarks/ go there
 # instead, so `peers.*` is this package and `common` the benchmarks' shared helpers.
 if sys.path and Path(sys.path[0]).resolve() == HERE:
     sys.path[0:1] = [str(HERE.parents[1]), str(HERE.parent)]

@@ -86,9 +86,10 @@ def vocab_size(workdir: Path) -> int:
 
 def train_ray(config: RunConfig, workdir: Path, out: Path) -> dict:
     """The train stage's Ray Train job on ``recipe_config``'s ``config``; its rank-0 summary."""
-    from corpora.location import locate
+    from filesystem.location import open_location
+    from filesystem.storage import folder_at
     from tasks.framework.runtime import ensure_ray
-    from training.job_spec import TrainJob, folder_at
+    from training.job_spec import TrainJob
     from training.ray_trainer import run_job
 
     ensure_ray(config.ray)
@@ -99,7 +100,7 @@ def train_ray(config: RunConfig, workdir: Path, out: Path) -> dict:
             seed=config.seed,
             vocab_size=vocab_size(workdir),
             shard_folder=folder_at(str((workdir / "shard").resolve())),
-            storage=locate(storage),
+            storage=open_location(storage),
             run_name="bench-peers",
         )
         summary = run_job(job, out).summary

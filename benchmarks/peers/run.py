@@ -56,6 +56,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import figures
+
 from . import eole, fairseq
 from .data import Corpus, default_mirror, prepare
 from .decoding import decode_all
@@ -64,11 +66,14 @@ from .procs import free_port, guarded, ours, run, run_ranks
 from .report import (
     FAIRSEQ,
     FAIRSEQ_2P,
+    GENERATE,
     LAYOUTS,
     OURS,
+    SAME_WEIGHTS,
     best,
     best_of,
     cpu_model,
+    rate,
     tables,
 )
 
@@ -267,6 +272,37 @@ def trained_before(peers: dict[str, Peer], work: Path) -> dict[str, Any]:
     return train
 
 
+ROW_UPDATES = 300
+"""The updates of the run whose figures docs/benchmarks.md gives (``--updates 300``)."""
+
+
+def record_rows(results: dict[str, Any]) -> None:
+    """A run of the rows' length writes its training and same-weights decoding figures to
+    benchmarks/figures/peers.json."""
+    train, decode = results["train"], results["decode"]
+    ratio = results["ours_over_fairseq"]
+    if results["updates"] != ROW_UPDATES or ratio is None:
+        return
+    ours, theirs = best(train, OURS), best(train, FAIRSEQ)
+    figures.record(
+        "peers",
+        "peers-training",
+        f"**{ratio:.2f}** ({ours:,.0f} against {theirs:,.0f} target tokens/s; ours: "
+        f"{results['best_layouts']['ours']}, fairseq: {results['best_layouts']['fairseq']})",
+    )
+    same = decode.get(next(iter(SAME_WEIGHTS)), {})
+    generate = decode.get(GENERATE, {})
+    if rate(same) is not None and rate(generate) is not None and same.get("identical"):
+        figures.record(
+            "peers",
+            "peers-decoding",
+            f"**{rate(same) / rate(generate):.2f}x** fairseq-generate's sentences/s "
+            f"({rate(same):.1f} against {rate(generate):.1f}); {same['identical']:.1%} of the "
+            f"hypotheses identical, BLEU {same['bleu_tok_lc']:.2f} against "
+            f"{generate['bleu_tok_lc']:.2f}",
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
@@ -312,4 +348,5 @@ def main(argv: list[str] | None = None) -> int:
         + text
         + f"\n{args.out / 'peers.md'}, {args.out / 'peers.json'} ({results['wall_s']} s)"
     )
+    record_rows(results)
     return 0

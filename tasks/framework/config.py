@@ -15,9 +15,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Literal
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -25,13 +26,13 @@ from pydantic import TypeAdapter, ValidationError
 from corpora.encoding import ShardConfig
 from corpora.filters import CleanConfig
 from corpora.sources import split_pair
-from corpora.storage import Store, StoreSettings
 from corpora.subwords import TokenizerConfig
-from parsing.nltk_sample import find_sample
+from filesystem.storage import StorageError, Store, StoreSettings
 from serving.serve_config import ServeConfig
 from serving.translator import DecodeConfig
 from tasks.framework.config_errors import config_error, not_json, yaml_error
 from tasks.framework.config_sections import (
+    NOT_A_SETTING,
     AverageConfig,
     DataConfig,
     DistillConfig,
@@ -41,8 +42,9 @@ from tasks.framework.config_sections import (
     ParsingConfig,
     RayConfig,
     RegisterConfig,
+    is_setting,
 )
-from tasks.framework.workdir_place import check_store, holds_files, run_root, store_at, workdir_of
+from tasks.framework.workdir_place import holds_files, run_root, store_at, workdir_of
 from training.config import TrainConfig
 from transformer_core import presets
 from transformer_core.config import ModelConfig
@@ -90,6 +92,11 @@ class RunConfig:
     name: str
     """Run name; names the work directory and MLflow runs. Left out, the loader takes the config
     file's name without ``.yaml``."""
+    pipeline: PipelineName | None = None
+    """The pipeline the config runs: ``wmt14`` (any translation source), ``distill`` (needs
+    ``distill.teacher``), ``fairseq`` (needs ``fairseq.checkpoint``, which ``tfm import
+    fairseq`` gives) or ``parsing`` (needs ``data.source: treebank``); null: the one those keys
+    name, else wmt14. A config that sets another pipeline's key is refused."""
     seed: int = 1234
     """Seed for sampling, shuffling and initialisation."""
     workdir: Workdir = "runs/{name}"
@@ -134,24 +141,40 @@ class RunConfig:
     """Constituency parsing (the parsing pipeline only)."""
     fairseq: FairseqConfig = field(default_factory=FairseqConfig)
     """A fairseq checkpoint to import and register (the fairseq pipeline only)."""
-    team_tracking_uri: ClassVar[str | None] = None
+    team_tracking_uri: str | None = field(
+        default=None, compare=False, repr=False, metadata=NOT_A_SETTING
+    )
     """``MLFLOW_TRACKING_URI`` as the process found it at its start, given to the loader: the
     tracking server of a config that names none. Not a setting (never hashed nor logged)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "workdir", workdir_of(self.workdir, self.name))
-        if self.data.source == "treebank" and self.parsing.treebank_dir is None:
-            # Resolved once at load, so every stage and fingerprint sees the same folder; when
-            # NLTK's sample is absent the treebank stage says how to get it.
-            sample = find_sample()
-            if sample is not None:
-                parsing = dataclasses.replace(self.parsing, treebank_dir=str(sample))
-                object.__setattr__(self, "parsing", parsing)
-        check_store(self.workdir, self.storage)  # a store's URI and credential variables, now
-        if self.distill.teacher is not None and self.data.source == "treebank":
+        # Rules only: building a config derives nothing and asks nothing outside (the loader
+        # derives, the stage or command that needs the world asks it).
+        named = [(key, name) for key, name in _PIPELINE_KEYS if _sets(self, key)]
+        if self.pipeline is None and len(named) > 1:
+            (key1, name1), (key2, name2) = named[:2]
             raise ConfigError(
-                "distill.teacher", "the parsing pipeline has no distillation: leave it null"
+                key2,
+                f"names the {name2} pipeline and {key1} the {name1} pipeline; a config runs "
+                "one: leave one of them out",
             )
+        for key, name in named:
+            if self.pipeline not in (None, name):
+                raise ConfigError(
+                    key,
+                    f"names the {name} pipeline, but pipeline is {self.pipeline}: leave it out "
+                    f"or set pipeline: {name}",
+                )
+        needed = next((key for key, name in _PIPELINE_KEYS if name == self.pipeline), None)
+        if needed is not None and not _sets(self, needed):
+            raise ConfigError("pipeline", f"{self.pipeline} needs {needed}")
+
+    @property
+    def pipeline_name(self) -> PipelineName:
+        """The pipeline this config runs: ``pipeline``, else the one its keys name (a
+        fairseq checkpoint, treebank data, a teacher), else wmt14."""
+        named = (name for key, name in _PIPELINE_KEYS if _sets(self, key))
+        return self.pipeline or next(named, "wmt14")
 
     @property
     def root(self) -> Path:
@@ -163,8 +186,12 @@ class RunConfig:
     @property
     def store(self) -> Store:
         """The work dir as a ``Store``: a local folder, or a prefix of an object store (its
-        client, built once per process; ``Store.check`` asks the server)."""
-        return store_at(self.workdir, self.storage)
+        client, built at the first ask and kept for the process; ``Store.check`` asks the
+        server); a ConfigError on ``workdir`` for a URI or credentials that cannot work."""
+        try:
+            return store_at(self.workdir, self.storage)
+        except StorageError as exc:
+            raise ConfigError("workdir", str(exc)) from None
 
     @property
     def languages(self) -> tuple[str, str]:
@@ -194,8 +221,27 @@ class RunConfig:
         )
 
     def replace(self, **changes: Any) -> RunConfig:
-        """A copy with some sections or fields replaced."""
-        return _with_team_server(dataclasses.replace(self, **changes), self.team_tracking_uri)
+        """A copy with some sections or fields replaced, its values derived as the loader's."""
+        return _derived(dataclasses.replace(self, **changes))
+
+
+PipelineName = Literal["wmt14", "distill", "fairseq", "parsing"]
+"""The pipelines (``tasks.framework.graph.PIPELINES``)."""
+
+_PIPELINE_KEYS: tuple[tuple[str, PipelineName], ...] = (
+    ("fairseq.checkpoint", "fairseq"),
+    ("data.source: treebank", "parsing"),
+    ("distill.teacher", "distill"),
+)
+"""The key that names each pipeline but wmt14 (the one a config that names none runs)."""
+
+
+def _sets(config: RunConfig, key: str) -> bool:
+    """Whether ``config`` sets a key of ``_PIPELINE_KEYS``."""
+    if key == "data.source: treebank":
+        return config.data.source == "treebank"
+    section, _, name = key.partition(".")
+    return getattr(getattr(config, section), name) is not None
 
 
 # ----------------------------------------------------------------------------- loading
@@ -244,11 +290,12 @@ def config_from_dict(data: dict[str, Any], *, team_tracking_uri: str | None = No
         blob = json.dumps(data)
     except TypeError as exc:
         raise (not_json(data) or ConfigError("", str(exc))) from None
+    _refuse_derived(data)
     try:
         config = _adapter().validate_json(blob)
     except ValidationError as exc:
         raise config_error(exc, written, RunConfig) from None
-    config = _with_team_server(config, team_tracking_uri)
+    config = _derived(dataclasses.replace(config, team_tracking_uri=team_tracking_uri))
     if not holds_files(config.workdir) and not (config.mlflow.tracking_uri or team_tracking_uri):
         raise ConfigError(
             "mlflow.tracking_uri",
@@ -259,17 +306,55 @@ def config_from_dict(data: dict[str, Any], *, team_tracking_uri: str | None = No
     return config
 
 
-def _with_team_server(config: RunConfig, uri: str | None) -> RunConfig:
-    # Beside the fields, not one of them: a field would be a YAML key, hashed and logged.
-    object.__setattr__(config, "team_tracking_uri", uri)
-    return config
+def _derived(config: RunConfig) -> RunConfig:
+    """``config`` with the values the loader derives from what it wrote: the work dir resolved
+    (``{name}`` replaced, a relative path from the CWD), a relative SQLite registry made
+    absolute, the dev and test sets named. Nothing outside is asked."""
+    return dataclasses.replace(
+        config,
+        workdir=workdir_of(config.workdir, config.name),
+        mlflow=config.mlflow.with_absolute_sqlite(),
+        data=config.data.with_eval_sets(),
+    )
+
+
+def _refuse_derived(data: dict[str, Any]) -> None:
+    """A ConfigError for a YAML key that names a derived value (``NOT_A_SETTING``), as for any
+    unknown key."""
+    for key, value in data.items():
+        section = _sections().get(key)
+        if key in _derived_names(RunConfig):
+            raise ConfigError(key, f"unknown key (known: {', '.join(_settings(RunConfig))})")
+        if section is not None and isinstance(value, dict):
+            for inner in set(value) & _derived_names(section):
+                known = ", ".join(_settings(section))
+                raise ConfigError(f"{key}.{inner}", f"unknown key (known: {known})")
+
+
+def _settings(cls: type) -> list[str]:
+    """The names of a config class's settings, its YAML keys."""
+    return [f.name for f in dataclasses.fields(cls) if is_setting(f)]
+
+
+def _derived_names(cls: type) -> set[str]:
+    """The names of a config class's derived values (``NOT_A_SETTING``)."""
+    return {f.name for f in dataclasses.fields(cls) if not is_setting(f)}
+
+
+@functools.cache
+def _sections() -> dict[str, type]:
+    """RunConfig's sections (the fields that are dataclasses), by name."""
+    hints = typing.get_type_hints(RunConfig)
+    return {name: hint for name, hint in hints.items() if dataclasses.is_dataclass(hint)}
 
 
 def to_dict(obj: Any) -> Any:
-    """Plain, JSON-ready data for a config or section (tuples become lists)."""
+    """Plain, JSON-ready data for a config or section (tuples become lists); its settings only,
+    not the values a command derived (``NOT_A_SETTING``)."""
     # Hand-written, not pydantic's dump: every stage fingerprint hashes exactly this form.
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        fields = (f for f in dataclasses.fields(obj) if is_setting(f))
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, Path):

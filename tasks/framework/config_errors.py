@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from tasks.framework.config_sections import is_setting
 from transformer_core.config import ModelConfig
 from transformer_core.config_checks import ConfigError
 
@@ -113,7 +114,8 @@ def _message(error: ErrorDetails, hint: Any, outer: Any) -> str:
     """What was wrong with the value, in the words of the hand-written checks before pydantic."""
     kind, value = error["type"], error["input"]
     if kind == "unexpected_keyword_argument":
-        known = ["preset"] * (outer is ModelConfig) + [f.name for f in dataclasses.fields(outer)]
+        names = [f.name for f in dataclasses.fields(outer) if is_setting(f)]
+        known = ["preset"] * (outer is ModelConfig) + names
         return f"unknown key (known: {', '.join(known)})"
     if kind == "missing" and dataclasses.is_dataclass(outer):
         return "is required"

@@ -6,9 +6,9 @@ with their libraries; ``tasks.framework.config`` composes them all into ``RunCon
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Lt
 from pydantic import AfterValidator
@@ -40,7 +40,19 @@ __all__ = [
     "DistillConfig",
     "ExportConfig",
     "ModelReference",
+    "TeacherPin",
+    "NOT_A_SETTING",
+    "is_setting",
 ]
+
+NOT_A_SETTING = {"setting": False}
+"""A field's metadata for a value a command derives and carries with the config (the team's
+tracking server, a chosen port, a pinned teacher): no YAML key, never hashed nor logged."""
+
+
+def is_setting(f: dataclasses.Field[Any]) -> bool:
+    """Whether a config field is a setting (a YAML key), not a value a command derived."""
+    return bool(f.metadata.get("setting", True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,17 +117,6 @@ class DataConfig:
                 "pair",
                 f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)",
             )
-        # A local corpus's sets are named by their prefixes (the scores name the test set);
-        # synthetic and treebank keep WMT14's names, as before. Resolved here, not in each
-        # reader, so every stage and fingerprint sees the same names.
-        if self.source == "local":
-            dev, test = PurePath(self.local_dev).name, PurePath(self.local_test).name
-        else:
-            dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
-        if self.dev is None:
-            object.__setattr__(self, "dev", dev)
-        if self.test is None:
-            object.__setattr__(self, "test", test)
         if self.source == "multi30k":
             self._check_multi30k()
         elif self.source == "synthetic" and self.pair not in SYNTHETIC_PAIRS:
@@ -131,6 +132,22 @@ class DataConfig:
                 raise ConfigError(
                     "corpora" if "unknown corpus" in str(exc) else "pair", str(exc)
                 ) from None
+
+    @property
+    def eval_sets(self) -> tuple[str, str]:
+        """The dev and test sets' names: ``dev`` and ``test``, else the source's standard ones
+        (a local corpus's are its prefixes' names; synthetic and treebank keep WMT14's)."""
+        if self.source == "local":
+            dev, test = PurePath(self.local_dev).name, PurePath(self.local_test).name
+        else:
+            dev, test = STANDARD_EVAL.get(self.source, STANDARD_EVAL["wmt14"])
+        return self.dev or dev, self.test or test
+
+    def with_eval_sets(self) -> DataConfig:
+        """A copy naming its dev and test sets (``eval_sets``): what the loader keeps, so every
+        stage, fingerprint and logged parameter sees the same names."""
+        dev, test = self.eval_sets
+        return dataclasses.replace(self, dev=dev, test=test)
 
     def _check_multi30k(self) -> None:
         """The pair's languages and the dev and test sets must be Multi30k's."""
@@ -149,9 +166,9 @@ class DataConfig:
             multi30k_train(self.pair)
         except CorpusError as exc:
             raise ConfigError("pair", str(exc)) from None
-        for key in ("dev", "test"):
+        for key, name in zip(("dev", "test"), self.eval_sets, strict=True):
             try:
-                multi30k_eval_set(getattr(self, key), self.pair)
+                multi30k_eval_set(name, self.pair)
             except CorpusError as exc:
                 raise ConfigError(key, str(exc)) from None
 
@@ -241,13 +258,15 @@ class MlflowConfig:
     """How long register waits for a server that does not answer before it fails (the other stages
     never wait; docs/training.md, "When the tracking server is down")."""
 
-    def __post_init__(self) -> None:
+    def with_absolute_sqlite(self) -> MlflowConfig:
+        """A copy whose relative SQLite path is absolute, from the CWD (what the loader keeps):
+        every process of the run (Ray's workers start elsewhere) opens the same database."""
         uri = self.tracking_uri
-        if uri is not None and uri.startswith(SQLITE) and not uri[len(SQLITE) :].startswith("/"):
-            # Every process of the run (Ray's workers start elsewhere) opens the same database.
-            object.__setattr__(
-                self, "tracking_uri", SQLITE + str(Path(uri[len(SQLITE) :]).resolve())
-            )
+        if uri is None or not uri.startswith(SQLITE) or uri[len(SQLITE) :].startswith("/"):
+            return self
+        return dataclasses.replace(
+            self, tracking_uri=SQLITE + str(Path(uri[len(SQLITE) :]).resolve())
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,17 +282,16 @@ class RayConfig:
     API."""
     loopback: bool = True
     """A local Ray binds every port it opens to 127.0.0.1; false: to the machine's address."""
-    dashboard_port: ClassVar[int | None] = None
+    dashboard_port: int | None = field(
+        default=None, compare=False, repr=False, metadata=NOT_A_SETTING
+    )
     """The port a command chose for its local Ray's dashboard, where the environment it set
     names the State API (``pipelines.environment``); None: Ray's own. Not a setting (never
     hashed nor logged)."""
 
     def with_dashboard_port(self, port: int | None) -> RayConfig:
         """A copy whose local Ray serves its dashboard on ``port``."""
-        found = dataclasses.replace(self)
-        # Beside the fields, not one of them: a field would be a YAML key, hashed and logged.
-        object.__setattr__(found, "dashboard_port", port)
-        return found
+        return dataclasses.replace(self, dashboard_port=port)
 
 
 def _relative_glob(pattern: str) -> str:
@@ -301,7 +319,8 @@ class ParsingConfig(BeamSettings):
     treebank_dir: str | None = None
     """Treebank root, e.g. a licensed LDC99T42 copy's parsed/mrg/wsj (holding 00/ ... 24/); null
     means NLTK's WSJ sample, nltk_data/corpora/treebank/combined in the first NLTK data folder
-    that holds it (`python -m nltk.downloader treebank` puts it there), found at load."""
+    that holds it (`python -m nltk.downloader treebank` puts it there), found by the treebank
+    stage."""
     train_files: tuple[RelativeGlob, ...] = ("0[2-9]/*.mrg", "1[0-9]/*.mrg", "2[01]/*.mrg")
     """Glob patterns under treebank_dir for training trees (default: WSJ sections 02-21)."""
     dev_files: tuple[RelativeGlob, ...] = ("22/*.mrg",)
@@ -366,6 +385,18 @@ ModelUri = Annotated[str, AfterValidator(_model_uri)]
 """A registered model's URI by version or alias (``ModelReference``)."""
 
 
+@dataclass(frozen=True)
+class TeacherPin:
+    """The registry version a teacher reference named when it was resolved."""
+
+    name: str
+    version: int
+    weights_sha256: str
+    run_id: str
+    found_by: str
+    """The reference as the config wrote it (``models:/name@champion``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DistillConfig:
     """Sequence-level knowledge distillation (Kim and Rush 2016; docs/distillation.md): a
@@ -373,8 +404,9 @@ class DistillConfig:
 
     teacher: ModelUri | None = None
     """The registered teacher, models:/<name>@<alias> or models:/<name>/<version>, in the run's
-    registry (mlflow.tracking_uri); set, the config runs the distill pipeline. The alias is
-    resolved to one version at the flow's start."""
+    registry (mlflow.tracking_uri); set, the config runs the distill pipeline. The teacher stage
+    resolves the alias to one version when it runs (the flow's first stage), and the run keeps
+    that version however the alias moves."""
     decode: DecodeConfig | None = None
     """How the teacher translates the corpus; null: as it was registered (its decoding)."""
     rows_per_shard: Annotated[int, Ge(1)] = 2000
@@ -385,6 +417,12 @@ class DistillConfig:
     max_failures: Annotated[int, Ge(0)] = 1
     """Times the distill stage starts its translators again on the shards not yet written
     when one of them died (a killed worker's batches are redone)."""
+    pinned: TeacherPin | None = field(
+        default=None, compare=False, repr=False, metadata=NOT_A_SETTING
+    )
+    """The registry version ``teacher`` named when the teacher stage was about to run (its
+    ``resolve``), or as the stage's folder records it (``tfm status``); None: not resolved.
+    Not a setting (never hashed nor logged)."""
 
 
 @dataclass(frozen=True, kw_only=True)

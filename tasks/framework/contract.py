@@ -8,7 +8,8 @@ leaves a folder that looks complete. A stage whose folder holds a manifest with 
 fingerprint, and whose files are all there with the recorded sizes, is up to date and is
 skipped (``freshness``). The runner logs each ``StageResult`` to MLflow once
 (``tasks.framework.mlflow_runs.log_stage_result``); only train (its workers' curves) and
-register (the model) log on their own, through ``tasks.framework.mlflow_runs`` too.
+register (the model) log on their own, through ``tasks.framework.mlflow_runs`` too. A stage
+raises ``tasks.framework.results.StageError`` for a failure it can explain.
 """
 
 from __future__ import annotations
@@ -17,26 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corpora.storage import StoredFolder
+from filesystem.storage import StoredFolder
 from tasks.framework.config import RunConfig
-
-# A stage module's import lines count in its code fingerprint (``code_fingerprint``): the names
-# stages import from here stay importable here, so that no output goes stale for where a name
-# moved. The framework imports each from its own module.
-from tasks.framework.lineage import lineage
-from tasks.framework.manifest import read_manifest
-from tasks.framework.results import StageError
-from tasks.framework.stage_fingerprint import code_version, stage_fingerprint
 from tasks.framework.workdir import WorkDir
-
-__all__ = [
-    "BuildContext",
-    "StageError",
-    "code_version",
-    "lineage",
-    "read_manifest",
-    "stage_fingerprint",
-]
 
 
 @dataclass(frozen=True)
@@ -53,5 +37,6 @@ class BuildContext:
     """The run's work dir, opened once per command: where Ray Train keeps its checkpoints
     (``WorkDir.location``), on whichever kind of store it is."""
     stored: Mapping[str, StoredFolder] = field(default_factory=dict)
-    """Input role -> its folder on the object store, when the work dir is on one (``inputs``
-    are then this node's copies): what a Ray worker on another node is handed to copy."""
+    """Input role -> its folder as a Ray worker on any node is handed it (``StoredFolder.local``:
+    an object store's folder copied once per node, a local work dir's read where it is;
+    ``inputs`` are this node's)."""

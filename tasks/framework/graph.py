@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from tasks.framework.code_fingerprint import STAGES
-from tasks.framework.config import RunConfig
+from tasks.framework.config import PipelineName, RunConfig
 from tasks.framework.contract import BuildContext
 from tasks.framework.results import StageError
+from tasks.framework.workdir import WorkDir
 
 
 class StageModule(Protocol):
-    """What a stage module defines (and, where it has one, ``outdated(config, folder)``)."""
+    """What a stage module defines (and, where it has them, ``outdated(config, folder)``,
+    ``resolve(config)`` and ``looked_up(config, manifest)``: ``StageSpec``'s)."""
 
     def stage_config(self, config: RunConfig) -> dict[str, Any]:
         """What the stage fingerprints besides its inputs."""
@@ -68,31 +70,51 @@ class StageSpec:
         rule = getattr(stage_module(self.name), "outdated", None)
         return None if rule is None else rule(config, folder)
 
+    def resolve(self, config: RunConfig) -> RunConfig:
+        """``config`` with what the stage needs from outside resolved, asked once before it
+        runs (the module's ``resolve``: the teacher's registry version); most stages need
+        nothing, and building a config asks nothing."""
+        rule = getattr(stage_module(self.name), "resolve", None)
+        return config if rule is None else rule(config)
+
+    def looked_up(self, config: RunConfig, workdir: WorkDir) -> tuple[RunConfig, str | None]:
+        """``config`` as ``tfm status`` judges the stage (the module's ``looked_up``, given the
+        stage folder's manifest in ``workdir``): resolved where the world answers, else as the
+        folder records it; and what could not be resolved, in words (None: all was)."""
+        rule = getattr(stage_module(self.name), "looked_up", None)
+        return (config, None) if rule is None else rule(config, workdir.manifest(self.name))
+
+
+def _trained(corpus: str) -> tuple[StageSpec, ...]:
+    """The stages every translation-like pipeline shares, on the corpus stage ``corpus`` wrote
+    (in the role ``clean``): tokenizer, shard, train, average, translate."""
+    return (
+        StageSpec("tokenizer", {"clean": corpus}),
+        StageSpec("shard", {"clean": corpus, "tokenizer": "tokenizer"}),
+        StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
+        StageSpec("average", {"train": "train"}),
+        StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
+    )
+
+
+_DOWNLOAD = StageSpec("download", io_bound=True)
+_CLEAN = StageSpec("clean", {"download": "download"})
+_SCORE = StageSpec("score", {"translate": "translate", "download": "download"})
+_REGISTERED = {"average": "average", "tokenizer": "tokenizer", "score": "score"}
+"""What register reads of a trained model: its weights, tokenizer and scores."""
 
 WMT14: tuple[StageSpec, ...] = (
-    StageSpec("download", io_bound=True),
-    StageSpec("clean", {"download": "download"}),
-    StageSpec("tokenizer", {"clean": "clean"}),
-    StageSpec("shard", {"clean": "clean", "tokenizer": "tokenizer"}),
-    StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
-    StageSpec("average", {"train": "train"}),
-    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
-    StageSpec("score", {"translate": "translate", "download": "download"}),
-    StageSpec(
-        "register",
-        {"average": "average", "tokenizer": "tokenizer", "score": "score"},
-        io_bound=True,
-    ),
+    _DOWNLOAD,
+    _CLEAN,
+    *_trained("clean"),
+    _SCORE,
+    StageSpec("register", _REGISTERED, io_bound=True),
 )
 
 PARSING: tuple[StageSpec, ...] = (
     StageSpec("treebank"),
     StageSpec("linearize", {"treebank": "treebank"}),
-    StageSpec("tokenizer", {"clean": "linearize"}),
-    StageSpec("shard", {"clean": "linearize", "tokenizer": "tokenizer"}),
-    StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
-    StageSpec("average", {"train": "train"}),
-    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
+    *_trained("linearize"),
     StageSpec("parse_score", {"translate": "translate", "linearize": "linearize"}),
 )
 
@@ -106,44 +128,33 @@ FAIRSEQ: tuple[StageSpec, ...] = (
 
 DISTILL: tuple[StageSpec, ...] = (
     StageSpec("teacher", io_bound=True),
-    StageSpec("download", io_bound=True),
-    StageSpec("clean", {"download": "download"}),
+    _DOWNLOAD,
+    _CLEAN,
     StageSpec("distill", {"teacher": "teacher", "clean": "clean"}),
     StageSpec("filter", {"distill": "distill", "clean": "clean"}),
-    StageSpec("tokenizer", {"clean": "filter"}),
-    StageSpec("shard", {"clean": "filter", "tokenizer": "tokenizer"}),
-    StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
-    StageSpec("average", {"train": "train"}),
-    StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
-    StageSpec("score", {"translate": "translate", "download": "download"}),
+    *_trained("filter"),
+    _SCORE,
     StageSpec("export", {"average": "average", "tokenizer": "tokenizer"}),
-    StageSpec(
-        "register",
-        {"average": "average", "tokenizer": "tokenizer", "score": "score", "teacher": "teacher"},
-        io_bound=True,
-    ),
+    StageSpec("register", {**_REGISTERED, "teacher": "teacher"}, io_bound=True),
 )
 """Sequence-level distillation: a registered teacher's translations of the training corpus
 (``distill``, less the worst ``filter`` drops) take the clean corpus's role for the usual
 stages, which train, score, export and register the student."""
 
-PIPELINES: dict[str, tuple[StageSpec, ...]] = {
+PIPELINES: dict[PipelineName, tuple[StageSpec, ...]] = {
     "wmt14": WMT14,
     "parsing": PARSING,
     "fairseq": FAIRSEQ,
     "distill": DISTILL,
 }
+"""Each pipeline by the name a config's ``pipeline`` gives (``RunConfig.pipeline_name``)."""
 
 
-def pipeline_name(config: RunConfig) -> str:
-    """``fairseq`` for a config that names a fairseq checkpoint, ``parsing`` for treebank data,
-    ``distill`` for a config with a teacher (``distill.teacher``), ``wmt14`` for every other
-    translation config."""
-    if config.fairseq.checkpoint is not None:
-        return "fairseq"
-    if config.data.source == "treebank":
-        return "parsing"
-    return "distill" if config.distill.teacher is not None else "wmt14"
+def pipeline_name(config: RunConfig) -> PipelineName:
+    """The pipeline ``config`` runs: its ``pipeline``, else the one its keys name (``fairseq``
+    for a fairseq checkpoint, ``parsing`` for treebank data, ``distill`` for a teacher), else
+    ``wmt14`` (every translation config)."""
+    return config.pipeline_name
 
 
 def pipeline(config: RunConfig) -> tuple[StageSpec, ...]:

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from corpora.location import Location
-from corpora.redact import redact_uri, redacted
+from filesystem.location import Location
+from filesystem.redact import redact_uri, redacted
 from serving.mlflow_uris import pointed_at
 from tasks.framework.config import RunConfig, flatten
 from tasks.framework.manifest import MANIFEST
@@ -128,7 +128,7 @@ def training_run(config: RunConfig, stage: str, run_dir: Location) -> Iterator[R
     """The run a training logs into: the one its storage folder logged into before (a resume),
     else the current run, else a new stage run; remembered in the folder (``run_dir``), and
     ended FINISHED or FAILED with the training when it was opened again."""
-    fs, root = run_dir.filesystem, run_dir.path
+    fs, root = run_dir.arrow, run_dir.path
     record_path = f"{root}/{MLFLOW_RUN_FILE}"
     stored = _read_record(fs, record_path) or {}
     if "journal" in stored:

@@ -15,20 +15,21 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redacted
+from filesystem.redact import redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.config import RunConfig, fingerprint, to_dict
 from tasks.framework.contract import BuildContext
-from tasks.framework.graph import StageSpec, pipeline, spec
+from tasks.framework.graph import StageSpec, pipeline, pipeline_name, spec
 from tasks.framework.manifest import MANIFEST, describe_files
 from tasks.framework.results import StageResult, Status
 from tasks.framework.stage_fingerprint import code_version, stage_identity
 from tasks.framework.workdir import LocalWorkDir, WorkDir, open_workdir
+from tracking.run import Run
 from transformer_core.folders import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ def run_stage(
     stage = spec(config, name)
     started = time.time()
     try:
+        config = stage.resolve(config)  # what it needs from outside, asked once: its build's too
         wd = workdir or open_workdir(config)
         wd.check()  # a missing bucket, refused keys, a silent endpoint: one line, nothing written
         input_fps = wd.input_fingerprints(stage.inputs, inputs)
@@ -110,9 +112,66 @@ def accept_stage(config: RunConfig, name: str, workdir: WorkDir | None = None) -
     """Keep stage ``name``'s output for the current config, inputs and code without running it
     (``freshness.accept``: recorded in its manifest)."""
     stage, wd = spec(config, name), workdir or open_workdir(config)
+    config = stage.resolve(config)
     return wd.accept(
         name, name, lambda: identity(config, stage, wd.input_fingerprints(stage.inputs))
     )
+
+
+RunOne = Callable[[StageSpec, "bool | str", str], StageResult]
+"""Runs one stage of a pipeline in its own MLflow run: ``(the stage, its force, the parent run's
+journal key) -> result`` (a flow's Prefect task, or ``tracked_stage``)."""
+
+
+def tracked_stage(
+    config: RunConfig,
+    name: str,
+    *,
+    force: bool | str = False,
+    workdir: WorkDir | None = None,
+    parent: str | None = None,
+) -> StageResult:
+    """``run_stage`` inside the stage's own MLflow run (under journal ``parent``'s run, else the
+    current run, if any), which it logs its result into."""
+    with mlflow_runs.stage_run(config, name, parent=parent):
+        return run_stage(config, name, force=force, workdir=workdir)
+
+
+def run_pipeline(
+    config: RunConfig,
+    run_one: RunOne,
+    *,
+    force: Collection[str] = (),
+    only: Collection[str] | None = None,
+    tags: Mapping[str, str] | None = None,
+    opened: Callable[[Run], None] | None = None,
+    follow_upstream: bool = True,
+) -> tuple[list[StageResult], str]:
+    """Run the config's pipeline stage by stage (those in ``only``, if given), each by
+    ``run_one``, under one MLflow parent run (``tags``; ``opened`` is told it first); the results
+    and how a person finds the parent run.
+
+    ``force`` names stages to rerun. With ``follow_upstream`` a stage that actually runs reruns
+    everything downstream of it too ("upstream <stage> ran"), as a trained model is never the
+    same twice; without, each stage judges its own folder (the fairseq import: a conversion).
+    """
+    rerun: dict[str, str | bool] = {stage: True for stage in force}
+    results: list[StageResult] = []
+    name = pipeline_name(config)
+    with mlflow_runs.pipeline_run(config, name, dict(tags or {})) as parent:
+        if opened is not None:
+            opened(parent)
+        for stage in pipeline(config):
+            if only is not None and stage.name not in only:
+                continue
+            ran = [
+                up for up in stage.inputs.values() if any(r.ran and r.stage == up for r in results)
+            ]
+            if follow_upstream and ran and stage.name not in rerun:
+                rerun[stage.name] = f"upstream {ran[0]} ran"
+            results.append(run_one(stage, rerun.get(stage.name, False), parent.key))
+        parent.set_tags({"stages.ran": ",".join(r.stage for r in results if r.ran)})
+    return results, parent.label()
 
 
 def status(
@@ -124,6 +183,7 @@ def status(
     fresh: dict[str, bool] = {}
     wd = workdir or open_workdir(config)
     for stage in pipeline(config):
+        config, unresolved = stage.looked_up(config, wd)  # a teacher's version, if it can
         stale_inputs = [up for up in stage.inputs.values() if not fresh.get(up, False)]
         if stale_inputs:
             state = "stale" if wd.exists(stage.name) else "missing"
@@ -137,6 +197,8 @@ def status(
                 assert manifest is not None  # found up to date just now
                 input_fps[role] = manifest["fingerprint"]
             _, st = standing(config, stage, input_fps, full=full, workdir=wd)
+        if unresolved is not None:
+            st = Status(st.state, f"{st.reason}; {unresolved}")
         fresh[stage.name] = st.up_to_date
         result.append((stage.name, st))
     return result

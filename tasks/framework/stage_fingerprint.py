@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from corpora.redact import redacted
+from filesystem.redact import redacted
 from tasks.framework.code_fingerprint import stage_code
 from tasks.framework.config import fingerprint, flatten, to_dict
 from tasks.framework.damage import damage
@@ -48,14 +48,15 @@ def input_fingerprints(inputs: Mapping[str, Path]) -> dict[str, str]:
 
 
 StageCode = Mapping[str, str] | str
-"""The code a fingerprint hashes: a digest per source file, or (train's resume key) a version."""
+"""The code a fingerprint hashes: a digest per definition the stage reaches, or (train's resume
+key) a version."""
 
 
 def stage_identity(
     stage: str, config: Mapping[str, Any], inputs: Mapping[str, str], code: StageCode | None = None
 ) -> dict[str, Any]:
     """What a stage's fingerprint hashes: its name, its config, its inputs' fingerprints and its
-    code (``code_fingerprint.stage_code``: a digest per source file it runs, unless given).
+    code (``code_fingerprint.stage_code``: a digest per definition it reaches, unless given).
 
     The config with URI passwords masked (``redacted``), as its manifest records it: a manifest
     travels (an MLflow artifact, a copied folder) and a password does not change what a stage
@@ -78,7 +79,7 @@ def stage_fingerprint(
 def why_changed(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
     """What differs between the identity a folder was written (or last accepted) for and
     ``identity``, in a few words: ``config changed (train.steps)``, ``input changed (clean)``,
-    ``code changed (corpora/filters.py)``."""
+    ``code changed (keep_pair)`` (the definitions whose code differs)."""
     was = (manifest.get("accepted") or [manifest])[-1]
     recorded_inputs = {
         role: (info["fingerprint"] if isinstance(info, Mapping) else info)
@@ -96,13 +97,13 @@ def why_changed(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> str
     )
     if roles:
         reasons.append(f"input changed ({_some(roles)})")
-    if "code" not in was:
-        reasons.append("code changed (written before per-file code fingerprints)")
+    code, current = was.get("code"), identity["code"]
+    if not isinstance(code, Mapping) or any(name.endswith(".py") for name in code):
+        reasons.append("code changed (recorded before per-definition code fingerprints)")
     else:
-        code, current = was["code"], identity["code"]
-        files = sorted(f for f in code.keys() | current.keys() if code.get(f) != current.get(f))
-        if files:
-            reasons.append(f"code changed ({_some(files)})")
+        names = sorted(n for n in code.keys() | current.keys() if code.get(n) != current.get(n))
+        if names:
+            reasons.append(f"code changed ({_some(names)})")
     return "; ".join(reasons) or "fingerprint differs"
 
 

@@ -14,14 +14,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from corpora.location import Location, locate
-from corpora.storage import StoredFolder, is_remote
+from filesystem.location import Location, open_location
+from filesystem.storage import StoredFolder, folder_at, is_remote
 from tasks.framework.config import RunConfig
 from tasks.framework.freshness import accept, freshness
 from tasks.framework.manifest import read_manifest
 from tasks.framework.results import StageError, StageResult, Status
 from tasks.framework.stage_fingerprint import input_fingerprints
-from transformer_core.folders import publish, remove_stale_temporaries, temporary_sibling
+from transformer_core.folders import fresh_temporary, publish
 
 Outdated = Callable[[Path], "str | None"]
 """A stage's rule that overrules an up-to-date folder (register: its registry version is gone)."""
@@ -40,6 +40,13 @@ class WorkDir(Protocol):
 
     def location(self, rel: str) -> Location:
         """``rel`` in the work dir as a filesystem and a path (Ray Train's storage)."""
+        ...
+
+    def node_path(self, rel: str) -> Path:
+        """``rel`` in this node's folder for the run (a local work dir itself; for an object
+        store's, its folder under ``storage.cache_dir``): what stays on this node, never
+        published (the download cache and its lock file, CTranslate2 exports, a stage's resume
+        folder)."""
         ...
 
     def manifest(self, name: str) -> dict[str, Any] | None:
@@ -74,8 +81,9 @@ class WorkDir(Protocol):
         fps: Mapping[str, str],
         given: Mapping[str, Path] | None = None,
     ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
-        """The local folders a build reads by role, and the store's folders a Ray worker on
-        another node is handed (none for a local work dir)."""
+        """The local folders a build reads by role, and the same folders as a Ray worker on any
+        node is handed them (``StoredFolder.local``: an object store's folder copied once per
+        node; a local work dir's read where it is)."""
         ...
 
     def input_places(
@@ -127,7 +135,10 @@ class LocalWorkDir:
         return str(self.root / name)
 
     def location(self, rel: str) -> Location:
-        return locate(str(self.root / rel))
+        return open_location(self.root / rel)
+
+    def node_path(self, rel: str) -> Path:
+        return self.root / rel
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return read_manifest(self.root / name)
@@ -166,7 +177,8 @@ class LocalWorkDir:
         fps: Mapping[str, str],
         given: Mapping[str, Path] | None = None,
     ) -> tuple[dict[str, Path], dict[str, StoredFolder]]:
-        return self._folders(inputs, given), {}
+        folders = self._folders(inputs, given)
+        return folders, {role: folder_at(path) for role, path in folders.items()}
 
     def input_places(
         self, inputs: Mapping[str, str], folders: Mapping[str, Path]
@@ -174,12 +186,7 @@ class LocalWorkDir:
         return {role: str(Path(folders[role]).resolve()) for role in inputs}
 
     def staging(self, name: str) -> Path:
-        out = self.root / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out)
-        tmp = temporary_sibling(out)
-        tmp.mkdir()
-        return tmp
+        return fresh_temporary(self.root / name)
 
     def publish(self, name: str, tmp: Path) -> Path:
         publish(tmp, self.root / name)

@@ -8,7 +8,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-from corpora.storage import StorageError, Store, StoreSettings, is_remote, open_store
+from filesystem.storage import StorageError, Store, StoreSettings, is_remote, open_store, root_of
 from transformer_core.config_checks import ConfigError
 
 
@@ -16,13 +16,12 @@ def workdir_of(template: str | Path, name: str) -> str:
     """``workdir`` as written (``{name}`` for the run name): the absolute folder it names, or
     the store URI it names (without a trailing '/'); a ConfigError for another scheme."""
     text = str(template).format(name=name)
-    if is_remote(text):
-        return text.rstrip("/")
-    if "://" in text:
+    try:
+        return root_of(text)
+    except StorageError:
         raise ConfigError(
             "workdir", f"{text!r}: use a local path, s3://bucket/prefix or gs://bucket/prefix"
-        )
-    return str(Path(text).resolve())
+        ) from None
 
 
 def node_folder_suffix(workdir: str) -> str:
@@ -44,16 +43,6 @@ def run_root(workdir: str, name: str, settings: StoreSettings) -> Path:
 def store_at(workdir: str, settings: StoreSettings) -> Store:
     """The work dir as a ``Store`` (its client, built once per process)."""
     return open_store(workdir, settings)
-
-
-def check_store(workdir: str, settings: StoreSettings) -> None:
-    """A work dir on an object store: its URI and credential variables, now (the client built
-    and kept), as a ConfigError on ``workdir``. A local folder has nothing to check at load."""
-    if is_remote(workdir):
-        try:
-            store_at(workdir, settings)
-        except StorageError as exc:
-            raise ConfigError("workdir", str(exc)) from None
 
 
 def holds_files(workdir: str) -> bool:

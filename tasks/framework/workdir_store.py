@@ -15,17 +15,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corpora.location import Location
-from corpora.storage import StorageError, Store, StoredFolder, node_copy
+from filesystem.location import Location
+from filesystem.storage import StorageError, Store, StoredFolder, node_copy
 from tasks.framework.freshness import accepted, judge
 from tasks.framework.manifest import MANIFEST, read_manifest
 from tasks.framework.results import StageError, StageResult, Status
-from transformer_core.folders import (
-    publish,
-    remove_stale_temporaries,
-    temporary_sibling,
-    write_json_atomic,
-)
+from transformer_core.folders import fresh_temporary, publish, write_json_atomic
 
 
 class StoreWorkDir:
@@ -47,8 +42,10 @@ class StoreWorkDir:
         return f"{self.store.uri}/{name}"
 
     def location(self, rel: str) -> Location:
-        path = self.store.path(rel)
-        return Location(self.store.filesystem, path, path)
+        return self.store.location(rel)
+
+    def node_path(self, rel: str) -> Path:
+        return self.root / rel
 
     def manifest(self, name: str) -> dict[str, Any] | None:
         return self.store.read_manifest(name)
@@ -127,12 +124,7 @@ class StoreWorkDir:
         return {role: self.locate(name) for role, name in inputs.items()}
 
     def staging(self, name: str) -> Path:
-        out = self.root / "staging" / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out)
-        tmp = temporary_sibling(out)
-        tmp.mkdir()
-        return tmp
+        return fresh_temporary(self.root / "staging" / name)
 
     def publish(self, name: str, tmp: Path) -> Path:
         """Upload the finished ``tmp`` as folder ``name``, manifest last, then keep it as this

@@ -189,10 +189,11 @@ def test_another_expected_config_is_refused(tiny_model, tiny_tokenizer, export) 
 def test_a_batch_actor_loads_the_engine_once(
     checkpoint_copy, tiny_tokenizer, monkeypatch, tmp_path
 ) -> None:
-    """What each Ray Data actor does (serving.batch.BatchTranslator), run here without Ray."""
+    """What each Ray Data actor does (serving.corpus_translation.CorpusTranslator), run here
+    without Ray."""
     import numpy as np
 
-    from serving.batch import BatchTranslator
+    from serving.corpus_translation import CorpusTranslator
 
     loads = []
     original = ct2.CTranslate2Engine.__init__
@@ -206,11 +207,11 @@ def test_a_batch_actor_loads_the_engine_once(
     source = [
         str(f) for f in encoded_split(tmp_path / "test", TEXTS[:3], tiny_tokenizer, rows_per_file=2)
     ]
-    actor = BatchTranslator(str(checkpoint_copy), str(tiny_tokenizer), decode.__dict__, source)
+    actor = CorpusTranslator(str(checkpoint_copy), str(tiny_tokenizer), decode.__dict__, source)
     for rows in ([0, 1], [2]):
-        out = actor({"idx": np.array([np.array(rows)], dtype=object)})
-        assert out["idx"].tolist() == rows
-        assert out["hyp"].tolist() == translate(
+        out = actor({"piece": np.array([0]), "rows": np.array([np.array(rows)], dtype=object)})
+        assert out["row"].tolist() == rows
+        assert out["tgt"].tolist() == translate(
             checkpoint_copy, tiny_tokenizer, decode, texts=[TEXTS[i] for i in rows]
         )
     assert len(loads) == 1 + 2  # the actor's own, and the two reference Translators'
@@ -220,14 +221,14 @@ def test_a_batch_actor_loads_the_engine_once(
 def test_ray_actors_load_the_engine_once_and_keep_the_order(
     ray_local, checkpoint_copy, tiny_tokenizer, tmp_path
 ) -> None:
-    from serving.batch import translate_distributed
+    from serving.corpus_translation import translate_split
 
     texts = TEXTS[:60]
     decode = DecodeConfig(
         engine="ctranslate2", num_actors=2, max_tokens_per_batch=48, max_len_offset=6
     )
     source = encoded_split(tmp_path / "test", texts, tiny_tokenizer)
-    decoded = translate_distributed(checkpoint_copy, tiny_tokenizer, source, decode)
+    decoded = translate_split(checkpoint_copy, tiny_tokenizer, source, decode)
     assert decoded.hyps == translate(checkpoint_copy, tiny_tokenizer, decode, texts=texts)
     assert decoded.info["actors"] == 2 and decoded.info["batches"] > 2
     # The driver exported once; the actors found that export and only loaded it.

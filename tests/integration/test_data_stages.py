@@ -275,9 +275,11 @@ def test_chain_is_deterministic_skips_and_reruns_downstream(tmp_path):
 
 
 def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, monkeypatch):
-    """A function added to corpora/filters.py (in a copy of the packages the fingerprints read)
-    makes clean stale, says why, and leaves download up to date; ``accept`` keeps clean's output,
-    which stays the identity tokenizer and shard were made from, so nothing reruns."""
+    """A changed body of a function clean calls (in a copy of the packages the fingerprints
+    read) makes clean stale, names the function, and leaves download up to date; ``accept``
+    keeps clean's output, which stays the identity tokenizer and shard were made from, so
+    nothing reruns."""
+    import ast
     import shutil
 
     from tasks.framework import code_fingerprint, runner
@@ -287,31 +289,36 @@ def test_a_code_change_stales_the_stages_that_run_it_until_accepted(tmp_path, mo
     )
     folders = run_chain(config)
     copy = tmp_path / "code"
-    for package in code_fingerprint.PACKAGES:
+    for package in code_fingerprint.project_packages():
         shutil.copytree(
             code_fingerprint.REPO / package,
             copy / package,
             ignore=shutil.ignore_patterns("__pycache__"),
         )
     filters = copy / "corpora" / "filters.py"
-    filters.write_text(filters.read_text() + "\n\ndef _added_helper():\n    return 1\n")
+    lines = filters.read_text().splitlines(keepends=True)
+    reached = code_fingerprint.stage_code("clean")
+    function = next(
+        n for n in ast.parse("".join(lines)).body if getattr(n, "name", None) in reached
+    )
+    last = function.body[-1]  # a statement before its last: a change Python runs
+    lines.insert(last.lineno - 1, " " * last.col_offset + "_unused = 1\n")
+    filters.write_text("".join(lines))
     monkeypatch.setattr(code_fingerprint, "REPO", copy)
+    why = f"code changed ({function.name})"
 
     rows = dict(runner.status(config))
     assert rows["download"].up_to_date
-    assert (rows["clean"].state, rows["clean"].reason) == (
-        "stale",
-        "code changed (corpora/filters.py)",
-    )
+    assert (rows["clean"].state, rows["clean"].reason) == ("stale", why)
     assert rows["shard"].reason == "waits for clean, tokenizer"
 
     accepted = runner.accept_stage(config, "clean")
-    assert accepted.reason == "accepted: code changed (corpora/filters.py)" and not accepted.ran
+    assert accepted.reason == f"accepted: {why}" and not accepted.ran
     rows = dict(runner.status(config))
     assert all(rows[s].up_to_date for s in folders), rows
     assert "accepted" in rows["clean"].reason
     (entry,) = read_manifest(folders["clean"])["accepted"]
-    assert entry["changed"] == "code changed (corpora/filters.py)"
+    assert entry["changed"] == why
     assert entry["fingerprint"] != read_manifest(folders["clean"])["fingerprint"]
     before = started(folders)
     assert started(run_chain(config)) == before  # nothing reruns

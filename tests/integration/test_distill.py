@@ -174,7 +174,7 @@ def test_a_killed_translators_batches_are_redone_and_the_run_goes_on(registry, r
     [actor] = [
         p
         for p in psutil.Process().children(recursive=True)
-        if "ShardTranslator" in " ".join(p.cmdline())
+        if "CorpusTranslator" in " ".join(p.cmdline())
     ]
     actor.kill()
     run.join()

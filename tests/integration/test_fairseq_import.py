@@ -105,6 +105,25 @@ def test_import_registers_once_and_translates(files, capfd, monkeypatch):
     assert served == here and any(here)
 
 
+def test_an_import_is_one_parent_run_with_a_child_run_per_stage(files, capfd):
+    """As ``tfm run``'s flows: the command's MLflow parent run (tagged with the stages that
+    ran) holds each stage's run."""
+    from mlflow.tracking import MlflowClient
+
+    lines = tfm(capfd, *import_args(files))
+    ran = [line.split(":")[0] for line in lines if ": ran (" in line]
+    client = MlflowClient(files["tracking"])
+    experiment = client.get_experiment_by_name("transformer").experiment_id
+    runs = client.search_runs([experiment], max_results=200)
+    parent = max(
+        (r for r in runs if r.data.tags.get("pipeline") == "fairseq"),
+        key=lambda r: r.info.start_time,
+    )
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["stage"] for r in children) == ["fairseq_import", "register"]
+    assert parent.data.tags["stages.ran"] == ",".join(ran)
+
+
 def test_the_registered_import_exports_to_ctranslate2(files, capfd):
     pytest.importorskip("ctranslate2")
     if not (files["root"] / "run" / "register").exists():

@@ -1,4 +1,4 @@
-"""The work dir's store layer (corpora.storage) against a real S3 server (SeaweedFS on loopback):
+"""The work dir's store layer (filesystem.storage) against a real S3 server (SeaweedFS on loopback):
 Ray Data's Parquet straight to and from the bucket, bad settings in one line, manifest-last
 publishing, and the per-node copy training reads."""
 
@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 import pytest
 from helpers.s3_server import BUCKET, free_ports
 
-from corpora.storage import StorageError, StoreSettings, node_copy, open_store
+from filesystem.storage import StorageError, StoreSettings, node_copy, open_store
 from tasks.framework.manifest import MANIFEST, describe_files
 
 pytestmark = pytest.mark.integration
@@ -116,7 +116,7 @@ def test_a_folder_is_complete_only_once_its_manifest_is_written_last(s3_env, tmp
 _COPY = """
 import sys
 from pathlib import Path
-from corpora.storage import node_copy, open_store
+from filesystem.storage import node_copy, open_store
 print(node_copy(open_store(sys.argv[1]), "stage", Path(sys.argv[2])))
 """
 

@@ -141,7 +141,7 @@ def test_accept_on_the_store_keeps_a_folder_for_a_changed_config(store_run, s3_s
 def test_a_missing_bucket_fails_the_first_stage_in_one_line_and_writes_nothing(
     store_run, s3_server, monkeypatch, tmp_path
 ):
-    from corpora.storage import StorageError
+    from filesystem.storage import StorageError
     from tasks.framework.runner import run_stage
 
     config, _, _, _ = store_run

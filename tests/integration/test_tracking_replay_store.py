@@ -27,7 +27,7 @@ def test_replay_of_an_object_store_work_dir_sends_a_dead_nodes_journal_once(
 ):
     from mlflow.tracking import MlflowClient
 
-    from corpora.storage import StoreSettings, open_store
+    from filesystem.storage import StoreSettings, open_store
     from pipelines.cli import main
     from tasks.framework.workdir_place import node_folder_suffix
     from tracking.copies import JournalCopies

@@ -101,7 +101,7 @@ def test_an_empty_line_is_an_empty_translation(inputs, tmp_path, monkeypatch, en
     through the text API (tfm translate, the registered model) and a stage actor's batches."""
     import numpy as np
 
-    from serving.batch import BatchTranslator
+    from serving.corpus_translation import CorpusTranslator
 
     texts = ["the cat", "", "a big red house sees the dog", "   "]
     decode = DecodeConfig(max_len_offset=6, engine=engine)
@@ -122,15 +122,25 @@ def test_an_empty_line_is_an_empty_translation(inputs, tmp_path, monkeypatch, en
     assert alone[0] and alone[2]  # the others are translated
     assert translator.translate_nbest(["", "the cat"], 2)[0] == [("", 0.0)]
     source = [str(f) for f in encoded_split(tmp_path / "test", texts, inputs["tokenizer"])]
-    actor = BatchTranslator(
+    actor = CorpusTranslator(
         str(inputs["average"]),
         str(inputs["tokenizer"]),
         decode.__dict__,
         source,
         export_dir=str(tmp_path / "ct2"),
     )
-    out = actor({"idx": np.array([np.arange(len(texts))], dtype=object)})
-    assert out["hyp"].tolist() == alone and out["hyp_tokens"].tolist()[1] == 0
+    piece = {"piece": np.array([0]), "rows": np.array([np.arange(len(texts))], dtype=object)}
+    out = actor(piece)
+    assert out["tgt"].tolist() == alone and out["tgt_len"].tolist()[1] == 0
+    # The distill stage's actors are given the texts, not an encoded split.
+    actor = CorpusTranslator(
+        str(inputs["average"]),
+        str(inputs["tokenizer"]),
+        decode.__dict__,
+        export_dir=str(tmp_path / "ct2"),
+    )
+    out = actor({**piece, "src": np.array([np.array(texts, dtype=object)], dtype=object)})
+    assert out["tgt"].tolist() == alone and out["score"].tolist()[1] == 0.0
 
 
 def test_empty_test_set_is_a_clear_error(ray_local, inputs, tmp_path) -> None:

@@ -7,23 +7,16 @@ import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from helpers.code_size import MAX_FUNCTION_LINES, MAX_MODULE_LINES, long_functions, module_lines
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (
-    "transformer_core",
-    "corpora",
-    "parsing",
-    "tracking",
-    "training",
-    "evaluation",
-    "serving",
-    "tasks",
-    "pipelines",
-)
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+PACKAGES = tuple(PYPROJECT["tool"]["importlinter"]["root_packages"])
+"""The project's packages, from their one list (pyproject.toml's [tool.importlinter])."""
 DATA_TABLES = {
     # word lists and inflection tables of the synthetic English-German grammar
     "corpora/synthetic_lexicon.py",
@@ -91,6 +84,43 @@ def test_the_cycle_check_sees_type_checking_and_package_imports(tmp_path, module
     target.write_text(target.read_text() + source)
     name = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     assert any(line.startswith(f"{name} -> ") for line in import_cycles(tmp_path))
+
+
+def test_the_package_list_is_the_one_every_tool_uses():
+    """The wheel's packages (setuptools' discovery), the type checker's files (Pyrefly's
+    globs) and the code fingerprint's packages are the importlinter roots, each of which has
+    a place in the layers: adding a package is one edit there (and its place in the layers)."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    from tasks.framework.code_fingerprint import project_packages
+
+    wheel = read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]["packages"]
+    assert {p.split(".")[0] for p in wheel} == set(PACKAGES)
+    assert project_packages() == PACKAGES
+    layered = {
+        p.strip()
+        for c in PYPROJECT["tool"]["importlinter"]["contracts"]
+        if c["type"] == "layers"
+        for layer in c["layers"]
+        for p in layer.split("|")
+    }
+    assert set(PACKAGES) <= layered
+    pyrefly = Path(sys.executable).with_name("pyrefly")
+    if not pyrefly.exists():
+        pytest.skip("pyrefly is not installed (the dev extra)")
+    dump = subprocess.run(
+        [str(pyrefly), "dump-config", "--max-files", "all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    covered = {
+        Path(line.strip()).relative_to(ROOT)
+        for line in dump.stdout.split("Covered files:", 1)[1].splitlines()
+        if line.strip().endswith(".py")
+    }
+    assert covered == {p.relative_to(ROOT) for p in production_modules()}
 
 
 def test_import_contracts_hold():
@@ -180,20 +210,43 @@ def test_tracking_lives_in_its_one_package():
     assert (ROOT / "tracking" / "__init__.py").is_file()
 
 
+SEAM_PACKAGE = "filesystem"
+"""Where files live: the one package that asks what kind of place a path or URI names."""
 STORE_SEAM = {
-    "corpora/storage.py",  # the store itself: a local folder or an object store's prefix
     "tasks/framework/workdir.py",  # the work dir seam and its local side
     "tasks/framework/workdir_store.py",  # the work dir seam's object-store side
     "tasks/framework/workdir_place.py",  # what a config's workdir names: its kind, node folder
 }
-"""The modules that may ask which kind of store a work dir is on: nowhere else says
-``if remote:`` (a choice between two kinds is a seam with two implementations)."""
+"""Beside the seam package, the modules that may ask which kind of store a work dir is on
+(``is_remote``): nowhere else says ``if remote:`` (a choice between two kinds is a seam with two
+implementations). None of them reads a scheme itself: that is the seam package's alone."""
+URL_CLIENTS = {
+    "corpora/fetch.py": "a download's URL: http(s), or a file:// mirror; not a place to store in",
+}
+"""Modules that read a URL's scheme for what they fetch, not for where files live."""
+FILESYSTEM_SCHEMES = ("s3", "gs", "gcs", "file", "memory", "hdfs", "az", "abfs", "abfss")
+
+
+def _in_seam(rel: str) -> bool:
+    return rel.split("/", 1)[0] == SEAM_PACKAGE
+
+
+def _names_a_scheme(node: ast.AST) -> bool:
+    """A string constant (or a tuple, list or set of them) holding ``://`` or a filesystem's
+    scheme (``"s3"``, ``"file://"``...)."""
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_scheme(e) for e in node.elts)
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return False
+    return "://" in node.value or node.value in FILESYSTEM_SCHEMES
+
+
+STRING_TESTS = {"startswith", "endswith", "partition", "rpartition", "split", "rsplit", "find"}
+STRING_TESTS |= {"rfind", "index", "rindex", "count", "removeprefix"}
 
 
 def store_kind_tests(tree: ast.Module) -> list[int]:
-    """Lines of ``tree`` that ask a store's kind: ``is_remote(...)``, ``<x>.remote``, or a string
-    compared with (or searched for) an ``s3://`` / ``gs://`` scheme."""
-    schemes = ("s3://", "gs://", "s3", "gs")
+    """Lines of ``tree`` that ask a store's kind: ``is_remote(...)`` or ``<x>.remote``."""
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     lines = []
     for node in ast.walk(tree):
@@ -205,36 +258,88 @@ def store_kind_tests(tree: ast.Module) -> list[int]:
                 isinstance(node.value, ast.Name) and node.value.id == "ray"
             ):
                 lines.append(node.lineno)
-        elif isinstance(node, ast.Compare | ast.Call):
-            parts = [node.left, *node.comparators] if isinstance(node, ast.Compare) else node.args
-            if isinstance(node, ast.Call) and not (
-                isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
-            ):
-                continue
-            if any(isinstance(p, ast.Constant) and p.value in schemes for p in parts):
-                lines.append(node.lineno)
     return lines
+
+
+def scheme_tests(tree: ast.Module) -> list[int]:
+    """Lines of ``tree`` that test a path's scheme: a comparison with (or ``in``) a string that
+    holds ``://`` or names a filesystem's scheme (``"://" in path``, ``scheme == "file"``,
+    ``parts.scheme in ("s3", "gs")``), or a string method given one (``uri.startswith("s3://")``,
+    ``path.partition("://")``). Messages that name a URI's form test nothing and pass; so does
+    asking whether a tracking URI is an http(s) server's."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            parts = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            parts = node.args if node.func.attr in STRING_TESTS else []
+        else:
+            continue
+        if any(_names_a_scheme(p) for p in parts):
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
 def test_no_store_kind_test_outside_the_work_dir_seam():
     """Which kind of store a work dir is on (a local folder, an object store) is asked only in
-    the store's own modules (``STORE_SEAM``); everyone else is handed the work dir object."""
+    the seam package and the work dir's own modules (``STORE_SEAM``); everyone else is handed
+    the work dir object."""
     found = [
         f"{path.relative_to(ROOT)}:{line}"
         for path in production_modules()
-        if str(path.relative_to(ROOT)) not in STORE_SEAM
+        if not _in_seam(rel := str(path.relative_to(ROOT))) and rel not in STORE_SEAM
         for line in store_kind_tests(ast.parse(path.read_text(encoding="utf-8")))
     ]
     assert found == []
 
 
+def scheme_tests_outside_the_seam(root: Path) -> list[str]:
+    """``path:line`` of each scheme test in the packages under ``root``, outside ``filesystem/``
+    (and the URL clients)."""
+    modules = sorted(p for package in PACKAGES for p in (root / package).rglob("*.py"))
+    return [
+        f"{path.relative_to(root)}:{line}"
+        for path in modules
+        if not _in_seam(rel := path.relative_to(root).as_posix()) and rel not in URL_CLIENTS
+        for line in scheme_tests(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+
+
+def test_no_scheme_test_outside_the_filesystem_package():
+    """What kind of place a path or URI names is read in ``filesystem/`` alone: every other
+    module is handed a ``Location``, a ``Store`` or a ``StoredFolder`` and asks it."""
+    assert scheme_tests_outside_the_seam(ROOT) == []
+
+
 def test_the_store_kind_check_sees_each_form():
     """The check above can fail: each way of asking the kind is caught, ``ray.remote`` is not."""
+    source = "is_remote(w)\nconfig.store.remote\nray.remote(f)\nactor.append.remote(x)\n"
+    assert store_kind_tests(ast.parse(source)) == [1, 2]
+
+
+def test_the_scheme_check_sees_each_form_and_passes_messages():
     source = (
-        "is_remote(w)\nconfig.store.remote\nuri.startswith('s3://')\nscheme == 'gs'\n"
-        "ray.remote(f)\nactor.append.remote(x)\n"
+        'if "://" in path: pass\n'
+        "uri.startswith('s3://')\n"
+        "scheme == 'gs'\n"
+        "parts.scheme in ('s3', 'gs')\n"
+        'head, _, rest = where.partition("://")\n'
+        "'file://' not in url\n"
+        'raise ValueError(f"{uri}: use s3://bucket/prefix")\n'
+        "parts.scheme in ('http', 'https')\n"
+        "name == 'shard'\n"
     )
-    assert store_kind_tests(ast.parse(source)) == [1, 2, 3, 4]
+    assert scheme_tests(ast.parse(source)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_planted_scheme_test_outside_the_seam_fails_the_rule(tmp_path):
+    """A library that tests ``"://" in path`` again (as ``training/data.py`` once did) fails the
+    rule; the same line inside ``filesystem/`` does not."""
+    planted = 'def open_fs(path):\n    return "://" in path\n'
+    for module in ("training/data.py", "filesystem/location.py", "corpora/fetch.py"):
+        (tmp_path / module).parent.mkdir()
+        (tmp_path / module).write_text(planted)
+    assert scheme_tests_outside_the_seam(tmp_path) == ["training/data.py:2"]
 
 
 ENVIRON_WRITERS = {

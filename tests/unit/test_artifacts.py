@@ -196,3 +196,24 @@ def test_a_rerun_removes_what_killed_runs_left_behind(tmp_path: Path):
         (folder / "half.txt").write_text("half")
     build_folder("demo", tmp_path / "demo", {}, {}, _writer([]))
     assert not any(p.exists() for p in left) and running.is_dir()
+
+
+def test_both_work_dirs_stage_in_a_fresh_folder_after_clearing_a_dead_runs(tmp_path: Path):
+    """A local work dir stages beside the stage's folder, an object store's under this node's
+    ``staging/``: each gets a new empty folder, and what a killed run left there is removed."""
+    import subprocess
+
+    from filesystem.storage import open_store
+    from tasks.framework.workdir import LocalWorkDir
+    from tasks.framework.workdir_store import StoreWorkDir
+
+    dead = subprocess.Popen(["true"])  # a process that has ended: a killed run's pid
+    dead.wait()
+    local = LocalWorkDir(tmp_path / "local")
+    store = StoreWorkDir(open_store(tmp_path / "bucket"), tmp_path / "node")
+    for wd, beside in ((local, tmp_path / "local"), (store, tmp_path / "node" / "staging")):
+        left = beside / f".demo.tmp-{dead.pid}-0badf00d"
+        left.mkdir(parents=True)
+        tmp = wd.staging("demo")
+        assert tmp.parent == beside and tmp.is_dir() and not any(tmp.iterdir())
+        assert tmp.name.startswith(".demo.tmp-") and not left.exists()

@@ -38,7 +38,7 @@ prefect deployment run pipeline/quickstart
 python benchmarks/train.py --steps 10
 ```
 
-See [the results](#results), [the notebook](log/notes.md) and
+See [the results](#results), [a row of them](#lint-row), [the notebook](log/notes.md) and
 [the README](../README.md#a-repository); fragments in prose: `tfm status --verify`,
 `tfm deploy --cron`, `tfm -v ...`. More in log/notes.md, "2026-11-20: a run" and in section
 "Results" of guide.md.
@@ -47,7 +47,7 @@ See [the results](#results), [the notebook](log/notes.md) and
 
 | figure | command |
 |---|---|
-| 1.0 | `make lint` |
+| <a id="lint-row"></a>1.0 | `make lint` |
 """
 
 

@@ -81,6 +81,19 @@ def test_config_errors_exit_2_with_the_key_path(tmp_path, capsys):
     assert main(["status", _config(tmp_path), "--set", "nonsense"]) == 2
 
 
+def test_a_store_that_cannot_work_stops_the_commands_in_one_line_before_anything_starts(
+    tmp_path, capsys
+):
+    """Loading builds no store client; the commands that use the work dir open it first."""
+    bad = ["--set", "workdir=s3://AKIAX:hunter22@bucket/run"]
+    bad += ["--set", "mlflow.tracking_uri=http://127.0.0.1:5000"]
+    for command in ("run", "status", "deploy"):
+        assert main([command, _config(tmp_path), *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tfm: config error: workdir: s3://bucket/run: the URI holds")
+        assert "\n" not in err and "hunter22" not in err
+
+
 def test_unknown_stage_and_missing_inputs_exit_1(tmp_path, capsys):
     assert main(["stage", "polish", "--config", _config(tmp_path)]) == 1
     assert "unknown stage 'polish'" in capsys.readouterr().err

@@ -168,41 +168,39 @@ def test_a_work_dir_on_an_object_store_loads_and_keeps_its_local_files_in_the_no
 
 
 @pytest.mark.parametrize(
-    ("data", "key", "words"),
+    ("data", "words"),
     [
+        ({"workdir": "s3://bucket/run"}, "mlflow.tracking_uri: the work dir"),
+        ({"workdir": "ftp://host/run"}, "workdir: 'ftp://host/run': use a local path, s3://"),
+    ],
+)
+def test_a_work_dir_that_cannot_be_written_as_given_fails_at_load_in_one_line(data, words):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"name": "r", **data})
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"workdir": "s3:///run"}, "no bucket"),
+        ({"workdir": "s3://AKIAX:hunter22@bucket/run"}, "put credentials in environment"),
         (
-            {"workdir": "s3://bucket/run"},
-            "mlflow.tracking_uri",
-            "MLflow's SQLite database cannot live",
-        ),
-        ({"workdir": "ftp://host/run"}, "workdir", "use a local path, s3://bucket/prefix"),
-        ({"workdir": "s3:///run"}, "workdir", "no bucket"),
-        (
-            {
-                "workdir": "s3://AKIAX:hunter22@bucket/run",
-                "mlflow": {"tracking_uri": "http://h:5000"},
-            },
-            "workdir",
-            "put credentials in environment variables",
-        ),
-        (
-            {
-                "workdir": "s3://bucket/run",
-                "mlflow": {"tracking_uri": "http://h:5000"},
-                "storage": {"access_key_env": "TFM_TEST_UNSET_KEY"},
-            },
-            "workdir",
+            {"workdir": "s3://bucket/run", "storage": {"access_key_env": "TFM_TEST_UNSET_KEY"}},
             "$TFM_TEST_UNSET_KEY",
         ),
     ],
 )
-def test_a_store_work_dir_that_cannot_work_fails_at_load_in_one_line(
-    data: dict, key: str, words: str, monkeypatch
+def test_a_store_that_cannot_work_fails_in_one_line_when_a_command_opens_it(
+    data: dict, words: str, monkeypatch
 ):
+    """Loading builds no client: the store's URI and credential variables are looked at by the
+    command that opens the work dir, in one line on ``workdir``."""
     monkeypatch.delenv("TFM_TEST_UNSET_KEY", raising=False)
+    config = config_from_dict({"name": "r", "mlflow": {"tracking_uri": "http://h:5000"}, **data})
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"name": "r", **data})
-    assert err.value.key == key and words in str(err.value) and "\n" not in str(err.value)
+        _ = config.store
+    assert err.value.key == "workdir" and words in str(err.value) and "\n" not in str(err.value)
     assert "hunter22" not in str(err.value)
 
 

@@ -19,6 +19,7 @@ from markdown_it import MarkdownIt
 from pydantic import AfterValidator
 
 from tasks.framework.config import RunConfig
+from tasks.framework.config_sections import is_setting
 from transformer_core import presets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def every_key(cls: type, prefix: str = "") -> dict[str, bool]:
     is a section (a dataclass, or one that may be null)."""
     keys = {}
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in filter(is_setting, dataclasses.fields(cls)):
         kinds = [h for h in (hints[f.name], *typing.get_args(hints[f.name])) if h is not None]
         section = next((h for h in kinds if dataclasses.is_dataclass(h)), None)
         keys[f"{prefix}{f.name}"] = section is not None

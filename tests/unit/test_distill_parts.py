@@ -10,7 +10,7 @@ from corpora.score_filter import worst
 from serving.corpus_translation import mean_log_prob
 from tasks.framework import graph
 from tasks.framework.config import ConfigError, config_from_dict
-from tasks.framework.config_sections import ModelReference
+from tasks.framework.config_sections import ModelReference, TeacherPin
 from transformer_core.search_settings import BeamSettings, Hypothesis, length_penalty
 
 
@@ -39,7 +39,7 @@ def test_a_malformed_teacher_is_a_config_error_naming_the_key(uri):
 def test_without_a_teacher_the_config_runs_the_main_pipeline_and_parsing_has_none():
     assert graph.pipeline_name(config_from_dict({"name": "d"})) == "wmt14"
     data = {"source": "treebank", "pair": "words-tree"}
-    with pytest.raises(ConfigError, match="^distill.teacher: the parsing pipeline"):
+    with pytest.raises(ConfigError, match="^distill.teacher: names the distill pipeline and da"):
         config_from_dict({"name": "d", "data": data, "distill": {"teacher": "models:/x/1"}})
 
 
@@ -85,19 +85,57 @@ def test_the_score_is_the_mean_log_probability_of_the_decoded_positions(norm):
     assert mean_log_prob(Hypothesis([], 0.0), decode) == 0.0  # an empty source, undecoded
 
 
-def test_the_teacher_is_resolved_once_per_loaded_config_however_the_alias_moves(monkeypatch):
-    """The flow's first stage pins the version; a stage after it, or the same stage's build
-    after its fingerprint, gets the same one. A config loaded anew (the next run) asks again."""
+def test_the_teacher_is_resolved_by_its_stage_once_however_the_alias_moves(monkeypatch):
+    """Loading asks the registry nothing; the teacher stage's ``resolve`` asks it once, and the
+    config it runs with (its fingerprint, its build, a retry) keeps that version. A config
+    loaded anew (the next run) asks again."""
     from tasks import teacher
 
-    answers = iter(
-        [teacher.TeacherVersion("t", v, f"sha{v}", "run", "models:/t@a") for v in (3, 4)]
-    )
-    monkeypatch.setattr(teacher, "resolve", lambda config: next(answers))
+    answers = iter([TeacherPin("t", v, f"sha{v}", "run", "models:/t@a") for v in (3, 4)])
+    monkeypatch.setattr(teacher, "registry_version", lambda config: next(answers))
     data = {"name": "d", "distill": {"teacher": "models:/t@a"}}
     config = config_from_dict(data)
-    first = teacher.stage_config(config)
+    assert config.distill.pinned is None
+    assert teacher.stage_config(config) == {"name": "t", "version": None, "weights_sha256": None}
+    spec = graph.spec(config, "teacher")
+    pinned = spec.resolve(config)
+    first = teacher.stage_config(pinned)
     assert first == {"name": "t", "version": 3, "weights_sha256": "sha3"}
-    assert teacher.pinned(config).version == 3 and teacher.stage_config(config) == first
-    assert teacher.pinned(config.replace(seed=5)).version == 3  # the same section, still pinned
-    assert teacher.pinned(config_from_dict(data)).version == 4
+    assert spec.resolve(pinned) is pinned and teacher.stage_config(pinned) == first
+    assert pinned.replace(seed=5).distill.pinned == pinned.distill.pinned  # a copy keeps it
+    assert spec.resolve(config_from_dict(data)).distill.pinned.version == 4
+    # Never a setting: not in what is hashed or logged, nor a key a config may write.
+    from tasks.framework.config import to_dict
+
+    assert "pinned" not in to_dict(pinned.distill)
+    with pytest.raises(ConfigError, match=r"^distill\.pinned: unknown key \(known: teacher,"):
+        config_from_dict({"name": "d", "distill": {"teacher": "models:/t@a", "pinned": None}})
+
+
+def test_status_asks_the_registry_and_where_it_cannot_takes_what_the_folder_records(
+    tmp_path, monkeypatch
+):
+    from mlflow.exceptions import MlflowException
+
+    from tasks import teacher
+
+    config = config_from_dict({"name": "d", "distill": {"teacher": "models:/t@a"}})
+    stats = {"name": "t", "version": 3, "weights_sha256": "sha3", "found_by": "models:/t@a"}
+    monkeypatch.setattr(
+        teacher, "registry_version", lambda c: TeacherPin("t", 4, "sha4", "r", "models:/t@a")
+    )
+    moved, why = teacher.looked_up(config, {"stats": stats})  # a new champion: stale
+    assert (teacher.stage_config(moved)["version"], why) == (4, None)
+
+    def down(config):
+        raise MlflowException("Connection refused")  # as MLflow wraps a refused connection
+
+    monkeypatch.setattr(teacher, "registry_version", down)
+    found, why = teacher.looked_up(config, {"stats": stats})
+    assert teacher.stage_config(found) == {"name": "t", "version": 3, "weights_sha256": "sha3"}
+    where = f"distill.teacher models:/t@a: the registry at {config.tracking_uri}"
+    assert why == f"version 3 as its folder records it: {where} did not answer"
+    same, why = teacher.looked_up(config, None)  # never ran: not resolved
+    assert (same, why) == (config, f"not resolved: {where} did not answer")
+    other = {**stats, "found_by": "models:/t/2"}  # the config names another reference now
+    assert teacher.looked_up(config, {"stats": other})[0] is config

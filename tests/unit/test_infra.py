@@ -277,10 +277,10 @@ def test_dockerfile_copies_every_package_and_runs_tfm():
             for src in sources:
                 assert (ROOT / src).exists(), src
             copied.update(sources)
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"
-    ]["find"]["include"]
-    assert {p.rstrip("*") for p in packages} <= copied
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "root_packages"
+    ]
+    assert set(packages) <= copied
     assert re.search(r'CMD \["tfm"', text)
     assert re.search(r"^ENV [^#]*\bRAY_AUTH_MODE=token\b", text, re.MULTILINE | re.DOTALL)
 

@@ -1,4 +1,5 @@
-"""serving.marian: a checkpoint as a Hugging Face MarianMTModel folder.
+"""serving.marian_export and weight_adapters.marian: a checkpoint as a Hugging Face MarianMTModel
+folder.
 
 The export itself needs no transformers; the parity tests (logits, tokenizer ids, beam search)
 load the folder with transformers and skip where it is not installed.
@@ -15,17 +16,11 @@ import torch
 
 from serving import ServingError
 from serving import tokenizer as tokenizer_lib
-from serving.marian import (
-    WEIGHTS_FILE,
-    export_marian,
-    marian_length_penalty,
-    marian_state_dict,
-    permuted_state_dict,
-    residual_permutation,
-)
+from serving.marian_export import WEIGHTS_FILE, export_marian, marian_length_penalty
 from transformer_core import Transformer, checkpoint, presets
 from transformer_core.model import sinusoids
 from transformer_core.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from weight_adapters.marian import marian_state_dict, permuted_state_dict, residual_permutation
 
 SENTENCES = [
     f"the {a} cat sat on the {b} mat, number {i}."

@@ -103,23 +103,24 @@ def test_a_mirror_replaces_the_repository_root_and_statmt_is_unchanged():
 
 
 def test_dev_and_test_default_to_the_sources_standard_sets():
-    assert (DataConfig(source="multi30k").dev, DataConfig(source="multi30k").test) == (
-        "val",
-        "test_2016_flickr",
-    )
+    assert DataConfig(source="multi30k").eval_sets == ("val", "test_2016_flickr")
     wmt = DataConfig(source="wmt14")
-    assert (wmt.dev, wmt.test, wmt.test_variant) == ("newstest2013", "newstest2014", "full")
+    assert (*wmt.eval_sets, wmt.test_variant) == ("newstest2013", "newstest2014", "full")
     # A local corpus's sets are named by their prefixes (the score stage reports data.test);
     # the synthetic corpus keeps the names it always had.
-    assert (DataConfig().dev, DataConfig().test) == ("newstest2013", "newstest2014")
+    assert DataConfig().eval_sets == ("newstest2013", "newstest2014")
     local = DataConfig(source="local", local_dev="dev", local_test="held_out/news2024")
-    assert (local.dev, local.test) == ("dev", "news2024")
-    assert DataConfig(source="local", local_test="x", test="mine").test == "mine"
+    assert local.eval_sets == ("dev", "news2024")
+    assert DataConfig(source="local", local_test="x", test="mine").eval_sets[1] == "mine"
     chosen = DataConfig(source="multi30k", pair="fr-en", test="test_2017_mscoco")
-    assert (chosen.dev, chosen.test) == ("val", "test_2017_mscoco")
-    # What a manifest records is the resolved name, and it reads back as the same config.
-    data = to_dict(chosen)
-    assert data["dev"] == "val" and config_from_dict({"name": "m", "data": data}).data == chosen
+    assert chosen.eval_sets == ("val", "test_2017_mscoco")
+    # The loader keeps the names in the value (built as written: dev and test stay null), so
+    # what a manifest records is the resolved name, and it reads back as the same config.
+    assert chosen.dev is None
+    loaded = config_from_dict({"name": "m", "data": to_dict(chosen)}).data
+    assert (loaded.dev, loaded.test) == ("val", "test_2017_mscoco")
+    data = to_dict(loaded)
+    assert data["dev"] == "val" and config_from_dict({"name": "m", "data": data}).data == loaded
 
 
 @pytest.mark.parametrize("pair", ["en-de", "de-en", "fr-en", "en-cs", "cs-de"])

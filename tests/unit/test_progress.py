@@ -45,7 +45,7 @@ def test_other_ranks_print_nothing():
 
 
 def test_translate_progress_writes_a_line_per_tenth_when_not_at_a_terminal():
-    from serving.batch import Progress as TranslateProgress
+    from serving.translate_progress import Progress as TranslateProgress
 
     out = io.StringIO()
     progress = TranslateProgress(200, out=out)

@@ -7,7 +7,7 @@ import pytest
 
 from corpora import CorpusError
 from corpora.fetch import mirror_url
-from corpora.redact import redact_text, redact_uri, redacted
+from filesystem.redact import redact_text, redact_uri, redacted, without_credentials
 from tasks.framework.config import config_from_dict, to_dict
 from tasks.framework.stage_fingerprint import stage_fingerprint, stage_identity
 
@@ -39,6 +39,18 @@ def test_a_uri_password_is_masked_and_the_rest_kept(uri: str, shown: str):
 )
 def test_strings_without_credentials_come_back_unchanged(value: str):
     assert redact_uri(value) == value
+    assert without_credentials(value) == value
+
+
+@pytest.mark.parametrize(
+    ("uri", "server"),
+    [
+        ("http://alice:s3cret@10.0.0.5:5000", "http://10.0.0.5:5000"),
+        ("https://tokenonly@mlflow.example/path", "https://mlflow.example/path"),
+    ],
+)
+def test_a_server_is_named_without_its_credentials(uri: str, server: str):
+    assert without_credentials(uri) == server
 
 
 def test_uris_inside_free_text_are_masked_and_the_rest_kept():

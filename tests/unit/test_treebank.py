@@ -259,11 +259,16 @@ def test_an_unset_treebank_dir_is_nltks_sample_where_the_downloader_puts_it(tmp_
     (second / SAMPLE).mkdir(parents=True)
     assert find_sample([first, second]) == second / "corpora" / "treebank" / "combined"
     assert find_sample([first]) is None
-    # At load, a treebank config that names no folder gets the sample of NLTK's data folders
-    # (NLTK_DATA first, as NLTK searches them); one that names a folder keeps it.
+    # The treebank stage gives a config that names no folder the sample of NLTK's data
+    # folders (NLTK_DATA first, as NLTK searches them), and fingerprints it; one that names a
+    # folder keeps it. Loading looks at no data folder.
+    from tasks.treebank import located, stage_config
+
     monkeypatch.setenv("NLTK_DATA", str(second))
     data = {"name": "p", "data": {"source": "treebank", "pair": "words-tree"}}
-    assert config_from_dict(data).parsing.treebank_dir == str(second / SAMPLE)
+    config = config_from_dict(data)
+    assert config.parsing.treebank_dir is None
+    assert located(config.parsing).treebank_dir == str(second / SAMPLE)
+    assert stage_config(config)["treebank_dir"] == str(second / SAMPLE)
     named = config_from_dict({**data, "parsing": {"treebank_dir": str(first)}})
-    assert named.parsing.treebank_dir == str(first)
-    assert config_from_dict({"name": "t"}).parsing.treebank_dir is None  # translation configs
+    assert located(named.parsing).treebank_dir == str(first)

@@ -1,8 +1,8 @@
 """Credentials out of URIs before they leave the process: ``redact_uri`` masks the password of a
 ``scheme://user:password@host`` URI (a mirror, a tracking server) and ``redacted`` every such
 string in a config or stats, wherever they are logged, written to a manifest or an artifact, or
-logged to MLflow. Here in ``corpora``, the lowest layer that handles URLs (the fetcher's mirrors),
-so that the fetcher and every layer above it share one function.
+logged to MLflow. Here in ``filesystem``, below every layer that handles URLs (the fetcher's
+mirrors, the tracking server, the store), so that they all share one function.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["MASK", "redact_text", "redact_uri", "redacted"]
+__all__ = ["MASK", "redact_text", "redact_uri", "redacted", "without_credentials"]
 
 MASK = "***"
 _IN_TEXT = re.compile(r"\b([a-zA-Z][\w+.-]*://)([^/@\s]+)@")
@@ -34,6 +34,15 @@ def redact_uri(value: str) -> str:
     masked = f"{user}:{MASK}" if password is not None else MASK
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{masked}@{host}"))
+
+
+def without_credentials(value: str) -> str:
+    """``value`` with a URI's ``user:password@`` removed (what names a server, as a tracking
+    journal records it); any other string comes back unchanged."""
+    if "@" not in value or "://" not in value:
+        return value
+    parts = urlsplit(value)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def redact_text(text: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from corpora.storage import Store
+from filesystem.storage import Store
 from transformer_core.folders import publish, temporary_sibling
 
 SMALL_FILE = 4096

@@ -8,25 +8,13 @@ layer norm, one matrix for source embedding, target embedding and output project
 ``MarianTokenizer.from_pretrained`` read: ``config.json``, ``model.safetensors``,
 ``generation_config.json``, ``source.spm`` and ``target.spm`` (our sentencepiece model, twice),
 ``vocab.json`` and ``tokenizer_config.json``; then ``export.json`` (what it was made from).
+The weights are ``weight_adapters.marian``'s (names, the residual stream's order, what Marian
+cannot hold).
 
 Ids are ours unchanged (pad 0, unk 1, bos 2, eos 3, then the pieces in sentencepiece order):
 the config names pad 0 as ``pad_token_id`` and BOS as ``decoder_start_token_id``, so nothing is
 remapped and Marian's logits are ours column for column. (Converted Marian models put ``<pad>``
 last and start the decoder from it; the config fields let us keep our order instead.)
-
-Positions: Marian computes its own sinusoid table on load (it is not read from the weights) and
-lays the sines in the first half of the width and the cosines in the second; ours interleave them
-(sin at 2i, cos at 2i+1), with the same frequencies. Marian's table is ours with its columns
-permuted (``residual_permutation``: the even columns, then the odd ones), so the export permutes
-the residual stream the same way: every weight that reads from it (embeddings, output projection,
-q/k/v projections, the first feed-forward layer) has its input columns permuted, every weight
-that writes to it (attention output, second feed-forward layer) its output rows and bias, and the
-layer norms (which do not care about the order of the features) their gain and bias. The model
-is then exactly ours, features renamed; logits agree to float rounding.
-
-What Marian cannot express is refused with one line (``check_exportable``): pre-norm (its layers
-are post-norm only), learned positions (it always computes sinusoids), and head widths other
-than d_model / n_heads.
 
 Generation (``generation_config.json``): beam size as given, our length penalty's
 ((5 + |Y|) / 6)^alpha as Hugging Face's |Y|^length_penalty (``marian_length_penalty``),
@@ -48,24 +36,19 @@ from transformer_core.config import ModelConfig
 from transformer_core.folders import publish, sha256_file, temporary_sibling
 from transformer_core.search_settings import fitted_penalty_exponent
 from transformer_core.special_ids import UNK_ID
+from weight_adapters import weight_errors_as
+from weight_adapters.marian import check_exportable, marian_state_dict, sharing
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from transformer_core.model import Transformer
 
 __all__ = [
     "INFO_FILE",
-    "LAYER_NAMES",
     "WEIGHTS_FILE",
-    "check_exportable",
     "export_marian",
     "marian_config",
     "marian_generation_config",
     "marian_length_penalty",
-    "marian_state_dict",
-    "permuted_state_dict",
-    "residual_permutation",
     "save_marian",
 ]
 
@@ -75,138 +58,6 @@ INFO_FILE = "export.json"
 
 EXPORT_FORMAT = 1
 """Bumped when the mapping changes."""
-
-# ----------------------------------------------------------------------------- what maps
-
-
-def check_exportable(
-    config: ModelConfig, vocab_size: int, tgt_vocab_size: int, pieces: int | None = None
-) -> None:
-    """ServingError, in one line, for a model ``MarianMTModel`` cannot hold, or one whose
-    vocabularies do not match the tokenizer's ``pieces`` (when given)."""
-    if config.norm_first:
-        raise ServingError(
-            "norm_first=True (pre-norm) cannot be exported to MarianMTModel: its layers are "
-            "post-norm only (transformers has no pre-norm option for Marian)"
-        )
-    if config.positional != "sinusoidal":
-        raise ServingError(
-            f"positional={config.positional!r} cannot be exported to MarianMTModel: it always "
-            "computes sinusoidal positions and reads no position weights"
-        )
-    if config.d_model % config.n_heads or {config.head_dim_k, config.head_dim_v} != {
-        config.d_model // config.n_heads
-    }:
-        raise ServingError(
-            f"d_k={config.head_dim_k}, d_v={config.head_dim_v} with n_heads={config.n_heads} "
-            f"cannot be exported to MarianMTModel: its heads are d_model / n_heads = "
-            f"{config.d_model / config.n_heads:g} wide"
-        )
-    if pieces is not None:
-        for name, size in (("source", vocab_size), ("target", tgt_vocab_size)):
-            if size != pieces:
-                raise ServingError(
-                    f"the model's {name} vocabulary has {size} ids but the tokenizer has "
-                    f"{pieces} pieces: export it with the tokenizer it was trained with"
-                )
-
-
-def residual_permutation(d_model: int) -> list[int]:
-    """``perm`` with Marian's sinusoid column m equal to our column ``perm[m]``: the even
-    columns (sines), then the odd ones (cosines)."""
-    return [*range(0, d_model, 2), *range(1, d_model, 2)]
-
-
-def permuted_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """``model``'s weights (our names, float32, detached copies) with the residual stream's
-    features in ``residual_permutation`` order; tied matrices appear under each of their names.
-
-    Loaded into a model whose position table is ours permuted the same way, it computes the same
-    logits: this is the whole change the export makes to the numbers."""
-    import torch
-
-    perm = torch.tensor(residual_permutation(model.config.d_model))
-    out: dict[str, Tensor] = {}
-    for name, tensor in model.state_dict(keep_vars=False).items():
-        w = tensor.detach().to("cpu", torch.float32)
-        parts = name.split(".")
-        leaf, module = parts[-1], parts[-2]
-        if name in ("src_embed.weight", "tgt_embed.weight", "generator.weight"):
-            w = w[:, perm]  # (V, D): reads from / writes to the residual stream along D
-        elif module in ("q_proj", "k_proj", "v_proj", "w1"):
-            w = w[:, perm] if leaf == "weight" else w  # reads from the residual stream
-        elif module in ("out_proj", "w2"):
-            w = w[perm]  # writes to it: output rows and bias
-        elif module.startswith("norm"):
-            w = w[perm]  # per-feature gain and bias
-        else:
-            raise ServingError(f"no mapping for weight {name!r} (an unexpected model layout)")
-        out[name] = w.clone()
-    return out
-
-
-LAYER_NAMES = {
-    "encoder": {
-        "self_attn": "self_attn",
-        "norm1": "self_attn_layer_norm",
-        "ffn.w1": "fc1",
-        "ffn.w2": "fc2",
-        "norm2": "final_layer_norm",
-    },
-    "decoder": {
-        "self_attn": "self_attn",
-        "norm1": "self_attn_layer_norm",
-        "cross_attn": "encoder_attn",
-        "norm2": "encoder_attn_layer_norm",
-        "ffn.w1": "fc1",
-        "ffn.w2": "fc2",
-        "norm3": "final_layer_norm",
-    },
-}
-"""Our layer weights' names -> fairseq's, which Hugging Face's Marian kept (per stack)."""
-
-
-def _marian_name(name: str) -> str:
-    """Our layer weight name -> ``MarianMTModel``'s (``encoder_layers.0.norm1.weight`` ->
-    ``model.encoder.layers.0.self_attn_layer_norm.weight``)."""
-    stack, index, rest = name.split(".", 2)
-    side = stack.removesuffix("_layers")
-    for ours, theirs in LAYER_NAMES[side].items():
-        if rest.startswith(ours + "."):
-            return f"model.{side}.layers.{index}.{theirs}{rest[len(ours) :]}"
-    raise ServingError(f"no Marian name for weight {name!r}")
-
-
-def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """``model``'s weights under ``MarianMTModel``'s names, residual stream permuted, each
-    shared matrix once (under the name Marian ties the others to), plus the zero
-    ``final_logits_bias``."""
-    import torch
-
-    check_exportable(model.config, model.src_vocab_size, model.tgt_vocab_size)
-    weights = permuted_state_dict(model)
-    out: dict[str, Tensor] = {}
-    shared, tied = _sharing(model)
-    if shared:
-        out["model.shared.weight"] = weights["src_embed.weight"]
-    else:
-        out["model.encoder.embed_tokens.weight"] = weights["src_embed.weight"]
-        out["model.decoder.embed_tokens.weight"] = weights["tgt_embed.weight"]
-        if not tied:
-            out["lm_head.weight"] = weights["generator.weight"]
-    for name, tensor in weights.items():
-        if name.startswith(("encoder_layers.", "decoder_layers.")):
-            out[_marian_name(name)] = tensor
-    out["final_logits_bias"] = torch.zeros(1, model.tgt_vocab_size)
-    return out
-
-
-def _sharing(model: Transformer) -> tuple[bool, bool]:
-    """(source and target embeddings and output projection are one matrix, target embedding
-    and output projection are one matrix)."""
-    tied = model.generator.weight is model.tgt_embed.weight
-    return tied and model.src_embed is model.tgt_embed, tied
-
 
 # ----------------------------------------------------------------------------- configs
 
@@ -222,7 +73,7 @@ def marian_length_penalty(alpha: float) -> float:
 def marian_config(model: Transformer) -> dict[str, Any]:
     """``config.json`` of a ``MarianMTModel`` with ``model``'s architecture and ids."""
     config = model.config
-    shared, tied = _sharing(model)
+    shared, tied = sharing(model)
     return {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
@@ -319,11 +170,13 @@ def save_marian(
     sp = spm.SentencePieceProcessor(model_file=str(spm_model))
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     config = model.config
-    check_exportable(config, model.src_vocab_size, model.tgt_vocab_size, len(pieces))
+    with weight_errors_as(ServingError):
+        check_exportable(config, model.src_vocab_size, model.tgt_vocab_size, len(pieces))
     if len(set(pieces)) != len(pieces):
         raise ServingError(f"{spm_model} has repeated pieces: vocab.json cannot map them")
     generation = marian_generation_config(config, beam_size, alpha)
-    weights = marian_state_dict(model)
+    with weight_errors_as(ServingError):
+        weights = marian_state_dict(model)
     info = {
         **(identity or {}),
         "format": EXPORT_FORMAT,
@@ -383,7 +236,8 @@ def export_marian(
         raise ServingError(f"{checkpoint} holds an invalid model config: {exc}") from exc
     vocab_size = data["vocab_size"]
     tgt_vocab_size = data.get("tgt_vocab_size") or vocab_size
-    check_exportable(config, vocab_size, tgt_vocab_size, tok.vocab_size)
+    with weight_errors_as(ServingError):
+        check_exportable(config, vocab_size, tgt_vocab_size, tok.vocab_size)
     model = checkpoint_lib.load_model(checkpoint, map_location="cpu")
     identity = {
         "checkpoint": str(checkpoint),

@@ -4,7 +4,7 @@ fairseq's ``transformer`` (fairseq 0.9 to 0.12: ``transformer``, ``transformer_t
 ``transformer_wmt_en_de``, ``transformer_vaswani_wmt_en_de_big``, ...) is the paper's model,
 as ours: ReLU feed-forward, post-norm (or pre-norm with a final norm after each stack, as our
 ``norm_first``), torch's layer norm (eps 1e-5), embeddings times sqrt(d_model), q/k/v/out
-projections with biases. Its layers keep the names ``serving.marian.LAYER_NAMES`` lists.
+projections with biases. Its layers keep the names ``weight_adapters.marian.LAYER_NAMES`` lists.
 
 The checkpoint is read with ``torch.load(weights_only=True)``, allowing one class besides
 tensors and plain data: ``argparse.Namespace``, which holds the settings under ``args``
@@ -19,7 +19,7 @@ What differs, and how the weights make up for it:
   features turns one table into the other (the frequencies differ), so the import stores
   fairseq's table, from that offset on, as our learned position table (``positional:
   learned``); fairseq's learned positions are refused (ours: one table for both stacks).
-- Vocabulary: fairseq's ids are not ours (``serving.fairseq_vocab``), and fairseq's decoder
+- Vocabulary: fairseq's ids are not ours (``weight_adapters.fairseq_vocab``), and fairseq's decoder
   starts from ``</s>`` where ours starts from ``<s>``. The rows of every embedding and of the
   output projection are permuted to our ids; our ``<s>`` embedding is fairseq's ``</s>`` row
   while our ``<s>`` output row is fairseq's ``<s>`` row, so the imported model keeps three
@@ -48,16 +48,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from serving import ServingError
-from serving.fairseq_vocab import SPECIALS, Vocabulary
-from serving.marian import LAYER_NAMES
 from transformer_core.config import ModelConfig
 from transformer_core.config_checks import ConfigError
+from weight_adapters import WeightsError
+from weight_adapters.fairseq_vocab import SPECIALS, Vocabulary
+from weight_adapters.marian import LAYER_NAMES
 
 if TYPE_CHECKING:
     from transformer_core.model import Transformer
 
-__all__ = ["ARCHS", "fairseq_sinusoids", "languages", "load_weights", "model_config", "read"]
+__all__ = [
+    "ARCHS",
+    "FairseqAdapter",
+    "fairseq_sinusoids",
+    "languages",
+    "load_weights",
+    "model_config",
+    "read",
+]
 
 ARCHS = (
     "transformer",
@@ -106,21 +114,21 @@ _OUTPUT_NAMES = ("decoder.output_projection.weight", "decoder.embed_out")
 def read(path: Path) -> dict[str, Any]:
     """The checkpoint ``path`` (``torch.load``, weights only, ``argparse.Namespace`` allowed)."""
     if not path.is_file():
-        raise ServingError(f"{path} does not exist")
+        raise WeightsError(f"{path} does not exist")
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for truncated or foreign files
         unsafe = _unsafe_globals(path) if isinstance(exc, pickle.UnpicklingError) else []
         if unsafe:
-            raise ServingError(
+            raise WeightsError(
                 f"{path} holds pickled objects that torch.load(weights_only=True) refuses "
                 f"({', '.join(unsafe[:3])}): only tensors, plain data and argparse.Namespace "
                 "are read"
             ) from None
-        raise ServingError(f"{path} is not a readable checkpoint: {_reason(exc)}") from None
+        raise WeightsError(f"{path} is not a readable checkpoint: {_reason(exc)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("model"), Mapping):
-        raise ServingError(f"{path} holds no model state (no 'model' weights)")
+        raise WeightsError(f"{path} holds no model state (no 'model' weights)")
     return data
 
 
@@ -146,7 +154,7 @@ def _settings(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
     if isinstance(found, argparse.Namespace):
         return vars(found)
     if not isinstance(found, Mapping):
-        raise ServingError(f"{path} holds no model settings (neither cfg['model'] nor args)")
+        raise WeightsError(f"{path} holds no model settings (neither cfg['model'] nor args)")
     flat = dict(found)  # a dataclass config nests each stack's settings: encoder.embed_dim
     for stack in ("encoder", "decoder"):
         if isinstance(flat.get(stack), Mapping):
@@ -168,26 +176,26 @@ def model_config(data: Mapping[str, Any], path: Path) -> ModelConfig:
     s = _settings(data, path)
     arch = s.get("arch", s.get("_name"))
     if arch not in ARCHS:
-        raise ServingError(
+        raise WeightsError(
             f"{path}: arch {arch!r} cannot be imported: only fairseq's transformer "
             f"architectures ({', '.join(ARCHS)})"
         )
     for name, meaning in _REFUSED.items():
         if s.get(name):
-            raise ServingError(f"{path}: {name}={s[name]!r} cannot be imported: {meaning}")
+            raise WeightsError(f"{path}: {name}={s[name]!r} cannot be imported: {meaning}")
     for a, b in _SAME:
         if s.get(a) != s.get(b, s.get(a)):
-            raise ServingError(
+            raise WeightsError(
                 f"{path}: {a}={s.get(a)!r} but {b}={s.get(b)!r} cannot be imported: "
                 "our encoder and decoder share these settings"
             )
     if s.get("activation_fn", "relu") != "relu":
-        raise ServingError(
+        raise WeightsError(
             f"{path}: activation_fn={s['activation_fn']!r} cannot be imported: ours is ReLU"
         )
     pre_norm = bool(s.get("encoder_normalize_before"))
     if pre_norm and s.get("no_decoder_final_norm"):
-        raise ServingError(
+        raise WeightsError(
             f"{path}: no_decoder_final_norm=True cannot be imported: our pre-norm decoder "
             "ends with a layer norm"
         )
@@ -206,9 +214,9 @@ def model_config(data: Mapping[str, Any], path: Path) -> ModelConfig:
             norm_first=pre_norm,
         )
     except KeyError as exc:
-        raise ServingError(f"{path}: no setting {exc.args[0]} among the model's") from None
+        raise WeightsError(f"{path}: no setting {exc.args[0]} among the model's") from None
     except ConfigError as exc:
-        raise ServingError(f"{path}: cannot be imported: {exc}") from None
+        raise WeightsError(f"{path}: cannot be imported: {exc}") from None
 
 
 def fairseq_sinusoids(rows: int, dim: int, padding_idx: int) -> Tensor:
@@ -224,57 +232,94 @@ def fairseq_sinusoids(rows: int, dim: int, padding_idx: int) -> Tensor:
     return table
 
 
+class FairseqAdapter:
+    """fairseq's weights as those of our model with ``expected``'s names and shapes (its
+    ``state_dict()``) and ``config``: rows in our ids (``vocab``), fairseq's position table;
+    errors name the checkpoint ``path``. Import only: no fairseq checkpoint is written."""
+
+    def __init__(
+        self,
+        expected: Mapping[str, Tensor],
+        config: ModelConfig,
+        vocab: Vocabulary,
+        path: Path,
+        *,
+        shared_output: bool = False,
+    ) -> None:
+        self.expected, self.config, self.vocab, self.path = expected, config, vocab, path
+        self.shared_output = shared_output
+        """fairseq's decoder projects with its input embedding (a checkpoint may then hold no
+        output projection of its own)."""
+
+    def from_ours(self, ours: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Not made: the import goes one way (fairseq is no dependency of ours)."""
+        raise NotImplementedError("weights are imported from fairseq, never written for it")
+
+    def to_ours(self, theirs: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Every fairseq weight placed where its shape fits, or skipped, or one line naming
+        the first that is not; float32 copies under our names."""
+        path, vocab, state = self.path, self.vocab, theirs
+        for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+            if name not in state:
+                raise WeightsError(f"{path}: no {name} among its weights")
+        embedding = state["encoder.embed_tokens.weight"]
+        if embedding.size(0) != len(vocab.outputs):
+            rows = embedding.size(0)
+            raise WeightsError(
+                f"{path}: the embeddings have {rows} rows but the dictionary gives "
+                f"{len(vocab.outputs)} ids (4 specials and its symbols): import it with its own "
+                "dict"
+            )
+        output = next((n for n in _OUTPUT_NAMES if n in state), None)
+        if output is None:  # fairseq 0.9 named no shared output projection of its own
+            if not self.shared_output:
+                raise WeightsError(f"{path}: no output projection ({' or '.join(_OUTPUT_NAMES)})")
+            output = "decoder.embed_tokens.weight"
+        inputs, outputs = torch.tensor(vocab.inputs), torch.tensor(vocab.outputs)
+        ours = {
+            "src_embed.weight": ("encoder.embed_tokens.weight", embedding[inputs]),
+            "tgt_embed.weight": (
+                "decoder.embed_tokens.weight",
+                state["decoder.embed_tokens.weight"][inputs],
+            ),
+            "generator.weight": (output, state[output][outputs]),
+        }
+        placed = {name for name, _ in ours.values()}
+        for name, tensor in state.items():
+            if name not in placed and not _SKIPPED.fullmatch(name):
+                ours[_our_name(name) or name] = (name, tensor)
+        rows = PADDING_IDX + 1 + self.config.max_len
+        table = fairseq_sinusoids(rows, self.config.d_model, PADDING_IDX)[PADDING_IDX + 1 :]
+        ours["pos_embed.weight"] = ("(fairseq's sinusoids)", table)
+        self._check(ours)
+        return {k: t.detach().float() for k, (_, t) in ours.items()}
+
+    def _check(self, ours: Mapping[str, tuple[str, Tensor]]) -> None:
+        """One line for the first weight with no place or the wrong shape, or a missing one."""
+        path, expected = self.path, self.expected
+        for target, (name, tensor) in ours.items():
+            if target not in expected:
+                raise WeightsError(f"{path}: weight {name!r} has no place in our Transformer")
+            if tensor.shape != expected[target].shape:
+                raise WeightsError(
+                    f"{path}: weight {name!r} is {tuple(tensor.shape)}, but the checkpoint's "
+                    f"settings make it {tuple(expected[target].shape)}"
+                )
+        missing = sorted(set(expected) - set(ours))
+        if missing:
+            raise WeightsError(f"{path}: no fairseq weight for our {missing[0]}")
+
+
 def load_weights(
     model: Transformer, data: Mapping[str, Any], vocab: Vocabulary, path: Path
 ) -> None:
-    """Load the checkpoint's weights into ``model`` (``model_config``'s): rows in our ids
-    (``vocab``), fairseq's position table; every fairseq weight placed where its shape fits, or
-    skipped, or one line naming the first that is not."""
+    """Load the checkpoint's weights into ``model`` (``model_config``'s) through
+    ``FairseqAdapter``."""
     state: Mapping[str, Tensor] = data["model"]
-    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-        if name not in state:
-            raise ServingError(f"{path}: no {name} among its weights")
-    embedding = state["encoder.embed_tokens.weight"]
-    if embedding.size(0) != len(vocab.outputs):
-        rows = embedding.size(0)
-        raise ServingError(
-            f"{path}: the embeddings have {rows} rows but the dictionary gives "
-            f"{len(vocab.outputs)} ids (4 specials and its symbols): import it with its own dict"
-        )
-    output = next((n for n in _OUTPUT_NAMES if n in state), None)
-    if output is None:  # fairseq 0.9 named no shared output projection of its own
-        if not _shared_output(_settings(data, path)):
-            raise ServingError(f"{path}: no output projection ({' or '.join(_OUTPUT_NAMES)})")
-        output = "decoder.embed_tokens.weight"
-    inputs, outputs = torch.tensor(vocab.inputs), torch.tensor(vocab.outputs)
-    ours = {
-        "src_embed.weight": ("encoder.embed_tokens.weight", embedding[inputs]),
-        "tgt_embed.weight": (
-            "decoder.embed_tokens.weight",
-            state["decoder.embed_tokens.weight"][inputs],
-        ),
-        "generator.weight": (output, state[output][outputs]),
-    }
-    placed = {name for name, _ in ours.values()}
-    for name, tensor in state.items():
-        if name not in placed and not _SKIPPED.fullmatch(name):
-            ours[_our_name(name) or name] = (name, tensor)
-    rows = PADDING_IDX + 1 + model.config.max_len
-    table = fairseq_sinusoids(rows, model.config.d_model, PADDING_IDX)[PADDING_IDX + 1 :]
-    ours["pos_embed.weight"] = ("(fairseq's sinusoids)", table)
-    expected = model.state_dict()
-    for target, (name, tensor) in ours.items():
-        if target not in expected:
-            raise ServingError(f"{path}: weight {name!r} has no place in our Transformer")
-        if tensor.shape != expected[target].shape:
-            raise ServingError(
-                f"{path}: weight {name!r} is {tuple(tensor.shape)}, but the checkpoint's "
-                f"settings make it {tuple(expected[target].shape)}"
-            )
-    missing = sorted(set(expected) - set(ours))
-    if missing:
-        raise ServingError(f"{path}: no fairseq weight for our {missing[0]}")
-    model.load_state_dict({k: t.detach().float() for k, (_, t) in ours.items()})
+    has_output = any(name in state for name in _OUTPUT_NAMES)
+    shared = not has_output and _shared_output(_settings(data, path))
+    adapter = FairseqAdapter(model.state_dict(), model.config, vocab, path, shared_output=shared)
+    model.load_state_dict(adapter.to_ours(state))
 
 
 def _shared_output(settings: Mapping[str, Any]) -> bool:

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
-from corpora import CorpusError
+from filesystem.location import LocalFileSystem, Location, UriFileSystem
 from transformer_core.folders import publish as publish_local
 from transformer_core.folders import sha256_file, temporary_sibling
 
@@ -35,7 +35,7 @@ MANIFEST = "manifest.json"
 REMOTE_SCHEMES = ("s3", "gs")
 
 
-class StorageError(CorpusError):
+class StorageError(RuntimeError):
     """The store cannot be used: the message names the URI (never a secret) and what to check."""
 
 
@@ -86,6 +86,12 @@ class Store:
     def path(self, rel: str = "") -> str:
         """The filesystem path of ``rel`` (a '/'-separated path under the root)."""
         return f"{self.base}/{rel}".rstrip("/") if rel else self.base
+
+    def location(self, rel: str = "") -> Location:
+        """``rel`` as a ``Location`` (Ray Train's storage): named by its path, as before."""
+        path = self.path(rel)
+        filesystem = UriFileSystem(self.filesystem) if self.remote else LocalFileSystem()
+        return Location(filesystem, path, path)
 
     def check(self) -> None:
         """Fail in one line unless the root's bucket exists and answers with these credentials."""
@@ -218,17 +224,25 @@ def explain(exc: OSError, store: Store) -> str:
     return text.splitlines()[0]
 
 
+def root_of(where: str | Path) -> str:
+    """What a work dir's text names: an object store's URI (without a trailing '/') or the
+    absolute local folder (resolved from the CWD); a StorageError for another scheme."""
+    text = str(where)
+    if is_remote(text):
+        return text.rstrip("/")
+    if "://" in text:
+        scheme = urlsplit(text).scheme
+        raise StorageError(f"{text}: unsupported scheme {scheme!r} (use a path, s3:// or gs://)")
+    return str(Path(text).resolve())
+
+
 def open_store(uri: str | Path, settings: StoreSettings = StoreSettings()) -> Store:
     """The ``Store`` for a work dir: a local path (resolved from the CWD), ``s3://bucket/prefix``
     or ``gs://bucket/prefix``. Builds the client only; ``Store.check`` asks the server."""
     text = str(uri)
     parts = urlsplit(text)
     if parts.scheme not in REMOTE_SCHEMES:
-        if "://" in text:
-            raise StorageError(
-                f"{text}: unsupported scheme {parts.scheme!r} (use a path, s3:// or gs://)"
-            )
-        base = str(Path(text).resolve())
+        base = root_of(text)
         return Store(base, pafs.LocalFileSystem(), base, None, settings)
     if not parts.netloc:
         raise StorageError(f"{text}: no bucket (use {parts.scheme}://bucket/prefix)")
@@ -367,12 +381,34 @@ class StoredFolder:
                 return have
         return node_copy(self.store, self.rel, Path(self.cache_root))
 
+    def __truediv__(self, rel: str) -> StoredPath:
+        return StoredPath(self, rel)
 
-def fetch_all(folders: Iterable[StoredFolder]) -> None:
-    """Make sure this node has its copy of each folder (a Ray task's first step, on any node:
-    the copies are at the paths the driver gave it)."""
-    for folder in folders:
-        folder.local()
+
+@dataclass(frozen=True)
+class StoredPath:
+    """A file or folder inside a ``StoredFolder`` (``folder / "name"``; ``rel`` empty: the folder
+    itself), as a Ray worker is handed it: ``local`` is this node's copy."""
+
+    folder: StoredFolder
+    rel: str = ""
+
+    def local(self) -> Path:
+        """This node's copy (the whole folder copied first, once per node)."""
+        root = self.folder.local()
+        return root / self.rel if self.rel else root
+
+
+def on_this_node(path: str | Path | StoredPath) -> Path:
+    """``path`` on the node that asks: a local path as it is, a stored one as this node's copy.
+    Libraries that hand paths to Ray workers take either and call this on the worker's side."""
+    return path.local() if isinstance(path, StoredPath) else Path(path)
+
+
+def folder_at(path: str | Path) -> StoredFolder:
+    """A local folder as a worker is handed one: read where it is (a local work dir's input)."""
+    folder = Path(path).resolve()
+    return StoredFolder(open_store(folder.parent), folder.name, "")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
