@@ -13,7 +13,7 @@ run in work dirs of their own: each config names its own.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -55,6 +55,8 @@ class StageSpec:
     """Input role -> upstream stage name."""
     io_bound: bool = False
     """Talks to the network or a server: the flow retries it."""
+    wanted: Callable[[RunConfig], bool] | None = None
+    """Whether a config runs the stage at all (None: every config of the pipeline does)."""
 
     def stage_config(self, config: RunConfig) -> dict[str, Any]:
         """What the stage fingerprints besides its inputs (the module's ``stage_config``)."""
@@ -101,6 +103,22 @@ _DOWNLOAD = StageSpec("download", io_bound=True)
 _CLEAN = StageSpec("clean", {"download": "download"})
 _SCORE = StageSpec("score", {"translate": "translate", "download": "download"})
 _REGISTERED = {"average": "average", "tokenizer": "tokenizer", "score": "score"}
+
+
+def _evaluate(corpus: str) -> StageSpec:
+    """The evaluate stage: the averaged model on every test set (``eval.test_sets``), the primary
+    one's figures read from score, the others' overlap with the training split of ``corpus``;
+    io_bound: a built-in set is fetched."""
+    inputs = {"average": "average", "tokenizer": "tokenizer", "score": "score", "clean": corpus}
+    return StageSpec("evaluate", inputs, io_bound=True, wanted=_has_extra_test_sets)
+
+
+def _has_extra_test_sets(config: RunConfig) -> bool:
+    """Whether ``eval.test_sets`` lists sets besides the primary one (a config without them
+    runs the stages it ran before the evaluate stage existed)."""
+    return bool(config.eval.extra)
+
+
 """What register reads of a trained model: its weights, tokenizer and scores."""
 
 WMT14: tuple[StageSpec, ...] = (
@@ -108,6 +126,7 @@ WMT14: tuple[StageSpec, ...] = (
     _CLEAN,
     *_trained("clean"),
     _SCORE,
+    _evaluate("clean"),
     StageSpec("register", _REGISTERED, io_bound=True),
 )
 
@@ -134,6 +153,7 @@ DISTILL: tuple[StageSpec, ...] = (
     StageSpec("filter", {"distill": "distill", "clean": "clean"}),
     *_trained("filter"),
     _SCORE,
+    _evaluate("filter"),
     StageSpec("export", {"average": "average", "tokenizer": "tokenizer"}),
     StageSpec("register", {**_REGISTERED, "teacher": "teacher"}, io_bound=True),
 )
@@ -158,8 +178,11 @@ def pipeline_name(config: RunConfig) -> PipelineName:
 
 
 def pipeline(config: RunConfig) -> tuple[StageSpec, ...]:
-    """The stages this config runs, in order."""
-    return PIPELINES[pipeline_name(config)]
+    """The stages this config runs, in order (its pipeline's, less those it does not want)."""
+    stages = PIPELINES[pipeline_name(config)]
+    if all(s.wanted is None or s.wanted(config) for s in stages):
+        return stages
+    return tuple(s for s in stages if s.wanted is None or s.wanted(config))
 
 
 def spec(config: RunConfig, name: str) -> StageSpec:
