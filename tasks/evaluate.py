@@ -13,8 +13,8 @@ translator (``serving.corpus_translation.translate_shards``) and scored against 
 read, as score does. Its translation is kept under a key (the set's bytes, the model's and
 the tokenizer's fingerprints, the decoding), and the next run of the stage takes it from the
 stage's previous folder when the key is the same: a set added to the list is the only one
-translated. clean did not remove these sets from the training data: each is reported with the
-share of its sources and of its targets that training saw.
+translated. A set not held out (``holdout: false``: the holdout stage did not remove it from the
+training data) is reported with the share of its sources and of its targets that training saw.
 """
 
 from __future__ import annotations
@@ -58,22 +58,25 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
         "pair": config.data.pair,
         "decode": to_dict(config.decoding),
         "primary": primary_name(config),
-        "sets": [_identity(config, s) for s in config.eval.extra],
+        "sets": [set_identity(config, s) for s in config.eval.extra],
         "mirror": config.data.mirror,
         "sacrebleu": metadata.version("sacrebleu"),
         "sacremoses": metadata.version("sacremoses"),
     }
 
 
-def _identity(config: RunConfig, s: EvalSet) -> dict[str, Any]:
+def set_identity(config: RunConfig, s: EvalSet) -> dict[str, Any]:
+    """What a set's fingerprint hashes: its name, split or prefix (a prefix's files by their
+    bytes), and whether it is held out."""
     if s.prefix is None:
-        return {"name": s.name, "split": s.split}
+        return {"name": s.name, "split": s.split, "holdout": s.holdout}
     from corpora.local_files import fingerprinted_files
     from tasks.framework.content import file_digests
 
     prefix = Path(s.prefix)
     files = fingerprinted_files(prefix.parent, prefix.name, config.languages)
-    return {"name": s.name, "prefix": s.prefix, "files": file_digests(files, prefix.parent)}
+    digests = file_digests(files, prefix.parent)
+    return {"name": s.name, "prefix": s.prefix, "files": digests, "holdout": s.holdout}
 
 
 def build(ctx: BuildContext) -> dict[str, Any]:
@@ -81,7 +84,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     ``ctx.tmp/sets/<name>``; the table of all sets."""
     config, tmp = ctx.config, ctx.tmp
     extra = config.eval.extra
-    read = {s.name: _read_set(ctx, s, tmp / SETS / s.name) for s in extra}
+    read = {s.name: _key(ctx, read_set(ctx, s, tmp / SETS / s.name)) for s in extra}
     previous = _previous_translations(ctx)
     rows = [_primary_row(config, ctx.inputs["score"])]
     translated, reused = [], []
@@ -94,7 +97,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
         else:
             _translate(ctx, folder, key)
             translated.append(s.name)
-        rows.append(_score_set(ctx, s.name, folder, key, reused=s.name in reused))
+        rows.append(_score_set(ctx, s, folder, key, reused=s.name in reused))
     _write_table(tmp, rows)
     _log_metrics(rows)
     log.info("evaluate: %d test sets\n%s", len(rows), format_table(rows))
@@ -106,12 +109,11 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     }
 
 
-def _read_set(ctx: BuildContext, s: EvalSet, folder: Path) -> str:
-    """Set ``s`` as read into ``folder/test.<lang>``; its key (``module doc``). A missing,
+def read_set(ctx: BuildContext, s: EvalSet, folder: Path) -> dict[str, Path]:
+    """Set ``s`` as read into ``folder/test.<lang>``: those files by language. A missing,
     misaligned or empty set fails in one line naming it and its files."""
     from corpora import CorpusError, assemble
     from tasks.download import cache_dir, lock_path
-    from transformer_core.folders import sha256_file
 
     config = ctx.config
     data, (src, tgt) = config.data, config.languages
@@ -134,12 +136,20 @@ def _read_set(ctx: BuildContext, s: EvalSet, folder: Path) -> str:
             )
     except CorpusError as exc:
         raise StageError(f"test set {s.name!r}: {exc}") from None
+    return outputs
+
+
+def _key(ctx: BuildContext, files: dict[str, Path]) -> str:
+    """A set's translation key: its bytes, the model's and the tokenizer's fingerprints and the
+    decoding."""
+    from transformer_core.folders import sha256_file
+
     return fingerprint(
         {
-            "content": [sha256_file(outputs[lang]) for lang in (src, tgt)],
+            "content": [sha256_file(files[lang]) for lang in ctx.config.languages],
             "model": ctx.input_fps["average"],
             "tokenizer": ctx.input_fps["tokenizer"],
-            "decode": to_dict(config.decoding),
+            "decode": to_dict(ctx.config.decoding),
         }
     )
 
@@ -174,7 +184,7 @@ def _translate(ctx: BuildContext, folder: Path, key: str) -> None:
     weights = model_file(ctx.inputs["average"])
     if not weights.is_file():
         raise StageError(f"no checkpoint at {weights} (run `tfm stage average` first)")
-    sources = _normalised((folder / f"test.{src}").read_text(encoding="utf-8").splitlines())
+    sources = normalised((folder / f"test.{src}").read_text(encoding="utf-8").splitlines())
     shards = ctx.workdir.node_path(f"cache/{STAGE}/{key[:16]}")
     ensure_ray(config.ray)
     translate_shards(
@@ -195,7 +205,7 @@ def _translate(ctx: BuildContext, folder: Path, key: str) -> None:
     shutil.rmtree(shards, ignore_errors=True)
 
 
-def _normalised(lines: list[str]) -> list[str]:
+def normalised(lines: list[str]) -> list[str]:
     """``lines`` normalised as clean normalises a test set."""
     import pyarrow as pa
 
@@ -205,7 +215,7 @@ def _normalised(lines: list[str]) -> list[str]:
 
 
 def _score_set(
-    ctx: BuildContext, name: str, folder: Path, key: str, *, reused: bool
+    ctx: BuildContext, s: EvalSet, folder: Path, key: str, *, reused: bool
 ) -> dict[str, Any]:
     """Score ``folder/hyp.<tgt>`` against ``folder/test.<tgt>``: its ``scores.json`` and
     ``sentences.tsv``, with its overlap with the training split; its row of the table."""
@@ -215,20 +225,21 @@ def _score_set(
     from evaluation import bleu
 
     src, tgt = ctx.config.languages
+    name = s.name
     hyps, refs = read_lines(folder / f"hyp.{tgt}"), read_lines(folder / f"test.{tgt}")
     sources = read_lines(folder / f"test.{src}")
     if len(hyps) != len(refs):
         raise StageError(f"test set {name!r}: {len(hyps)} translations of {len(refs)} lines")
     scores = bleu.score_texts(hyps, refs, tgt)
     train = part_files(ctx.inputs["clean"] / "train")
-    overlap = training_overlap(train, _normalised(sources), _normalised(refs))
+    overlap = training_overlap(train, normalised(sources), normalised(refs))
     result = {
         **scores,
         "test_set": name,
         "test_segments": len(refs),
         "pair": ctx.config.data.pair,
         "signature": scores["bleu_sacre_signature"],
-        "held_out": False,
+        "held_out": s.holdout,
         **overlap,
         "key": key,
         "reused": reused,

@@ -48,6 +48,12 @@ class EvalSet:
     prefix: str | None = None
     """Your own files, in the forms source=local reads: <prefix>.<src> and <prefix>.<tgt> (either
     may be gzipped) or one <prefix>.tsv[.gz]; a relative path is from the CWD at load."""
+    holdout: bool = True
+    """Remove the training pairs that hold one of its sentences (either side), as clean removes
+    the primary set's (the holdout stage, after clean): its figures are on unseen text, but
+    adding or changing such a set retrains. false: training keeps them, the set is reported
+    with its overlap with the training data, and adding it later translates and scores it
+    alone."""
 
     def __post_init__(self) -> None:
         if self.split is not None and self.prefix is not None:
@@ -61,8 +67,7 @@ class EvalConfig:
     test_sets: tuple[EvalSet, ...] = ()
     """Named test sets, the first the primary one: the set data.test names, which translate and
     score decode and score (give it a name alone, or its split). The others are translated and
-    scored by the evaluate stage; each is reported with its overlap with the training data,
-    which clean does not remove them from (a set added later reruns no training). Empty: the
+    scored by the evaluate stage, and removed from training unless holdout is false. Empty: the
     primary set alone."""
 
     def __post_init__(self) -> None:
@@ -75,6 +80,11 @@ class EvalConfig:
     def extra(self) -> tuple[EvalSet, ...]:
         """The sets after the primary one: the evaluate stage's own."""
         return self.test_sets[1:]
+
+    @property
+    def held_out(self) -> tuple[EvalSet, ...]:
+        """The extra sets removed from training (``holdout``): the holdout stage's."""
+        return tuple(s for s in self.extra if s.holdout)
 
     def with_absolute_prefixes(self) -> EvalConfig:
         """A copy whose relative prefixes are absolute, from the CWD (what the loader keeps)."""
@@ -105,6 +115,10 @@ def check_test_sets(sets: tuple[EvalSet, ...], data: DataConfig) -> None:
 def _check_primary(primary: EvalSet, data: DataConfig, key: str) -> None:
     """The primary set is data's test set: named alone, or by that split."""
     test = data.eval_sets[1]
+    if not primary.holdout:
+        raise ConfigError(
+            f"{key}.holdout", "the primary set is data's test set, which clean always removes"
+        )
     if primary.prefix is not None:
         raise ConfigError(
             f"{key}.prefix",

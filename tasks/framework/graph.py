@@ -12,6 +12,7 @@ run in work dirs of their own: each config names its own.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class StageSpec:
     """Talks to the network or a server: the flow retries it."""
     wanted: Callable[[RunConfig], bool] | None = None
     """Whether a config runs the stage at all (None: every config of the pipeline does)."""
+    replaces: str | None = None
+    """When the config runs it, the stages after it read it in place of this stage (holdout:
+    the clean corpus less the held-out test sets)."""
 
     def stage_config(self, config: RunConfig) -> dict[str, Any]:
         """What the stage fingerprints besides its inputs (the module's ``stage_config``)."""
@@ -99,8 +103,19 @@ def _trained(corpus: str) -> tuple[StageSpec, ...]:
     )
 
 
+def _holds_out_sets(config: RunConfig) -> bool:
+    """Whether ``eval.test_sets`` holds sets out of training besides the primary one."""
+    return bool(config.eval.held_out)
+
+
 _DOWNLOAD = StageSpec("download", io_bound=True)
 _CLEAN = StageSpec("clean", {"download": "download"})
+_HOLDOUT = StageSpec(
+    "holdout", {"clean": "clean"}, io_bound=True, wanted=_holds_out_sets, replaces="clean"
+)
+"""The clean corpus less the pairs of the test sets held out (``eval.test_sets``' holdout), for a
+config that holds any out: the stages after it read it as clean; io_bound: a built-in set is
+fetched."""
 _SCORE = StageSpec("score", {"translate": "translate", "download": "download"})
 _REGISTERED = {"average": "average", "tokenizer": "tokenizer", "score": "score"}
 
@@ -124,6 +139,7 @@ def _has_extra_test_sets(config: RunConfig) -> bool:
 WMT14: tuple[StageSpec, ...] = (
     _DOWNLOAD,
     _CLEAN,
+    _HOLDOUT,
     *_trained("clean"),
     _SCORE,
     _evaluate("clean"),
@@ -149,6 +165,7 @@ DISTILL: tuple[StageSpec, ...] = (
     StageSpec("teacher", io_bound=True),
     _DOWNLOAD,
     _CLEAN,
+    _HOLDOUT,
     StageSpec("distill", {"teacher": "teacher", "clean": "clean"}),
     StageSpec("filter", {"distill": "distill", "clean": "clean"}),
     *_trained("filter"),
@@ -180,9 +197,17 @@ def pipeline_name(config: RunConfig) -> PipelineName:
 def pipeline(config: RunConfig) -> tuple[StageSpec, ...]:
     """The stages this config runs, in order (its pipeline's, less those it does not want)."""
     stages = PIPELINES[pipeline_name(config)]
-    if all(s.wanted is None or s.wanted(config) for s in stages):
+    kept = [s for s in stages if s.wanted is None or s.wanted(config)]
+    if len(kept) == len(stages) and all(s.replaces is None for s in kept):
         return stages
-    return tuple(s for s in stages if s.wanted is None or s.wanted(config))
+    out: list[StageSpec] = []
+    read_as: dict[str, str] = {}  # a replaced stage -> the stage read in its place
+    for s in kept:
+        inputs = {role: read_as.get(up, up) for role, up in s.inputs.items()}
+        out.append(s if inputs == s.inputs else dataclasses.replace(s, inputs=inputs))
+        if s.replaces is not None:
+            read_as[s.replaces] = s.name
+    return tuple(out)
 
 
 def spec(config: RunConfig, name: str) -> StageSpec:

@@ -41,6 +41,8 @@ def _parts(tmp: Path, texts: list[str]) -> dict:
 
     (tmp / "train").mkdir()
     pq.write_table(pa.table({"src": texts, "tgt": texts}), tmp / "train" / "part-00000.parquet")
+    for lang in ("en", "de"):
+        _write(tmp / f"test.{lang}", PRIMARY)
     return {}
 
 
@@ -75,10 +77,10 @@ def _config(root: Path, *sets: EvalSet) -> RunConfig:
     )
 
 
-def _shifted(root: Path) -> EvalSet:
+def _shifted(root: Path, *, holdout: bool = False) -> EvalSet:
     _write(root / "shifted.en.gz", SHIFTED, gz=True)
     _write(root / "shifted.de", SHIFTED)
-    return EvalSet(name="shifted", prefix=str(root / "shifted"))
+    return EvalSet(name="shifted", prefix=str(root / "shifted"), holdout=holdout)
 
 
 def test_each_set_is_scored_and_logged_and_a_later_set_alone_is_translated(
@@ -115,7 +117,7 @@ def test_each_set_is_scored_and_logged_and_a_later_set_alone_is_translated(
     assert "evaluate/scores.tsv" in {a.path for a in client.list_artifacts(run.run_id, "evaluate")}
 
     _write(tmp_path / "third.tsv", [f"{s}\t{s}" for s in THIRD])
-    third = EvalSet(name="third", prefix=str(tmp_path / "third"))
+    third = EvalSet(name="third", prefix=str(tmp_path / "third"), holdout=False)
     second = run_stage(_config(tmp_path, _shifted(tmp_path), third), "evaluate", inputs)
     assert second.ran and second.stats["translated"] == "third"
     assert second.stats["reused"] == "shifted"
@@ -134,8 +136,26 @@ def test_each_set_is_scored_and_logged_and_a_later_set_alone_is_translated(
 def test_a_bad_set_fails_in_one_line_naming_it_and_its_file(inputs, tmp_path, files, says):
     for name, lines in files.items():
         _write(tmp_path / name, lines)
-    config = _config(tmp_path, EvalSet(name="bad", prefix=str(tmp_path / "bad")))
+    config = _config(tmp_path, EvalSet(name="bad", prefix=str(tmp_path / "bad"), holdout=False))
     with pytest.raises(StageError, match=rf"^test set 'bad': .*{says}") as info:
         run_stage(config, "evaluate", inputs)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "run" / "evaluate").exists()
+
+
+def test_holdout_removes_the_pairs_of_a_held_out_set_from_training(inputs, tmp_path):
+    """A held-out set (``holdout``, the default): the holdout stage drops every training pair
+    that holds one of its sentences on either side, and keeps clean's dev and test sets."""
+    import pyarrow.parquet as pq
+
+    from tasks.framework import graph
+
+    config = _config(tmp_path, _shifted(tmp_path, holdout=True))
+    assert [s.inputs for s in graph.pipeline(config) if s.name == "evaluate"] == [
+        {"average": "average", "tokenizer": "tokenizer", "score": "score", "clean": "holdout"}
+    ]
+    out = run_stage(config, "holdout", {"clean": inputs["clean"]})
+    kept = pq.read_table(out.path / "train" / "part-00000.parquet").to_pylist()
+    assert out.stats["dropped"] == len(SEEN) and out.stats["kept"] == len(kept) == 30
+    assert not {row["src"] for row in kept} & set(SHIFTED)
+    assert (out.path / "test.de").read_text(encoding="utf-8") == "".join(s + "\n" for s in PRIMARY)

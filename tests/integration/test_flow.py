@@ -183,8 +183,8 @@ def test_status_reports_every_stage_up_to_date(first_run):
 
 def test_a_test_set_added_after_training_runs_the_evaluate_stage_alone(first_run, tmp_path):
     """A second, shifted test set (another seed's synthetic test split, as local files) added to
-    the trained config: the flow runs evaluate alone, which scores both sets and logs each
-    set's figures on its MLflow run."""
+    the trained config, not held out: the flow runs evaluate alone, which scores both sets and
+    logs each set's figures on its MLflow run."""
     from mlflow import MlflowClient
 
     from corpora.synthetic import write_corpus
@@ -193,7 +193,8 @@ def test_a_test_set_added_after_training_runs_the_evaluate_stage_alone(first_run
 
     workdir, _, _ = first_run
     write_corpus(tmp_path, pair="en-de", seed=99, train=1, dev=1, test=12)
-    sets = [{"name": "synthetic"}, {"name": "shifted", "prefix": str(tmp_path / "test")}]
+    shifted = {"name": "shifted", "prefix": str(tmp_path / "test"), "holdout": False}
+    sets = [{"name": "synthetic"}, shifted]
     path = write_config(workdir / "sets.yaml", tiny_config(workdir, **{"eval.test_sets": sets}))
     outcomes = pipeline_flow(config_path=path)
     assert ran(outcomes) == ["evaluate"]

@@ -83,6 +83,11 @@ def test_sets_are_named_the_first_is_the_primary_and_prefixes_become_absolute(tm
             "eval.test_sets[1].split: unknown dev/test set 'newstest2012' (full)",
         ),
         ([{"name": "a"}], {"source": "treebank", "pair": "words-tree"}, "eval.test_sets: the "),
+        (
+            [{"name": "a", "holdout": False}],
+            None,
+            "eval.test_sets[0].holdout: the primary set is data's test set, which clean always ",
+        ),
     ],
 )
 def test_a_bad_set_is_one_line_naming_its_key(sets, data, line):
@@ -98,6 +103,26 @@ def test_a_config_without_the_section_runs_and_fingerprints_as_before():
     assert graph.pipeline(plain) == graph.pipeline(with_sets)
     for stage in graph.pipeline(plain):
         assert stage.stage_config(plain) == stage.stage_config(with_sets), stage.name
+
+
+def test_a_set_not_held_out_changes_nothing_upstream_and_a_held_out_one_trains_without_it():
+    alone = {s.name: s for s in graph.pipeline(_load([{"name": "t"}]))}
+    later = _load([{"name": "t"}, {"name": "m", "split": "test_2017_mscoco", "holdout": False}])
+    assert [s.name for s in graph.pipeline(later)] == [*list(alone)[:-1], "evaluate", "register"]
+    for stage in graph.pipeline(later):
+        if stage.name != "evaluate":
+            assert stage == alone[stage.name], stage.name
+            assert stage.stage_config(later) == alone[stage.name].stage_config(
+                _load([{"name": "t"}])
+            ), stage.name
+    held = {
+        s.name: s
+        for s in graph.pipeline(_load([{"name": "t"}, {"name": "m", "split": "test_2017_mscoco"}]))
+    }
+    assert list(held)[:4] == ["download", "clean", "holdout", "tokenizer"]
+    assert held["holdout"].inputs == {"clean": "clean"}
+    assert held["tokenizer"].inputs == {"clean": "holdout"}
+    assert held["shard"].inputs["clean"] == held["evaluate"].inputs["clean"] == "holdout"
 
 
 def _lines(path: Path) -> list[str]:
