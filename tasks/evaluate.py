@@ -84,13 +84,13 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     ``ctx.tmp/sets/<name>``; the table of all sets."""
     config, tmp = ctx.config, ctx.tmp
     extra = config.eval.extra
-    read = {s.name: _key(ctx, read_set(ctx, s, tmp / SETS / s.name)) for s in extra}
+    keys = {s.name: _key(ctx, read_set(ctx, s, tmp / SETS / s.name)) for s in extra}
     previous = _previous_translations(ctx)
     rows = [_primary_row(config, ctx.inputs["score"])]
     translated, reused = [], []
     for s in extra:
         folder = tmp / SETS / s.name
-        key = read[s.name]
+        key = keys[s.name]
         if key in previous:
             shutil.copyfile(previous[key], folder / previous[key].name)
             reused.append(s.name)
