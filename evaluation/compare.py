@@ -12,11 +12,12 @@ Written here because sacreBLEU reports each system's own interval, not the diffe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPARED", "MetricComparison", "compare_systems"]
+__all__ = ["COMPARED", "MetricComparison", "compare_systems", "plot_differences"]
 
 COMPARED = ("bleu_sacre", "bleu_tok_compound", "chrf")
 """The metrics two systems are compared on, in the order a table shows them."""
@@ -112,7 +113,7 @@ def _compare_one(
     identical: bool,
 ) -> MetricComparison:
     import numpy as np
-    from sacrebleu.significance import PairedTest
+    from sacrebleu.significance import PairedTest, Result
 
     paired = PairedTest(
         [("b", hyps_b), ("a", hyps_a)],
@@ -124,6 +125,8 @@ def _compare_one(
     signatures, results = paired()
     (key,) = signatures  # the metric's own name (BLEU, chrF2)
     baseline, system = results[key]
+    assert isinstance(baseline, Result) and isinstance(system, Result)
+    assert system.p_value is not None  # the tested system (not the baseline) always has one
     # The indices sacreBLEU's paired bootstrap draws (_paired_bs_test), for the difference's
     # interval over the same resamples.
     seed = paired._seed or None
@@ -152,3 +155,40 @@ def _compare_one(
         p_value=p_value,
         signature=str(signatures[key]),
     )
+
+
+def plot_differences(
+    rows: Mapping[str, Sequence[MetricComparison]], path: Path, title: str
+) -> None:
+    """Each set's difference (a - b) with its 95% interval, one panel per metric, a line at 0
+    (Agg, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = list(rows)
+    metrics = [c.metric for c in next(iter(rows.values()), [])]
+    fig = Figure(figsize=(4 * max(len(metrics), 1), 1.2 + 0.5 * len(names)), dpi=100)
+    FigureCanvasAgg(fig)
+    for k, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), k + 1)
+        found = [next(c for c in rows[name] if c.metric == metric) for name in names]
+        ys = list(range(len(names)))
+        xs = [c.difference for c in found]
+        errors = [[c.difference - c.low for c in found], [c.high - c.difference for c in found]]
+        ax.errorbar(xs, ys, xerr=errors, fmt="o", color="#4C72B0", capsize=4)
+        for x, y, c in zip(xs, ys, found, strict=True):
+            ax.annotate(
+                f"p={c.p_value:.3f}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
+        ax.axvline(0, color="grey", linewidth=1)
+        ax.set_yticks(ys, names if k == 0 else [""] * len(names))
+        ax.set_ylim(-0.7, len(names) - 0.3)
+        ax.set_xlabel(f"{metric} difference")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
