@@ -54,7 +54,8 @@ def registered(tmp_path_factory, tiny_model, tiny_tokenizer):
     # What the translate stage writes (tests/integration/test_translate.py: its actors equal
     # this single-process decoding).
     hyps = Translator.load(tiny_model, tiny_tokenizer, config.decode).translate(SOURCES)
-    download = _text_folder(root, "download", {"test.en": SOURCES, "test.de": REFS})
+    # The download stage's folder in the run's work dir: the config's test set.
+    download = _text_folder(config.root, "download", {"test.en": SOURCES, "test.de": REFS})
     translate = _text_folder(root, "translate", {"hyp.de": hyps})
     score = run_stage(config, "score", {"translate": translate, "download": download}).path
     inputs = {"average": tiny_model, "tokenizer": tiny_tokenizer, "score": score}
@@ -115,6 +116,28 @@ def test_evaluate_reproduces_the_score_stage_and_tags_the_version(registered, ca
         assert row["p_value"] == 1.0
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "95% interval" in stdout and "[+0.00, +0.00]" in stdout
+
+
+def test_evaluate_on_the_config_test_set(registered, capsys) -> None:
+    """With --config and no --test-set: its work dir's download folder, named as score names it."""
+    import yaml
+
+    config, scores, root = registered
+    path = root / "evaluate.yaml"
+    settings = {
+        "name": config.name,
+        "workdir": config.workdir,
+        "mlflow": {"tracking_uri": config.tracking_uri},
+    }
+    path.write_text(yaml.safe_dump(settings))
+    out = root / "config-set.json"
+    code, stdout, _ = evaluate(
+        capsys, "--model", f"models:/{NAME}/1", "--config", str(path), "--json", str(out)
+    )
+    assert code == 0
+    (result,) = json.loads(out.read_text())["sets"]
+    assert result["test_set"] == scores["test_set"] == "synthetic"
+    assert {k: result["scores"][k] for k in FIGURES} == {k: scores[k] for k in FIGURES}
 
 
 def test_a_misaligned_or_missing_test_file_is_one_line_naming_it(registered, capsys) -> None:
