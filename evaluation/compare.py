@@ -187,7 +187,7 @@ def plot_differences(
             )
         ax.axvline(0, color="grey", linewidth=1)
         ax.set_yticks(ys, names if k == 0 else [""] * len(names))
-        ax.set_ylim(-0.7, len(names) - 0.3)
+        ax.set_ylim(len(names) - 0.3, -0.7)  # the first set on top, as in the table
         ax.set_xlabel(f"{metric} difference")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

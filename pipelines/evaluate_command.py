@@ -200,10 +200,11 @@ def table(results: Sequence[SetResult], markdown: bool = False) -> str:
     if markdown:
         lines = [head, ["---"] * len(head), *rows]
         return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+    text_columns = (0, 2) if compared else (0,)  # set and metric: left-aligned
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
     return "\n".join(
         "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
+            cell.ljust(w) if i in text_columns else cell.rjust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in [head, *rows]
@@ -217,13 +218,15 @@ def signatures(results: Sequence[SetResult]) -> list[str]:
     first = results[0].scores
     lines = [f"{key}: {first[f'{key}_signature']}" for key in SIGNATURES]
     if results[0].comparison:
-        lines.append(f"paired test: bs:{_resamples(results[0].comparison[0].signature)}")
+        lines.append(f"paired test: {_resamples(results[0].comparison[0].signature)}")
     return lines
 
 
 def _resamples(signature: str) -> str:
     found = re.search(r"bs:(\d+)\|seed:([^|]+)", signature)
-    return f"{found.group(1)} resamples, seed {found.group(2)}" if found else signature
+    if found is None:
+        return signature
+    return f"paired bootstrap, {found.group(1)} resamples, seed {found.group(2)}"
 
 
 def version_tags(results: Sequence[SetResult]) -> dict[str, str]:
