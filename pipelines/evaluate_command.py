@@ -32,7 +32,7 @@ SIGNATURES = ("bleu_sacre", "bleu_tok_compound", "bleu_tok_lc", "chrf")
 
 
 @dataclass(frozen=True)
-class TestSet:
+class EvaluationSet:
     """Aligned sources and references, named."""
 
     name: str
@@ -46,7 +46,7 @@ class TestSet:
 class SetResult:
     """One set's figures: the model's and, with ``--against``, the other's and the comparison."""
 
-    test_set: TestSet
+    test_set: EvaluationSet
     scores: dict[str, Any]
     against: dict[str, Any] | None = None
     comparison: list[MetricComparison] = field(default_factory=list)
@@ -67,7 +67,7 @@ class SetResult:
 # ----------------------------------------------------------------------------- test sets
 
 
-def read_test_set(spec: str, langs: tuple[str, str]) -> TestSet:
+def read_test_set(spec: str, langs: tuple[str, str]) -> EvaluationSet:
     """``--test-set SPEC``: a TSV (``*.tsv``, ``*.tsv.gz``: source<TAB>target) or a prefix of
     aligned files ``SPEC.<src>``/``SPEC.<tgt>`` (plain or gzip), as ``source: local`` reads them;
     a missing or misaligned file is a ``CorpusError`` naming it."""
@@ -97,7 +97,7 @@ def read_test_set(spec: str, langs: tuple[str, str]) -> TestSet:
             f"test set {spec}: {src} has {len(sources)} lines but {tgt} has {len(refs)}; "
             "the files must be line-aligned"
         )
-    return _checked(TestSet(name, spec, sources, refs))
+    return _checked(EvaluationSet(name, spec, sources, refs))
 
 
 def _copied(corpus: Any, langs: tuple[str, str]) -> tuple[list[str], list[str]]:
@@ -111,7 +111,7 @@ def _copied(corpus: Any, langs: tuple[str, str]) -> tuple[list[str], list[str]]:
         return read_lines(outputs[langs[0]]), read_lines(outputs[langs[1]])
 
 
-def config_test_set(config: RunConfig) -> TestSet:
+def config_test_set(config: RunConfig) -> EvaluationSet:
     """The config's test set: its work dir's download stage's ``test.<src>``/``test.<tgt>``."""
     from corpora.text import read_lines
     from tasks.framework.workdir import open_workdir
@@ -127,10 +127,10 @@ def config_test_set(config: RunConfig) -> TestSet:
             f"test set {folder}: test.{src} has {len(sources)} lines but test.{tgt} has "
             f"{len(refs)}; the files must be line-aligned"
         )
-    return _checked(TestSet(test_set(config)[0], wd.locate("download"), sources, refs))
+    return _checked(EvaluationSet(test_set(config)[0], wd.locate("download"), sources, refs))
 
 
-def _checked(test_set: TestSet) -> TestSet:
+def _checked(test_set: EvaluationSet) -> EvaluationSet:
     if not test_set.refs:
         raise CorpusError(f"test set {test_set.origin} is empty (0 segments)")
     return test_set
@@ -143,7 +143,7 @@ Translate = Callable[[list[str]], list[Any]]
 
 
 def evaluate_sets(
-    test_sets: Sequence[TestSet],
+    test_sets: Sequence[EvaluationSet],
     lang: str,
     translate: Translate,
     against: Translate | None = None,
@@ -297,7 +297,7 @@ def run(request: Request, say: Callable[[str], object] = print) -> int:
         say("wrote " + ", ".join(str(p) for p in write_outputs(request, results)))
     if version is not None:
         names = [tag_name(r.test_set.name) for r in results]
-        say(_tag_version(version, tracking, version_tags(results), names))
+        say(tag_version(version, tracking, version_tags(results), names))
     return 0
 
 
@@ -315,7 +315,7 @@ def _translator(request: Request, version: tuple[str, int] | None) -> Translate:
     return stream.from_checkpoint(request.checkpoint, request.tokenizer, decode)
 
 
-def _test_sets(request: Request, langs: tuple[str, str]) -> list[TestSet]:
+def _test_sets(request: Request, langs: tuple[str, str]) -> list[EvaluationSet]:
     if request.test_sets:
         return [read_test_set(spec, langs) for spec in request.test_sets]
     if request.config is None:
@@ -362,7 +362,7 @@ def write_outputs(request: Request, results: Sequence[SetResult]) -> list[Path]:
     return written
 
 
-def _tag_version(
+def tag_version(
     version: tuple[str, int], tracking: str | None, tags: dict[str, str], names: list[str]
 ) -> str:
     """Set ``tags`` on the version; the line that says so, or that the server did not answer."""
