@@ -147,6 +147,7 @@ def evaluate_sets(
     lang: str,
     translate: Translate,
     against: Translate | None = None,
+    say: Callable[[str], object] = print,
 ) -> list[SetResult]:
     """Each set translated by ``translate`` (and ``against``) and scored on its references."""
     from evaluation.bleu import score_texts
@@ -154,6 +155,8 @@ def evaluate_sets(
 
     results = []
     for test_set in test_sets:
+        systems = "both models" if against is not None else "the model"
+        say(f"{test_set.name}: {len(test_set.refs)} sentences, translated by {systems} ...")
         hyps = translate(test_set.sources)
         scores = score_texts(hyps, test_set.refs, lang)
         if against is None:
@@ -229,7 +232,7 @@ def _resamples(signature: str) -> str:
     return f"paired bootstrap, {found.group(1)} resamples, seed {found.group(2)}"
 
 
-def version_tags(results: Sequence[SetResult]) -> dict[str, str]:
+def figure_tags(results: Sequence[SetResult]) -> dict[str, str]:
     """The model's figures as registry tags (``TAG_PREFIX``), set names made tag-safe."""
     tags = {}
     for r in results:
@@ -287,7 +290,7 @@ def run(request: Request, say: Callable[[str], object] = print) -> int:
         other, other_number, _ = registered_version.resolve(request.against, tracking)
         say(f"against: {request.against} ({other} version {other_number})")
         against = stream.from_registry(registered_version.pinned_uri(other, other_number), tracking)
-    results = evaluate_sets(sets, langs[1], translate, against)
+    results = evaluate_sets(sets, langs[1], translate, against, say)
     say("")
     say(table(results))
     say("")
@@ -297,7 +300,7 @@ def run(request: Request, say: Callable[[str], object] = print) -> int:
         say("wrote " + ", ".join(str(p) for p in write_outputs(request, results)))
     if version is not None:
         names = [tag_name(r.test_set.name) for r in results]
-        say(tag_version(version, tracking, version_tags(results), names))
+        say(tag_version(version, tracking, figure_tags(results), names))
     return 0
 
 
@@ -316,11 +319,18 @@ def _translator(request: Request, version: tuple[str, int] | None) -> Translate:
 
 
 def _test_sets(request: Request, langs: tuple[str, str]) -> list[EvaluationSet]:
-    if request.test_sets:
-        return [read_test_set(spec, langs) for spec in request.test_sets]
-    if request.config is None:
-        raise ConfigError("", "give --test-set PREFIX_OR_TSV, or --config (its test set)")
-    return [config_test_set(request.config)]
+    if not request.test_sets:
+        if request.config is None:
+            raise ConfigError("", "give --test-set PREFIX_OR_TSV, or --config (its test set)")
+        return [config_test_set(request.config)]
+    sets = [read_test_set(spec, langs) for spec in request.test_sets]
+    names = [tag_name(s.name) for s in sets]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # their tags and rows would be one
+        raise ConfigError(
+            "--test-set", f"two test sets named {', '.join(twice)}: give each set its own name"
+        )
+    return sets
 
 
 def _registered_pair(version: tuple[str, int] | None, tracking: str | None) -> tuple[str, str]:

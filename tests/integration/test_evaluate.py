@@ -156,3 +156,11 @@ def test_a_misaligned_or_missing_test_file_is_one_line_naming_it(registered, cap
     code, _, stderr = evaluate(capsys, *model, "--test-set", str(root / "absent.tsv"))
     (line,) = stderr.strip().splitlines()
     assert code == 1 and f"{root / 'absent.tsv'} does not exist" in line
+
+    for folder in ("a", "b"):  # two sets of one name would share their tags
+        (root / folder).mkdir(exist_ok=True)
+        (root / folder / "same.tsv").write_text("the cat\tdie Katze\n")
+    both = ["--test-set", str(root / "a" / "same.tsv"), "--test-set", str(root / "b" / "same.tsv")]
+    code, _, stderr = evaluate(capsys, *model, *both)
+    (line,) = stderr.strip().splitlines()
+    assert code == 2 and "two test sets named same" in line
