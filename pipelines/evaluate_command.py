@@ -130,6 +130,41 @@ def config_test_set(config: RunConfig) -> EvaluationSet:
     return _checked(EvaluationSet(test_set(config)[0], wd.locate("download"), sources, refs))
 
 
+def config_extra_sets(config: RunConfig) -> list[EvaluationSet]:
+    """The config's other test sets (``eval.test_sets`` after the first): as the evaluate stage
+    read them into its folder (``sets/<name>/test.<lang>``), else, for a set of your own files,
+    read from its prefix; a built-in split the stage has not fetched yet is one line saying so."""
+    from corpora.text import read_lines
+    from tasks.framework.workdir import open_workdir
+
+    extra = config.eval.extra
+    if not extra:
+        return []
+    wd = open_workdir(config)
+    src, tgt = config.languages
+    folder = None
+    if wd.exists("evaluate"):  # this node's copy of the stage's folder
+        roles = {"evaluate": "evaluate"}
+        folder = wd.input_folders(roles, wd.input_fingerprints(roles))[0]["evaluate"]
+    found = []
+    for s in extra:
+        read = None if folder is None else folder / "sets" / s.name
+        if read is not None and (read / f"test.{src}").is_file():
+            sources, refs = read_lines(read / f"test.{src}"), read_lines(read / f"test.{tgt}")
+            origin = f"{wd.locate('evaluate')}/sets/{s.name}"
+            found.append(_checked(EvaluationSet(s.name, origin, sources, refs)))
+        elif s.prefix is not None:
+            one = read_test_set(s.prefix, (src, tgt))
+            found.append(EvaluationSet(s.name, one.origin, one.sources, one.refs))
+        else:
+            raise ConfigError(
+                f"eval.test_sets[{s.name}]",
+                f"split {s.split} is not fetched yet: run `tfm stage evaluate --config ...` "
+                "first (it downloads the built-in splits), or give --test-set",
+            )
+    return found
+
+
 def _checked(test_set: EvaluationSet) -> EvaluationSet:
     if not test_set.refs:
         raise CorpusError(f"test set {test_set.origin} is empty (0 segments)")
@@ -322,7 +357,7 @@ def _test_sets(request: Request, langs: tuple[str, str]) -> list[EvaluationSet]:
     if not request.test_sets:
         if request.config is None:
             raise ConfigError("", "give --test-set PREFIX_OR_TSV, or --config (its test set)")
-        return [config_test_set(request.config)]
+        return [config_test_set(request.config), *config_extra_sets(request.config)]
     sets = [read_test_set(spec, langs) for spec in request.test_sets]
     names = [tag_name(s.name) for s in sets]
     twice = sorted({n for n in names if names.count(n) > 1})

@@ -118,6 +118,7 @@ config that holds any out: the stages after it read it as clean; io_bound: a bui
 fetched."""
 _SCORE = StageSpec("score", {"translate": "translate", "download": "download"})
 _REGISTERED = {"average": "average", "tokenizer": "tokenizer", "score": "score"}
+"""What register reads of a trained model: its weights, tokenizer and scores."""
 
 
 def _evaluate(corpus: str) -> StageSpec:
@@ -133,8 +134,6 @@ def _has_extra_test_sets(config: RunConfig) -> bool:
     runs the stages it ran before the evaluate stage existed)."""
     return bool(config.eval.extra)
 
-
-"""What register reads of a trained model: its weights, tokenizer and scores."""
 
 WMT14: tuple[StageSpec, ...] = (
     _DOWNLOAD,

@@ -116,6 +116,12 @@ def test_each_set_is_scored_and_logged_and_a_later_set_alone_is_translated(
     assert metrics["sources_seen/shifted"] == pytest.approx(0.25)
     assert "evaluate/scores.tsv" in {a.path for a in client.list_artifacts(run.run_id, "evaluate")}
 
+    from pipelines.evaluate_command import config_extra_sets  # tfm evaluate --config's sets
+
+    (read,) = config_extra_sets(config)  # as the stage read them into its folder
+    assert (read.name, read.sources, read.refs) == ("shifted", SHIFTED, SHIFTED)
+    assert read.origin.endswith("evaluate/sets/shifted")
+
     _write(tmp_path / "third.tsv", [f"{s}\t{s}" for s in THIRD])
     third = EvalSet(name="third", prefix=str(tmp_path / "third"), holdout=False)
     second = run_stage(_config(tmp_path, _shifted(tmp_path), third), "evaluate", inputs)

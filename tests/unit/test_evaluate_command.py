@@ -109,3 +109,31 @@ def test_a_tracking_server_that_does_not_answer_is_one_line(monkeypatch) -> None
     line = tag_version(("tiny", 3), f"http://127.0.0.1:{port}", {"eval.x.chrf": "1"}, ["x"])
     assert line.startswith("not logged on tiny version 3: the tracking server did not take")
     assert "\n" not in line
+
+
+def test_the_configs_other_sets_are_read_from_their_prefix_or_named_as_not_fetched(
+    tmp_path: Path,
+) -> None:
+    """``tfm evaluate --config``: a set of your own files is read from its prefix before the
+    evaluate stage ran; a built-in split it has not fetched yet is one line naming the set."""
+    import yaml
+
+    from pipelines.evaluate_command import config_extra_sets
+    from tasks.framework.config import ConfigError, load_config
+
+    (tmp_path / "own.en").write_text(lines(SOURCES))
+    (tmp_path / "own.de").write_text(lines(REFS))
+    sets = [
+        {"name": "test2016"},
+        {"name": "own", "prefix": str(tmp_path / "own"), "holdout": False},
+    ]
+    raw = {"name": "m", "workdir": str(tmp_path / "run"), "data": {"source": "multi30k"}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**raw, "eval": {"test_sets": sets}}))
+    (own,) = config_extra_sets(load_config(path))
+    assert (own.name, own.sources, own.refs) == ("own", SOURCES, REFS)
+
+    sets.append({"name": "flickr2017", "split": "test_2017_flickr", "holdout": False})
+    path.write_text(yaml.safe_dump({**raw, "eval": {"test_sets": sets}}))
+    with pytest.raises(ConfigError, match=r"eval.test_sets\[flickr2017\].*tfm stage evaluate"):
+        config_extra_sets(load_config(path))
