@@ -195,6 +195,7 @@ def _translate(ctx: BuildContext, folder: Path, key: str) -> None:
         shards,
         ROWS_PER_SHARD,
         export_dir=ctx.workdir.node_path(f"cache/ctranslate2/{ctx.input_fps['average'][:16]}"),
+        label=f"evaluate {folder.name}",
     )
     hyps = [
         h
