@@ -112,10 +112,11 @@ def _copied(corpus: Any, langs: tuple[str, str]) -> tuple[list[str], list[str]]:
 
 
 def config_test_set(config: RunConfig) -> EvaluationSet:
-    """The config's test set: its work dir's download stage's ``test.<src>``/``test.<tgt>``."""
+    """The config's primary test set, named as the evaluate stage names it: its work dir's
+    download stage's ``test.<src>``/``test.<tgt>``."""
     from corpora.text import read_lines
+    from tasks.evaluate import primary_name
     from tasks.framework.workdir import open_workdir
-    from tasks.score import test_set
 
     wd = open_workdir(config)
     roles = {"download": "download"}
@@ -127,7 +128,7 @@ def config_test_set(config: RunConfig) -> EvaluationSet:
             f"test set {folder}: test.{src} has {len(sources)} lines but test.{tgt} has "
             f"{len(refs)}; the files must be line-aligned"
         )
-    return _checked(EvaluationSet(test_set(config)[0], wd.locate("download"), sources, refs))
+    return _checked(EvaluationSet(primary_name(config), wd.locate("download"), sources, refs))
 
 
 def config_extra_sets(config: RunConfig) -> list[EvaluationSet]:
