@@ -15,7 +15,12 @@ from tasks.framework.config import DecodeConfig, MlflowConfig, RegisterConfig, R
 from tasks.framework.runner import run_stage
 from transformer_core import presets
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    # Its time budget: 45 s alone on 2 cores under load; the default suite keeps the flow's evaluate test.
+    pytest.mark.timeout(300),
+]
 
 NAME = "tiny-evaluated"
 SOURCES = tiny_sentences(24, seed=7)

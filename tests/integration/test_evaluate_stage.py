@@ -20,7 +20,12 @@ from tasks.framework.results import StageError
 from tasks.framework.runner import run_stage
 from transformer_core import presets
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    # Its time budget: about 60 s alone on 2 cores under load; the default suite keeps the flow's evaluate test.
+    pytest.mark.timeout(300),
+]
 
 PRIMARY = tiny_sentences(20, seed=1)
 SHIFTED = [s.replace("the", "a") for s in tiny_sentences(16, seed=11)]
