@@ -18,7 +18,7 @@ from transformer_core import presets
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    # Its time budget: 45 s alone on 2 cores under load; the default suite keeps the flow's evaluate test.
+    # Its time budget: 45 s alone on 2 cores under load (the default suite keeps the flow test).
     pytest.mark.timeout(300),
 ]
 
