@@ -163,8 +163,9 @@ def undocumented(cls: type) -> list[str]:
         if not (docs.get(f.name) or "").strip():
             found.append(f"{_where(owner, f.name)}: {owner.__name__}.{f.name} has no docstring")
         hint = _hints(cls)[f.name]
-        if section_of(hint) is not None:
-            found += undocumented(section_of(hint))
+        sub = section_of(hint) or item_section(hint)
+        if sub is not None:
+            found += undocumented(sub)
             continue
         try:
             type_text(hint)
@@ -272,9 +273,22 @@ def section_of(hint: Any) -> type | None:
     return None
 
 
+def item_section(hint: Any) -> type | None:
+    """The section class each item of a list field is (``tuple[X, ...]`` of a dataclass X);
+    None for any other field."""
+    args = get_args(hint)
+    if get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = args[0]
+        return item if isinstance(item, type) and dataclasses.is_dataclass(item) else None
+    return None
+
+
 def row(cls: type, f: dataclasses.Field[Any], prefix: str, doc: str) -> Row:
     key = f"{prefix}{f.name}"
     hint = _hints(cls)[f.name]
+    if item_section(hint) is not None:
+        link = f"list of section [`{key}[]`](#{anchor(key + '[]')})"
+        return Row(key, link, value_text(list(default_of(f))), one_line(doc))
     if section_of(hint) is not None:
         link = f"section [`{key}`](#{anchor(key)})"
         if section_of(hint) is hint:
@@ -291,9 +305,11 @@ def sections(cls: type, key: str = "") -> Iterator[Section]:
     prefix = f"{key}." if key else ""
     for f in filter(is_setting, dataclasses.fields(cls)):
         rows.append(row(cls, f, prefix, docs.get(f.name) or ""))
-        sub = section_of(_hints(cls)[f.name])
-        if sub is not None:
-            nested.append((f"{prefix}{f.name}", sub))
+        hint = _hints(cls)[f.name]
+        if section_of(hint) is not None:
+            nested.append((f"{prefix}{f.name}", section_of(hint)))
+        elif item_section(hint) is not None:
+            nested.append((f"{prefix}{f.name}[]", item_section(hint)))
     yield Section(key, cls, rows)
     for sub_key, sub in nested:
         yield from sections(sub, sub_key)

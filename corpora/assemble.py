@@ -27,7 +27,7 @@ from corpora.pinned import fetch, pinned_once_read
 from corpora.sources import Corpus, split_pair
 from corpora.text import LineWriter, read_sgm, read_text_lines, read_tsv
 
-__all__ = ["from_local", "from_multi30k", "from_wmt14"]
+__all__ = ["from_local", "from_local_set", "from_multi30k", "from_registry_set", "from_wmt14"]
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,70 @@ def from_local(
             **_fixes(writers),
         }
     return _summary("local", pair, corpora_stats, local_dir=str(folder.resolve()))
+
+
+def from_registry_set(
+    outputs: dict[str, Path],
+    *,
+    source: str,
+    split: str,
+    pair: str,
+    mirror: str | None,
+    cache: Path,
+    lock_file: Path,
+    max_retries: int,
+) -> int:
+    """One dev or test set of a built-in source (a Multi30k split, a WMT newstest set) into
+    ``outputs`` (language -> file), fetched, cached and pinned as the download stage does;
+    its line count."""
+    src, tgt = split_pair(pair)
+    lock = LockFile(lock_file)
+    if source == "multi30k":
+        corpus = sources.multi30k_eval_set(split, pair)
+        fetched = {
+            lang: fetch(
+                sources.multi30k_file(member),
+                Path(cache) / "multi30k" / member,
+                mirror=mirror,
+                lock=lock,
+                max_retries=max_retries,
+            )
+            for lang, member in corpus.members.items()
+        }
+        with pinned_once_read(list(fetched.values()), lock):
+            writers = _copy_text(
+                {lang: f.path for lang, f in fetched.items()}, outputs, gzipped=True
+            )
+            return _check_corpus(corpus, writers)
+    corpus = sources.eval_set(split, "full", pair)
+    archive = sources.archive(corpus.archive)
+    got = fetch(
+        archive, Path(cache) / archive.path, mirror=mirror, lock=lock, max_retries=max_retries
+    )
+    with pinned_once_read([got], lock):
+        plan: _Plan = [("test", corpus, outputs)]
+        stats = _read_archive(
+            outputs[src].parent, got.path, plan, (src, tgt), url=archive.url, seen=got.seen
+        )
+    return stats["test"]["lines"]
+
+
+def from_local_set(outputs: dict[str, Path], prefix: Path, pair: str) -> int:
+    """The files ``prefix`` names (``corpora.local_files``: a file per side, gzipped or not, or a
+    TSV) into ``outputs`` (language -> file); its line count. Missing or misaligned files fail
+    naming them."""
+    src, tgt = split_pair(pair)
+    corpus = local_files.resolve(prefix.parent, prefix.name, (src, tgt))
+    missing = corpus.missing()
+    if missing:
+        raise CorpusError(
+            f"missing file(s): {', '.join(map(str, missing))} (a side may be gzipped, "
+            "<prefix>.<lang>.gz, or both sides one <prefix>.tsv[.gz])"
+        )
+    writers = local_files.copy_corpus(corpus, outputs)
+    return _check_aligned(
+        prefix.name, {lang: (str(corpus.files[lang]), w) for lang, w in writers.items()}
+    )
 
 
 # ----------------------------------------------------------------------------- archive members

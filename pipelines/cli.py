@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_set(_tracking_parser(sub))
     _translate_parser(sub)
+    _evaluate_parser(sub)
     _serve_parser(sub)
     _export_parser(sub)
     _import_parser(sub)
@@ -221,6 +222,47 @@ def _translate_parser(sub: Any) -> None:
     )
     _add_set(p)
     p.set_defaults(func=commands.cmd_translate)
+
+
+def _evaluate_parser(sub: Any) -> None:
+    """``tfm evaluate``: a registered model or a checkpoint scored on test sets."""
+    p = sub.add_parser(
+        "evaluate",
+        help="translate and score test sets with a registered model (or a checkpoint), "
+        "--against another set by set; the figures are tagged on the version",
+    )
+    p.add_argument(
+        "--model", help="a registered model's URI, e.g. models:/transformer-translator@champion"
+    )
+    p.add_argument("--checkpoint", help="or a checkpoint (model.pt, or a folder holding one) ...")
+    p.add_argument("--tokenizer", help="... and its tokenizer folder (spm.model)")
+    p.add_argument(
+        "--config",
+        help="run config: its test set (the download stage's), language pair, MLflow "
+        "tracking URI, and decoding with --checkpoint",
+    )
+    p.add_argument(
+        "--test-set",
+        action="append",
+        metavar="PREFIX_OR_TSV",
+        help="aligned files PREFIX.<src> and PREFIX.<tgt> (plain or gzip) or a TSV of "
+        "source<TAB>target (repeatable; replaces the config's test set)",
+    )
+    p.add_argument(
+        "--against",
+        metavar="MODEL_URI",
+        help="compare with this registered model on the same references: the difference, "
+        "its 95%% interval and p-value (paired bootstrap)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the figures here, the table beside it (.md) and, with --against, a plot "
+        "of the differences (.png)",
+    )
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (overrides --config)")
+    _add_set(p)
+    p.set_defaults(func=commands.cmd_evaluate)
 
 
 def _tracking_parser(sub: Any) -> argparse.ArgumentParser:

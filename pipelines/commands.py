@@ -209,6 +209,26 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``tfm evaluate`` (``pipelines.evaluate_command``), its config loaded once."""
+    from pipelines import evaluate_command
+
+    if (args.model is None) == (args.checkpoint is None):
+        raise ConfigError("", _MODEL_OR_CHECKPOINT)
+    config = _load(args, args.config, args.set) if args.config else None
+    request = evaluate_command.Request(
+        model=args.model,
+        checkpoint=None if args.checkpoint is None else Path(args.checkpoint),
+        tokenizer=None if args.tokenizer is None else Path(args.tokenizer),
+        config=config,
+        tracking_uri=args.tracking_uri or (config.tracking_uri if config else None),
+        test_sets=list(args.test_set or []),
+        against=args.against,
+        json_path=None if args.json is None else Path(args.json),
+    )
+    return evaluate_command.run(request)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve ``--model`` on Ray Serve until Ctrl-C or SIGTERM (docs/serving.md)."""
     import os

@@ -304,6 +304,7 @@ def translate_shards(
     *,
     export_dir: Path | None = None,
     max_failures: int = 1,
+    label: str = "distill",
 ) -> dict[str, Any]:
     """Translate ``sources`` into the shards ``out/part-NNNNN.parquet`` (``SHARD_SCHEMA`` of
     ``serving.translated_shards``) of ``rows_per_shard`` sentences, skipping the shards ``out``
@@ -315,7 +316,7 @@ def translate_shards(
     written = [k for k in range(len(shards)) if (out / shard_name(k)).is_file()]
     if written:
         log.info(
-            "distill: %d of %d shards already translated in %s", len(written), len(shards), out
+            "%s: %d of %d shards already translated in %s", label, len(written), len(shards), out
         )
     args = _actor_args(model_path, tokenizer_dir, decode, export_dir)
     started, busy, restarts = time.perf_counter(), 0.0, 0
@@ -324,14 +325,16 @@ def translate_shards(
         if not pending:
             break
         try:
-            busy += _write_shards(shards, rows_per_shard, pending, args, out, decode.num_actors)
+            wanted = decode.num_actors
+            busy += _write_shards(shards, rows_per_shard, pending, args, out, wanted, label)
         except Exception as exc:
             if restarts >= max_failures or not worker_died(exc):
                 raise
             restarts += 1
             log.warning(
-                "distill: a translator died (%s); starting again on the shards not yet written "
+                "%s: a translator died (%s); starting again on the shards not yet written "
                 "(%d of %d)",
+                label,
                 type(exc).__name__,
                 sum(not (out / shard_name(k)).is_file() for k in pending),
                 len(shards),
@@ -357,6 +360,7 @@ def _write_shards(
     args: dict[str, Any],
     out: Path,
     wanted: int,
+    label: str,
 ) -> float:
     """One pool over the ``pending`` shards (of ``size`` rows), each written as soon as it is
     whole; the actors' own seconds."""
@@ -366,7 +370,7 @@ def _write_shards(
         for k, s in collecting.items()
     ]
     busy = 0.0
-    progress = Progress(sum(len(shards[k]) for k in pending), label="distill")
+    progress = Progress(sum(len(shards[k]) for k in pending), label=label)
     try:
         for batch in _translated(pieces, args, *pool_size(wanted)):
             progress.update(len(batch["row"]))

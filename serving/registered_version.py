@@ -6,6 +6,7 @@ process's code (the version's own copy of the code is what ``mlflow.pyfunc.load_
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,8 @@ __all__ = [
     "load_translator",
     "pinned_uri",
     "resolve",
+    "set_version_tags",
+    "version_tags",
 ]
 
 # Names of the pyfunc's artifacts (keys of ``context.artifacts``): what a version holds.
@@ -167,3 +170,22 @@ def load_translator(
         expected_config=expected,
         export_dir=files.ctranslate2,
     )
+
+
+def version_tags(name: str, version: int, tracking_uri: str | None) -> dict[str, str]:
+    """The tags of one registered version."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return dict(client.get_model_version(name, str(version)).tags)
+
+
+def set_version_tags(
+    name: str, version: int, tags: Mapping[str, str], tracking_uri: str | None
+) -> None:
+    """Set ``tags`` on one registered version (``tfm evaluate``'s figures)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, str(version), key, value)

@@ -31,6 +31,7 @@ from filesystem.storage import StorageError, Store, StoreSettings
 from serving.serve_config import ServeConfig
 from serving.translator import DecodeConfig
 from tasks.framework.config_errors import config_error, not_json, yaml_error
+from tasks.framework.config_eval import EvalConfig, check_test_sets
 from tasks.framework.config_sections import (
     NOT_A_SETTING,
     AverageConfig,
@@ -74,6 +75,7 @@ __all__ = [
     "DistillConfig",
     "ExportConfig",
     "ServeConfig",
+    "EvalConfig",
 ]
 
 Workdir = str
@@ -123,6 +125,9 @@ class RunConfig:
     """The average stage: which checkpoints make the final model."""
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     """How the translate stage (and the registered model) decodes: the search and its engine."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """The test sets the model is judged on: the primary one (data.test) and any others, which
+    the evaluate stage translates and scores."""
     register: RegisterConfig = field(default_factory=RegisterConfig)
     """The register stage: the registered model's name and the metric that picks the champion."""
     distill: DistillConfig = field(default_factory=DistillConfig)
@@ -168,6 +173,7 @@ class RunConfig:
         needed = next((key for key, name in _PIPELINE_KEYS if name == self.pipeline), None)
         if needed is not None and not _sets(self, needed):
             raise ConfigError("pipeline", f"{self.pipeline} needs {needed}")
+        check_test_sets(self.eval.test_sets, self.data)
 
     @property
     def pipeline_name(self) -> PipelineName:
@@ -309,12 +315,14 @@ def config_from_dict(data: dict[str, Any], *, team_tracking_uri: str | None = No
 def _derived(config: RunConfig) -> RunConfig:
     """``config`` with the values the loader derives from what it wrote: the work dir resolved
     (``{name}`` replaced, a relative path from the CWD), a relative SQLite registry made
-    absolute, the dev and test sets named. Nothing outside is asked."""
+    absolute, the dev and test sets named, the test sets' prefixes absolute. Nothing outside is
+    asked."""
     return dataclasses.replace(
         config,
         workdir=workdir_of(config.workdir, config.name),
         mlflow=config.mlflow.with_absolute_sqlite(),
         data=config.data.with_eval_sets(),
+        eval=config.eval.with_absolute_prefixes(),
     )
 
 

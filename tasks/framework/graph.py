@@ -12,8 +12,9 @@ run in work dirs of their own: each config names its own.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -55,6 +56,11 @@ class StageSpec:
     """Input role -> upstream stage name."""
     io_bound: bool = False
     """Talks to the network or a server: the flow retries it."""
+    wanted: Callable[[RunConfig], bool] | None = None
+    """Whether a config runs the stage at all (None: every config of the pipeline does)."""
+    replaces: str | None = None
+    """When the config runs it, the stages after it read it in place of this stage (holdout:
+    the clean corpus less the held-out test sets)."""
 
     def stage_config(self, config: RunConfig) -> dict[str, Any]:
         """What the stage fingerprints besides its inputs (the module's ``stage_config``)."""
@@ -97,17 +103,45 @@ def _trained(corpus: str) -> tuple[StageSpec, ...]:
     )
 
 
+def _holds_out_sets(config: RunConfig) -> bool:
+    """Whether ``eval.test_sets`` holds sets out of training besides the primary one."""
+    return bool(config.eval.held_out)
+
+
 _DOWNLOAD = StageSpec("download", io_bound=True)
 _CLEAN = StageSpec("clean", {"download": "download"})
+_HOLDOUT = StageSpec(
+    "holdout", {"clean": "clean"}, io_bound=True, wanted=_holds_out_sets, replaces="clean"
+)
+"""The clean corpus less the pairs of the test sets held out (``eval.test_sets``' holdout), for a
+config that holds any out: the stages after it read it as clean; io_bound: a built-in set is
+fetched."""
 _SCORE = StageSpec("score", {"translate": "translate", "download": "download"})
 _REGISTERED = {"average": "average", "tokenizer": "tokenizer", "score": "score"}
 """What register reads of a trained model: its weights, tokenizer and scores."""
 
+
+def _evaluate(corpus: str) -> StageSpec:
+    """The evaluate stage: the averaged model on every test set (``eval.test_sets``), the primary
+    one's figures read from score, the others' overlap with the training split of ``corpus``;
+    io_bound: a built-in set is fetched."""
+    inputs = {"average": "average", "tokenizer": "tokenizer", "score": "score", "clean": corpus}
+    return StageSpec("evaluate", inputs, io_bound=True, wanted=_has_extra_test_sets)
+
+
+def _has_extra_test_sets(config: RunConfig) -> bool:
+    """Whether ``eval.test_sets`` lists sets besides the primary one (a config without them
+    runs the stages it ran before the evaluate stage existed)."""
+    return bool(config.eval.extra)
+
+
 WMT14: tuple[StageSpec, ...] = (
     _DOWNLOAD,
     _CLEAN,
+    _HOLDOUT,
     *_trained("clean"),
     _SCORE,
+    _evaluate("clean"),
     StageSpec("register", _REGISTERED, io_bound=True),
 )
 
@@ -130,10 +164,12 @@ DISTILL: tuple[StageSpec, ...] = (
     StageSpec("teacher", io_bound=True),
     _DOWNLOAD,
     _CLEAN,
+    _HOLDOUT,
     StageSpec("distill", {"teacher": "teacher", "clean": "clean"}),
     StageSpec("filter", {"distill": "distill", "clean": "clean"}),
     *_trained("filter"),
     _SCORE,
+    _evaluate("filter"),
     StageSpec("export", {"average": "average", "tokenizer": "tokenizer"}),
     StageSpec("register", {**_REGISTERED, "teacher": "teacher"}, io_bound=True),
 )
@@ -158,8 +194,19 @@ def pipeline_name(config: RunConfig) -> PipelineName:
 
 
 def pipeline(config: RunConfig) -> tuple[StageSpec, ...]:
-    """The stages this config runs, in order."""
-    return PIPELINES[pipeline_name(config)]
+    """The stages this config runs, in order (its pipeline's, less those it does not want)."""
+    stages = PIPELINES[pipeline_name(config)]
+    kept = [s for s in stages if s.wanted is None or s.wanted(config)]
+    if len(kept) == len(stages) and all(s.replaces is None for s in kept):
+        return stages
+    out: list[StageSpec] = []
+    read_as: dict[str, str] = {}  # a replaced stage -> the stage read in its place
+    for s in kept:
+        inputs = {role: read_as.get(up, up) for role, up in s.inputs.items()}
+        out.append(s if inputs == s.inputs else dataclasses.replace(s, inputs=inputs))
+        if s.replaces is not None:
+            read_as[s.replaces] = s.name
+    return tuple(out)
 
 
 def spec(config: RunConfig, name: str) -> StageSpec:

@@ -240,6 +240,27 @@ def test_file_mirror_en_fr_reads_un_and_gzipped_giga_members(tmp_path: Path, mir
     assert (config.root / "cache" / "downloads" / "wmt10" / "training-giga-fren.tar").is_file()
 
 
+def test_a_newstest_set_alone_reads_as_the_download_stage_reads_it(tmp_path: Path, mirror_root):
+    """An extra test set (``eval.test_sets``) of the WMT source: its source and reference sides,
+    fetched and pinned as download does."""
+    from corpora.assemble import from_registry_set
+
+    outputs = {lang: tmp_path / f"test.{lang}" for lang in ("en", "de")}
+    lines_read = from_registry_set(
+        outputs,
+        source="wmt14",
+        split="newstest2013",
+        pair="en-de",
+        mirror=mirror_root.as_uri(),
+        cache=tmp_path / "cache",
+        lock_file=tmp_path / "lock.json",
+        max_retries=1,
+    )
+    assert lines_read == DEV_SIZE
+    assert read_lines(outputs["de"]) == lines("newstest2013", "de", DEV_SIZE)
+    assert (tmp_path / "lock.json").is_file()
+
+
 # ----------------------------------------------------------------------------- resume and retries
 
 

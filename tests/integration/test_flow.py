@@ -181,6 +181,38 @@ def test_status_reports_every_stage_up_to_date(first_run):
     assert all(st.up_to_date for _, st in rows), rows
 
 
+def test_a_test_set_added_after_training_runs_the_evaluate_stage_alone(first_run, tmp_path):
+    """A second, shifted test set (another seed's synthetic test split, as local files) added to
+    the trained config, not held out: the flow runs evaluate alone, which scores both sets and
+    logs each set's figures on its MLflow run."""
+    from mlflow import MlflowClient
+
+    from corpora.synthetic import write_corpus
+    from pipelines.flows import pipeline_flow
+    from tasks.framework.config import load_config
+
+    workdir, _, _ = first_run
+    write_corpus(tmp_path, pair="en-de", seed=99, train=1, dev=1, test=12)
+    shifted = {"name": "shifted", "prefix": str(tmp_path / "test"), "holdout": False}
+    sets = [{"name": "synthetic"}, shifted]
+    path = write_config(workdir / "sets.yaml", tiny_config(workdir, **{"eval.test_sets": sets}))
+    outcomes = pipeline_flow(config_path=path)
+    assert ran(outcomes) == ["evaluate"]
+    assert next(r for r in outcomes if r.stage == "evaluate").stats["translated"] == "shifted"
+
+    config = load_config(path)
+    table = json.loads((config.root / "evaluate" / "scores.json").read_text())["sets"]
+    score = json.loads((config.root / "score" / "scores.json").read_text())
+    assert [r["test_set"] for r in table] == ["synthetic", "shifted"]
+    assert table[0]["bleu_sacre"] == score["bleu_sacre"] and table[1]["test_segments"] == 12
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.mlflow.experiment)
+    (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'evaluate'")
+    for row in table:
+        assert run.data.metrics[f"bleu_sacre/{row['test_set']}"] == row["bleu_sacre"]
+        assert run.data.metrics[f"chrf/{row['test_set']}"] == row["chrf"]
+
+
 @pytest.mark.slow  # the benchmark's decoder on the flow's model: ~10 s
 def test_decode_dev_with_the_configs_settings_on_test_gives_the_score_stages_figure(
     first_run, tmp_path

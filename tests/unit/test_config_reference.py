@@ -34,17 +34,20 @@ _spec.loader.exec_module(config_reference)
 STALE = "docs/config.md is out of date: run .venv/bin/python .ci/config_reference.py --write\n"
 
 
-def every_key(cls: type, prefix: str = "") -> dict[str, bool]:
-    """Every dotted key under ``cls``, walked here by ``dataclasses.fields`` alone: whether it
-    is a section (a dataclass, or one that may be null)."""
-    keys = {}
+def every_key(cls: type, prefix: str = "") -> dict[str, str | None]:
+    """Every dotted key under ``cls``, walked here by ``dataclasses.fields`` alone: the heading
+    of the section it holds (a dataclass, one that may be null, or a list of them: ``key[]``),
+    else None."""
+    keys: dict[str, str | None] = {}
     hints = typing.get_type_hints(cls)
     for f in filter(is_setting, dataclasses.fields(cls)):
         kinds = [h for h in (hints[f.name], *typing.get_args(hints[f.name])) if h is not None]
         section = next((h for h in kinds if dataclasses.is_dataclass(h)), None)
-        keys[f"{prefix}{f.name}"] = section is not None
+        listed = typing.get_origin(hints[f.name]) is tuple
+        heading = f"{prefix}{f.name}{'[]' if listed else ''}"
+        keys[f"{prefix}{f.name}"] = heading if section is not None else None
         if section is not None:
-            keys.update(every_key(section, f"{prefix}{f.name}."))
+            keys.update(every_key(section, f"{heading}."))
     return keys
 
 
@@ -62,8 +65,8 @@ def test_the_page_lists_every_key_of_every_section(page: str):
     keys = every_key(RunConfig)
     assert len(keys) > 150 and "train.steps" in keys and "storage.cache_dir" in keys
     assert [k for k in keys if f"| `{k}` |" not in page] == []
-    sections = [k for k, section in keys.items() if section]
-    assert len(sections) == 20
+    sections = [heading for heading in keys.values() if heading]
+    assert len(sections) == 22
     assert [k for k in sections if f"\n## `{k}`\n" not in page] == []
 
 

@@ -41,7 +41,7 @@ def test_every_shipped_config_runs_the_pipeline_it_ran_before_the_key():
     for stem, name in RUNS_TODAY.items():
         config = load_config(CONFIGS / f"{stem}.yaml")
         assert (stem, graph.pipeline_name(config)) == (stem, name)
-        assert graph.pipeline(config) is graph.PIPELINES[name]
+        assert all(s in graph.PIPELINES[name] for s in graph.pipeline(config))
 
 
 @pytest.mark.parametrize(
