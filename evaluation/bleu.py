@@ -193,3 +193,11 @@ def write_sentences(
         f.write("index\tsource\treference\thypothesis\tsentence_bleu\n")
         for i, (s, r, h, b) in enumerate(zip(sources, refs, hyps, scores, strict=True)):
             f.write(f"{i}\t{clean(s)}\t{clean(r)}\t{clean(h)}\t{b:.2f}\n")
+
+
+def read_sentences(path: Path) -> tuple[list[str], list[str], list[str]]:
+    """``write_sentences``' sources, references and hypotheses (a tab in one was written as a
+    space, which no metric here tells from a tab)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][1:]
+    return [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]

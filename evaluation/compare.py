@@ -66,6 +66,11 @@ def _metrics(lang: str) -> dict[str, tuple[Any, Callable[[Sequence[str]], list[s
         # multi-bleu.perl has no smoothing, as in score_texts.
         "bleu_tok_compound": (BLEU(tokenize="none", force=True, smooth_method="none"), compound),
         "chrf": (CHRF(), plain),
+        # Not in COMPARED's table; what a lowercasing recipe's register.metric compares.
+        "bleu_tok_lc": (
+            BLEU(tokenize="none", force=True, smooth_method="none", lowercase=True),
+            lambda texts: moses_tokenize(texts, lang),
+        ),
     }
 
 

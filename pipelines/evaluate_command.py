@@ -5,7 +5,8 @@ Each set is translated in batches by the version with its own registered decodin
 ``tfm translate``), scored as the score stage scores (``evaluation.bleu``) and, with
 ``--against``, compared by sacreBLEU's paired bootstrap (``evaluation.compare``). The table is
 printed; ``--json`` writes it (and a Markdown copy, and with ``--against`` a plot of the
-differences, beside it); a registered version gets its figures as tags (``TAG_PREFIX``).
+differences, beside it); a registered version gets its figures as tags
+(``evaluation.evidence.TAG_PREFIX``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,9 @@ from typing import Any
 
 from corpora import CorpusError
 from evaluation.compare import MetricComparison
+from evaluation.evidence import TAG_PREFIX, figure_tags, tag_name
 from tasks.framework.config import ConfigError, RunConfig
 
-TAG_PREFIX = "eval"
-"""A version's tags: ``eval.<set>.<metric>`` (bleu_sacre, bleu_tok_compound, bleu_tok_lc, chrf),
-``eval.<set>.segments`` and ``eval.<set>.signature`` (bleu_sacre's)."""
-TAGGED = ("bleu_sacre", "bleu_tok_compound", "bleu_tok_lc", "chrf")
 SHOWN = (("bleu_sacre", "sacreBLEU"), ("bleu_tok_compound", "tok BLEU"), ("chrf", "chrF"))
 """The table's figures and their headings."""
 SIGNATURES = ("bleu_sacre", "bleu_tok_compound", "bleu_tok_lc", "chrf")
@@ -268,22 +266,6 @@ def _resamples(signature: str) -> str:
     return f"paired bootstrap, {found.group(1)} resamples, seed {found.group(2)}"
 
 
-def figure_tags(results: Sequence[SetResult]) -> dict[str, str]:
-    """The model's figures as registry tags (``TAG_PREFIX``), set names made tag-safe."""
-    tags = {}
-    for r in results:
-        key = f"{TAG_PREFIX}.{tag_name(r.test_set.name)}"
-        tags.update({f"{key}.{m}": f"{r.scores[m]:.4f}" for m in TAGGED})
-        tags[f"{key}.segments"] = str(len(r.test_set.refs))
-        tags[f"{key}.signature"] = str(r.scores["bleu_sacre_signature"])
-    return tags
-
-
-def tag_name(name: str) -> str:
-    """A set's name as MLflow takes it in a tag key (letters, digits, ``_-.``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
-
-
 # ----------------------------------------------------------------------------- the command
 
 
@@ -336,7 +318,11 @@ def run(request: Request, say: Callable[[str], object] = print) -> int:
         say("wrote " + ", ".join(str(p) for p in write_outputs(request, results)))
     if version is not None:
         names = [tag_name(r.test_set.name) for r in results]
-        say(tag_version(version, tracking, figure_tags(results), names))
+        say(
+            tag_version(
+                version, tracking, figure_tags({r.test_set.name: r.scores for r in results}), names
+            )
+        )
     return 0
 
 

@@ -206,6 +206,21 @@ def _translate(ctx: BuildContext, folder: Path, key: str) -> None:
     shutil.rmtree(shards, ignore_errors=True)
 
 
+def judged_sets(folder: Path, tgt: str) -> list[tuple[dict[str, Any], list[str], list[str]]]:
+    """Each extra set of an evaluate stage's ``folder``, in name order: its ``scores.json``,
+    references and hypotheses (what register keeps of it)."""
+    from corpora.text import read_lines
+
+    found = []
+    for scores in sorted((folder / SETS).glob(f"*/{SCORES_FILE}")):
+        refs, hyps = (
+            read_lines(scores.parent / f"test.{tgt}"),
+            read_lines(scores.parent / f"hyp.{tgt}"),
+        )
+        found.append((json.loads(scores.read_text(encoding="utf-8")), refs, hyps))
+    return found
+
+
 def normalised(lines: list[str]) -> list[str]:
     """``lines`` normalised as clean normalises a test set."""
     import pyarrow as pa

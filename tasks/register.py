@@ -1,13 +1,17 @@
 """Stage register: the averaged model as an MLflow pyfunc "translator", versioned and aliased.
 
-In: ``average``, ``tokenizer``, ``score``, and in the distill pipeline ``teacher`` (the fairseq
-pipeline: ``fairseq_import`` as both of the first two, and no score). Out: ``registered.json``
+In: ``average``, ``tokenizer``, ``score``, ``evaluate`` where the config has more test sets,
+and in the distill pipeline ``teacher`` (the fairseq pipeline: ``fairseq_import`` as both of the
+first two, and no score). Out: ``registered.json``
 (model name, version, aliases, the champion decision). Each registration logs the model
 (``serving.pyfunc``: weights, tokenizer, model and decoding configs as artifacts), creates a
 registry version with lineage tags (every upstream stage's fingerprint and code fingerprint, the
 run config, the git commit, a distilled model's teacher, an imported model's file), the weights'
-sha256 and its scores, and points the ``candidate`` alias at it; ``champion`` moves as
-``evaluation.champion`` decides, and the log and ``registered.json`` say why.
+sha256, its scores and each test set's figures (``eval.<set>.*``), keeps each set's hypotheses
+with the version (``evaluation.evidence``: the evidence a later candidate is compared with) and
+points the ``candidate`` alias at it; ``champion`` moves as ``evaluation.champion`` decides
+(``register.rule``), and the log, the version's tags and ``registered.json`` say why, with each
+compared set's difference, interval and p-value.
 
 The pyfunc carries its own code (``code_paths``: copies of ``serving``, ``transformer_core`` and
 ``parsing``, nothing else) rather than a pip requirement on this project: the project is not on a
@@ -25,13 +29,20 @@ import logging
 import math
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from corpora.pretokenize import Pretokenizer
-from evaluation.champion import decide_champion, protocol
+from evaluation.champion import Decision, Rule, choose, protocol
+from evaluation.evidence import (
+    EVIDENCE_PATH,
+    SetOutputs,
+    figure_tags,
+    read_evidence,
+    write_evidence,
+)
 from filesystem.redact import redact_text, redact_uri, redacted
 from tasks.framework import mlflow_runs
 from tasks.framework.code_fingerprint import git_state, stage_code
@@ -179,9 +190,10 @@ def register_model(
     tokenizer_dir: Path,
     scores: Mapping[str, Any],
     tags: Mapping[str, str],
+    evidence: Sequence[SetOutputs] = (),
 ) -> dict[str, Any]:
-    """Log the pyfunc, create a registry version, set aliases; returns what registered.json
-    holds."""
+    """Log the pyfunc (and ``evidence``, each test set's hypotheses), create a registry
+    version, set aliases; returns what registered.json holds."""
     import mlflow
 
     import serving
@@ -210,17 +222,25 @@ def register_model(
             input_example=INPUT_EXAMPLE,
             registered_model_name=name,
         )
+        if evidence:
+            mlflow.log_artifacts(
+                str(write_evidence(staging / EVIDENCE_PATH, evidence)), EVIDENCE_PATH
+            )
     version = str(info.registered_model_version)
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
 
     previous = _alias_version(client, name, CHAMPION)
-    take, reason = decide_champion(metric, scores, None if previous is None else previous.tags)
+    decision = choose_champion(config, scores, evidence, previous, tags)
     client.set_registered_model_alias(name, CANDIDATE, version)
-    if take:
+    if decision.take:
         client.set_registered_model_alias(name, CHAMPION, version)
-    log.info("register: %s version %s: %s", name, version, reason)
-    client.set_model_version_tag(name, version, "champion_decision", reason)
+    log.info("register: %s version %s: %s", name, version, decision.reason)
+    for line in decision.lines():
+        log.info("register:   %s", line)
+    against = None if previous is None else str(previous.version)
+    for key, value in decision.tags(against).items():
+        client.set_model_version_tag(name, version, key, value)
     aliases = sorted(client.get_model_version(name, version).aliases)
     return {
         "name": name,
@@ -231,8 +251,11 @@ def register_model(
         "tracking_uri": config.tracking_uri,
         "metric": {"name": metric, "value": _float_or_none(scores.get(metric))},
         "protocol": protocol(scores, metric),
-        "champion": take,
-        "decision": reason,
+        "champion": decision.take,
+        "decision": decision.reason,
+        "rule": config.register.rule,
+        "max_p": config.register.max_p,
+        "evidence": decision.sets,
         "previous_champion": None
         if previous is None
         else {
@@ -241,6 +264,46 @@ def register_model(
             "protocol": protocol(previous.tags, metric),
         },
     }
+
+
+def choose_champion(
+    config: RunConfig,
+    scores: Mapping[str, Any],
+    evidence: Sequence[SetOutputs],
+    previous: Any | None,
+    tags: Mapping[str, str],
+) -> Decision:
+    """The candidate (its ``scores``, ``evidence`` and ``tags``) against the champion
+    (``previous``, a registry version or None), by ``evaluation.champion.choose``."""
+    from serving.pyfunc import WEIGHTS_TAG
+    from tasks.evaluate import primary_name
+
+    section, old = config.register, None if previous is None else previous.tags
+    rule = Rule(section.metric, section.rule, section.max_p, primary_name(config))
+    stored = champion_evidence(config, previous) if rule.wants_evidence(scores, old) else None
+    same = old is not None and old.get(WEIGHTS_TAG) == tags.get(WEIGHTS_TAG)
+    return choose(rule, scores, old, evidence, stored, config.languages[1], same_weights=same)
+
+
+def champion_evidence(config: RunConfig, previous: Any) -> dict[str, tuple[str, list[str]]] | None:
+    """The champion's kept hypotheses (``evaluation.evidence.read_evidence``), or None where its
+    registration run kept none."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if not previous.run_id:
+        return None
+    with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
+        try:
+            folder = mlflow.artifacts.download_artifacts(
+                run_id=previous.run_id,
+                artifact_path=EVIDENCE_PATH,
+                dst_path=tmp,
+                tracking_uri=config.tracking_uri,
+            )
+            return read_evidence(Path(folder))
+        except (MlflowException, OSError, ValueError, KeyError):
+            return None
 
 
 def _float_or_none(value: str | float | None) -> float | None:
@@ -292,6 +355,32 @@ def teacher_tags(inputs: Mapping[str, Path]) -> dict[str, str]:
     return tags
 
 
+def judged_sets(
+    config: RunConfig, inputs: Mapping[str, Path], scores: Mapping[str, Any]
+) -> tuple[list[SetOutputs], dict[str, Mapping[str, Any]]]:
+    """Each test set the model was judged on, the primary one (score's) first: its references
+    and hypotheses, and its figures where they are whole (``evaluation.evidence.figure_tags``)."""
+    from evaluation.bleu import read_sentences
+    from evaluation.evidence import TAGGED
+    from tasks import evaluate
+    from tasks.score import SENTENCES_FILE
+
+    if "score" not in inputs:
+        return [], {}
+    primary = evaluate.primary_name(config)
+    sets, figures = [], {primary: scores}
+    sentences = inputs["score"] / SENTENCES_FILE
+    if sentences.is_file():
+        _, refs, hyps = read_sentences(sentences)
+        sets.append(SetOutputs(primary, refs, hyps))
+    if "evaluate" in inputs:
+        for result, refs, hyps in evaluate.judged_sets(inputs["evaluate"], config.languages[1]):
+            sets.append(SetOutputs(result["test_set"], refs, hyps))
+            figures[result["test_set"]] = result
+    whole = ("segments", "bleu_sacre_signature", *TAGGED)
+    return sets, {k: v for k, v in figures.items() if all(m in v for m in whole)}
+
+
 def build(ctx: BuildContext) -> dict[str, Any]:
     """Register the averaged model; writes ``ctx.tmp/registered.json``."""
     from serving.pyfunc import WEIGHTS_TAG
@@ -305,9 +394,10 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     # An imported model (the fairseq pipeline) comes unscored: it takes champion only where
     # there is none.
     scores = read_scores(inputs["score"], config.register.metric) if "score" in inputs else {}
-    tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs)}
+    evidence, figures = judged_sets(config, inputs, scores)
+    tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs), **figure_tags(figures)}
     tags[WEIGHTS_TAG] = sha256_file(weights)
-    record = register_model(config, weights, inputs["tokenizer"], scores, tags)
+    record = register_model(config, weights, inputs["tokenizer"], scores, tags, evidence)
     (ctx.tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return {
         "name": record["name"],

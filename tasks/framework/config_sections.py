@@ -206,6 +206,14 @@ class RegisterConfig:
     metric: ScoreMetric = "bleu_sacre"
     """Metric of scores.json that decides whether a new version takes the champion alias; a
     lowercasing recipe compares ``bleu_tok_lc``."""
+    rule: Literal["evidence", "higher"] = "evidence"
+    """How the champion is chosen. evidence: a new version takes the alias when it beats the
+    champion on the primary test set by a paired bootstrap test with p below max_p and is not
+    significantly worse on any other test set both were judged on (docs/evaluation.md); higher:
+    when its metric on the primary set is higher, one figure against another."""
+    max_p: Annotated[float, Gt(0), Lt(1)] = 0.05
+    """The evidence rule's threshold: the p-value below which a difference counts, better on
+    the primary set or worse on another."""
 
 
 SQLITE = "sqlite:///"

@@ -58,6 +58,9 @@ class StageSpec:
     """Talks to the network or a server: the flow retries it."""
     wanted: Callable[[RunConfig], bool] | None = None
     """Whether a config runs the stage at all (None: every config of the pipeline does)."""
+    optional: frozenset[str] = frozenset()
+    """Input roles read only where their stage runs; a config that does not run it gives this
+    stage no such input (register reads the evaluate stage's sets where there is one)."""
     replaces: str | None = None
     """When the config runs it, the stages after it read it in place of this stage (holdout:
     the clean corpus less the held-out test sets)."""
@@ -118,7 +121,14 @@ config that holds any out: the stages after it read it as clean; io_bound: a bui
 fetched."""
 _SCORE = StageSpec("score", {"translate": "translate", "download": "download"})
 _REGISTERED = {"average": "average", "tokenizer": "tokenizer", "score": "score"}
-"""What register reads of a trained model: its weights, tokenizer and scores."""
+"""What register reads of a trained model: its weights, tokenizer and scores ..."""
+
+
+def _register(**more: str) -> StageSpec:
+    """... and the evaluate stage's sets where the config has them (the evidence a later
+    candidate is compared with), and ``more``; io_bound: it needs the registry."""
+    inputs = {**_REGISTERED, "evaluate": "evaluate", **more}
+    return StageSpec("register", inputs, io_bound=True, optional=frozenset({"evaluate"}))
 
 
 def _evaluate(corpus: str) -> StageSpec:
@@ -142,7 +152,7 @@ WMT14: tuple[StageSpec, ...] = (
     *_trained("clean"),
     _SCORE,
     _evaluate("clean"),
-    StageSpec("register", _REGISTERED, io_bound=True),
+    _register(),
 )
 
 PARSING: tuple[StageSpec, ...] = (
@@ -171,7 +181,7 @@ DISTILL: tuple[StageSpec, ...] = (
     _SCORE,
     _evaluate("filter"),
     StageSpec("export", {"average": "average", "tokenizer": "tokenizer"}),
-    StageSpec("register", {**_REGISTERED, "teacher": "teacher"}, io_bound=True),
+    _register(teacher="teacher"),
 )
 """Sequence-level distillation: a registered teacher's translations of the training corpus
 (``distill``, less the worst ``filter`` drops) take the clean corpus's role for the usual
@@ -201,8 +211,13 @@ def pipeline(config: RunConfig) -> tuple[StageSpec, ...]:
         return stages
     out: list[StageSpec] = []
     read_as: dict[str, str] = {}  # a replaced stage -> the stage read in its place
+    running = {s.name for s in kept}
     for s in kept:
-        inputs = {role: read_as.get(up, up) for role, up in s.inputs.items()}
+        inputs = {
+            role: read_as.get(up, up)
+            for role, up in s.inputs.items()
+            if up in running or role not in s.optional
+        }
         out.append(s if inputs == s.inputs else dataclasses.replace(s, inputs=inputs))
         if s.replaces is not None:
             read_as[s.replaces] = s.name

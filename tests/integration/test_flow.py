@@ -184,7 +184,8 @@ def test_status_reports_every_stage_up_to_date(first_run):
 def test_a_test_set_added_after_training_runs_the_evaluate_stage_alone(first_run, tmp_path):
     """A second, shifted test set (another seed's synthetic test split, as local files) added to
     the trained config, not held out: the flow runs evaluate alone, which scores both sets and
-    logs each set's figures on its MLflow run."""
+    logs each set's figures on its MLflow run, and register, which keeps them on a new version
+    that the evidence does not promote (the champion's own weights)."""
     from mlflow import MlflowClient
 
     from corpora.synthetic import write_corpus
@@ -197,7 +198,7 @@ def test_a_test_set_added_after_training_runs_the_evaluate_stage_alone(first_run
     sets = [{"name": "synthetic"}, shifted]
     path = write_config(workdir / "sets.yaml", tiny_config(workdir, **{"eval.test_sets": sets}))
     outcomes = pipeline_flow(config_path=path)
-    assert ran(outcomes) == ["evaluate"]
+    assert ran(outcomes) == ["evaluate", "register"]
     assert next(r for r in outcomes if r.stage == "evaluate").stats["translated"] == "shifted"
 
     config = load_config(path)
@@ -211,6 +212,13 @@ def test_a_test_set_added_after_training_runs_the_evaluate_stage_alone(first_run
     for row in table:
         assert run.data.metrics[f"bleu_sacre/{row['test_set']}"] == row["bleu_sacre"]
         assert run.data.metrics[f"chrf/{row['test_set']}"] == row["chrf"]
+    registered = json.loads((config.root / "register" / "registered.json").read_text())
+    assert registered["version"] == 2 and registered["aliases"] == ["candidate"]
+    assert registered["decision"].startswith("bleu_sacre on synthetic +0.00 [+0.00, +0.00], p")
+    assert "the champion has no hypotheses on: shifted" in registered["decision"]
+    tags = client.get_model_version("flowtest", "2").tags
+    for row in table:
+        assert tags[f"eval.{row['test_set']}.bleu_sacre"] == f"{row['bleu_sacre']:.4f}"
 
 
 @pytest.mark.slow  # the benchmark's decoder on the flow's model: ~10 s

@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from helpers.stage_folders import finished_folder
+from helpers.stage_folders import finished_folder, tiny_sentences
 
 from serving.stream import ModelNotFoundError, from_registry, translate_stream
 from serving.translator import Translator
@@ -502,3 +503,93 @@ def test_a_ctranslate2_version_carries_its_export_and_serves_from_it(setup, tmp_
     ]
     assert main(["export", "--to", "marian", *args]) == 0
     assert json.loads((marian / "config.json").read_text())["model_type"] == "marian"
+
+
+REFS = tiny_sentences(60, seed=21)
+SHIFTED_REFS = [s.replace("the", "a") for s in tiny_sentences(60, seed=22)]
+
+
+def _dropped(texts: list[str], share: float, seed: int) -> list[str]:
+    """``texts`` with the first word dropped from a ``share`` of them: a worse system's."""
+    rng = random.Random(seed)
+    return [" ".join(t.split()[1:]) if rng.random() < share else t for t in texts]
+
+
+def _judged(root: Path, primary: list[str], shifted: list[str]) -> dict[str, Path]:
+    """Score and evaluate folders of a model whose outputs are ``primary`` on the primary set
+    and ``shifted`` on the shifted one, as the stages write them."""
+    from evaluation.bleu import score_texts, write_sentences
+
+    def score(tmp: Path) -> dict:
+        result = {**score_texts(primary, REFS, "de"), "test_set": "synthetic", "pair": "en-de"}
+        result["signature"] = result["bleu_sacre_signature"]
+        (tmp / "scores.json").write_text(json.dumps(result))
+        write_sentences(tmp / "sentences.tsv", REFS, REFS, primary, [0.0] * len(REFS))
+        return {}
+
+    def evaluate(tmp: Path) -> dict:
+        folder = tmp / "sets" / "shifted"
+        folder.mkdir(parents=True)
+        (folder / "test.de").write_text("".join(r + "\n" for r in SHIFTED_REFS))
+        (folder / "hyp.de").write_text("".join(h + "\n" for h in shifted))
+        result = {**score_texts(shifted, SHIFTED_REFS, "de"), "test_set": "shifted"}
+        (folder / "scores.json").write_text(json.dumps(result))
+        return {}
+
+    key = {"p": primary, "s": shifted}  # a fingerprint of their own
+    return {
+        "score": finished_folder(root / "score", "score", key, score),
+        "evaluate": finished_folder(root / "evaluate", "evaluate", key, evaluate),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # 3 registrations: about 40 s on 2 busy cores
+def test_a_champion_by_evidence_kept_with_the_version(setup, tmp_path) -> None:
+    """The evidence rule end to end through the registry: each version keeps its hypotheses
+    and figures, and a candidate better on the primary set but worse on another is refused."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.framework.config_eval import EvalConfig, EvalSet
+
+    base, inputs, _ = setup
+    config = base.replace(
+        workdir=str(tmp_path / "run"),
+        register=RegisterConfig(model_name="evidence-translator"),
+        eval=EvalConfig(
+            test_sets=(
+                EvalSet(name="synthetic"),
+                EvalSet(name="shifted", prefix="x", holdout=False),
+            )
+        ),
+    )
+    client = MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+    poor, good = _dropped(REFS, 0.8, seed=1), _dropped(REFS, 0.1, seed=2)
+    fine = _dropped(SHIFTED_REFS, 0.1, seed=3)
+
+    def register_(folder: str, primary: list[str], shifted: list[str]) -> dict:
+        judged = _judged(tmp_path / folder, primary, shifted)
+        out = run_stage(config, "register", {**inputs, **judged}).path
+        return json.loads((out / "registered.json").read_text())
+
+    first = register_("a", poor, fine)
+    assert first["champion"] and first["decision"] == "no champion yet"
+    tags = client.get_model_version("evidence-translator", "1").tags
+    assert float(tags["eval.shifted.bleu_sacre"]) > float(tags["eval.synthetic.bleu_sacre"])
+
+    # Better on the primary set, far worse on the shifted one: refused, and it says why.
+    worse = register_("b", good, _dropped(SHIFTED_REFS, 0.9, seed=4))
+    assert not worse["champion"] and worse["aliases"] == ["candidate"]
+    assert "but significantly worse on shifted" in worse["decision"]
+    primary_row, shifted_row = worse["evidence"]
+    assert primary_row["set"] == "synthetic" and primary_row["difference"] > 0
+    assert shifted_row["high"] < 0 and shifted_row["p_value"] < 0.05
+    tags = client.get_model_version("evidence-translator", "2").tags
+    assert tags["champion_decision"] == worse["decision"] and tags["evidence.against"] == "1"
+    assert float(tags["evidence.shifted.p_value"]) < 0.05
+
+    # Better on the primary set and the same on the other: promoted by its evidence.
+    better = register_("c", good, fine)
+    assert better["champion"] and better["aliases"] == ["candidate", "champion"]
+    assert "better with p < 0.05; not significantly worse on shifted" in better["decision"]
+    assert better["evidence"][1]["p_value"] == 1.0  # the same hypotheses on shifted

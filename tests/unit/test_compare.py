@@ -39,7 +39,10 @@ def test_identical_systems_differ_by_nothing() -> None:
 
 def test_a_clearly_better_system_has_a_small_p_and_an_interval_above_zero() -> None:
     better, worse = damaged(REFS, 0.1, seed=1), damaged(REFS, 0.9, seed=2)
-    rows = {r.metric: r for r in compare_systems(REFS, better, worse, "en")}
+    # bleu_tok_lc too: a lowercasing recipe's deciding metric (not in the table's COMPARED).
+    compared = compare_systems(REFS, better, worse, "en", metrics=[*COMPARED, "bleu_tok_lc"])
+    rows = {r.metric: r for r in compared}
+    assert len(rows) == 4
     direct_a, direct_b = score_texts(better, REFS, "en"), score_texts(worse, REFS, "en")
     for name, row in rows.items():
         # Each figure is the score stage's.

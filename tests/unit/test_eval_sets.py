@@ -109,8 +109,12 @@ def test_a_set_not_held_out_changes_nothing_upstream_and_a_held_out_one_trains_w
     alone = {s.name: s for s in graph.pipeline(_load([{"name": "t"}]))}
     later = _load([{"name": "t"}, {"name": "m", "split": "test_2017_mscoco", "holdout": False}])
     assert [s.name for s in graph.pipeline(later)] == [*list(alone)[:-1], "evaluate", "register"]
+    # Register reads the evaluate stage's sets where it runs (their figures and hypotheses).
+    assert "evaluate" not in alone["register"].inputs
     for stage in graph.pipeline(later):
-        if stage.name != "evaluate":
+        if stage.name == "register":
+            assert stage.inputs == {**alone["register"].inputs, "evaluate": "evaluate"}
+        elif stage.name != "evaluate":
             assert stage == alone[stage.name], stage.name
             assert stage.stage_config(later) == alone[stage.name].stage_config(
                 _load([{"name": "t"}])

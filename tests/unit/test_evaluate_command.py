@@ -11,13 +11,12 @@ import pytest
 from corpora import CorpusError
 from evaluation.bleu import score_texts
 from evaluation.compare import compare_systems
+from evaluation.evidence import figure_tags, tag_name
 from pipelines.evaluate_command import (
     EvaluationSet,
     SetResult,
-    figure_tags,
     read_test_set,
     table,
-    tag_name,
     tag_version,
 )
 
@@ -85,7 +84,7 @@ def test_the_table_shows_each_set_or_each_comparison() -> None:
 
 def test_the_version_tags_carry_each_figure_under_a_safe_name() -> None:
     (row,) = results(False)
-    tags = figure_tags([row])
+    tags = figure_tags({row.test_set.name: row.scores})
     assert tag_name("my set/2017") == "my_set_2017"
     assert tags["eval.my_set_2017.bleu_sacre"] == f"{row.scores['bleu_sacre']:.4f}"
     assert tags["eval.my_set_2017.segments"] == "3"

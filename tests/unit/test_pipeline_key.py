@@ -41,7 +41,9 @@ def test_every_shipped_config_runs_the_pipeline_it_ran_before_the_key():
     for stem, name in RUNS_TODAY.items():
         config = load_config(CONFIGS / f"{stem}.yaml")
         assert (stem, graph.pipeline_name(config)) == (stem, name)
-        assert all(s in graph.PIPELINES[name] for s in graph.pipeline(config))
+        stages = {s.name: s for s in graph.PIPELINES[name]}
+        for s in graph.pipeline(config):  # its pipeline's stages, with fewer inputs at most
+            assert s.inputs.items() <= stages[s.name].inputs.items(), (stem, s.name)
 
 
 @pytest.mark.parametrize(
