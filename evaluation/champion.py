@@ -219,8 +219,21 @@ def choose(
     ):
         take, reason = True, "the champion's own weights, registered again"
     return Decision(
-        take, f"{reason} (by the higher figure: the champion kept no hypotheses on {rule.primary})"
+        take, f"{reason} (by the higher figure: {_no_evidence(rule, evidence, stored)})"
     )
+
+
+def _no_evidence(
+    rule: Rule,
+    evidence: Sequence[SetOutputs],
+    stored: Mapping[str, tuple[str, list[str]]] | None,
+) -> str:
+    """Why the primary set could not be compared by the paired test."""
+    if not any(s.name == rule.primary for s in evidence):
+        return f"this version has no hypotheses on {rule.primary}"
+    if stored is None or rule.primary not in stored:
+        return f"the champion kept no hypotheses on {rule.primary}"
+    return f"the champion's hypotheses on {rule.primary} are of other references"
 
 
 def _figure(values: Mapping[str, Any], metric: str) -> float | None:

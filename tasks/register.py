@@ -302,7 +302,12 @@ def champion_evidence(config: RunConfig, previous: Any) -> dict[str, tuple[str, 
                 tracking_uri=config.tracking_uri,
             )
             return read_evidence(Path(folder))
-        except (MlflowException, OSError, ValueError, KeyError):
+        except (MlflowException, OSError, ValueError, KeyError) as exc:
+            log.info(
+                "register: no hypotheses of the champion's (version %s) read: %s",
+                previous.version,
+                redact_text(str(exc).splitlines()[0][:200]) if str(exc) else type(exc).__name__,
+            )
             return None
 
 

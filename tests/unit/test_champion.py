@@ -101,7 +101,16 @@ def test_only_sets_with_the_same_references_are_compared(tmp_path):
         write_evidence(tmp_path / "moved", [SetOutputs("test2016", OTHER, OTHER)])
     )
     fallback = decide(tmp_path, (damaged(PRIMARY, 0.1, seed=4), OTHER), champion, stored=moved)
-    assert fallback.sets == [] and "kept no hypotheses on test2016" in fallback.reason
+    assert (
+        fallback.sets == [] and "hypotheses on test2016 are of other references" in fallback.reason
+    )
+    # A candidate without hypotheses (a score folder from before they were read) says so.
+    bare = choose(
+        RULE, scores(OTHER), {k: str(v) for k, v in scores(PRIMARY).items()}, [], moved, "en"
+    )
+    assert bare.reason.endswith(
+        "(by the higher figure: this version has no hypotheses on test2016)"
+    )
 
 
 def test_a_champion_without_hypotheses_is_judged_by_the_figure_and_its_weights_take_them(
