@@ -292,6 +292,20 @@ def teacher_tags(inputs: Mapping[str, Path]) -> dict[str, str]:
     return tags
 
 
+def parent_tags(inputs: Mapping[str, Path]) -> dict[str, str]:
+    """A fine-tuned model's parent (the parent stage's folder, read as the ``tokenizer`` input,
+    its ``parent.json``) as tags: ``parent.name``, ``parent.version`` (0: a work dir's folder,
+    named by its path), ``parent.found_by``, ``parent.weights_sha256``; none for a model trained
+    from random weights."""
+    record_file = inputs["tokenizer"] / "parent.json"
+    if not record_file.is_file():
+        return {}
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    return {
+        f"parent.{k}": str(record[k]) for k in ("name", "version", "found_by", "weights_sha256")
+    }
+
+
 def build(ctx: BuildContext) -> dict[str, Any]:
     """Register the averaged model; writes ``ctx.tmp/registered.json``."""
     from serving.pyfunc import WEIGHTS_TAG
@@ -305,7 +319,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     # An imported model (the fairseq pipeline) comes unscored: it takes champion only where
     # there is none.
     scores = read_scores(inputs["score"], config.register.metric) if "score" in inputs else {}
-    tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs)}
+    tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs), **parent_tags(inputs)}
     tags[WEIGHTS_TAG] = sha256_file(weights)
     record = register_model(config, weights, inputs["tokenizer"], scores, tags)
     (ctx.tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

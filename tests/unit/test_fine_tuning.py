@@ -174,3 +174,19 @@ def test_a_folder_parent_is_pinned_by_its_weights_sha256(tmp_path):
     pin = parent.resolve(tuned).parent
     assert pin is not None and pin.version == parent.FOLDER_VERSION
     assert pin.weights_sha256 == sha256_file(tmp_path / "average" / "model.pt")
+
+
+def test_a_fine_tuned_version_is_tagged_with_its_parent_and_another_with_none(tmp_path):
+    import json
+
+    from tasks.register import parent_tags
+
+    record = {"name": "general", "version": 3, "found_by": PARENT, "weights_sha256": "c" * 64}
+    (tmp_path / "parent.json").write_text(json.dumps({**record, "run_id": "r"}))
+    assert parent_tags({"tokenizer": tmp_path}) == {
+        "parent.name": "general",
+        "parent.version": "3",
+        "parent.found_by": PARENT,
+        "parent.weights_sha256": "c" * 64,
+    }
+    assert parent_tags({"tokenizer": tmp_path / "elsewhere"}) == {}
