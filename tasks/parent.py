@@ -1,11 +1,13 @@
 """Stage parent: the trained model a fine-tuning starts from (``train.init_from``), copied into
-the run: a registry version, or a work dir's ``average/`` or ``train/`` folder.
+the run: a registry version, or a work dir's ``average/``, ``train/`` or Ray Train checkpoint
+(``train_ray/<run>/step-<n>/``) folder.
 
-Out: ``model.pt`` (the parent's weights), its tokenizer's files (``spm.model``, and
-``pretokenize.json`` or ``bpe.codes`` where it has them) and ``parent.json`` (its name, version,
-the reference it was found by, the weights' sha256). The folder stands in for the tokenizer
-stage (the graph's ``replaces``): the parent's subwords are what its embeddings mean, so the run
-trains no tokenizer, and the train stage starts from the weights beside them.
+Out: ``model.pt`` (the parent's weights; a Ray Train checkpoint's holds Adam's state too), its
+tokenizer's files (``spm.model``, and ``pretokenize.json`` or ``bpe.codes`` where it has them)
+and ``parent.json`` (its name, version, the reference it was found by, the weights' sha256). The
+folder stands in for the tokenizer stage (the graph's ``replaces``): the parent's subwords are
+what its embeddings mean, so the run trains no tokenizer, and the train stage starts from the
+weights beside them.
 
 Its fingerprint is the version and the weights' sha256 (for a folder: its path, version 0, and
 the weights' sha256), so a new parent version reruns it and everything after it. As the
@@ -79,8 +81,9 @@ def pin(config: RunConfig) -> TeacherPin:
 
 
 def folder_files(folder: Path) -> tuple[Path, Path]:
-    """A work dir folder's weights (``average/model.pt``, ``train/final/model.pt``) and the
-    tokenizer folder beside it; a StageError naming what is missing."""
+    """A work dir folder's weights (``average/model.pt``, ``train/final/model.pt``, a Ray Train
+    checkpoint's ``model.pt``) and the work dir's tokenizer folder; a StageError naming what is
+    missing."""
     from serving.tokenizer import MODEL_FILE as SPM_FILE
     from transformer_core.checkpoint import MODEL_FILE
 
@@ -92,11 +95,13 @@ def folder_files(folder: Path) -> tuple[Path, Path]:
             f"{KEY} {folder}: no {MODEL_FILE} in it nor in its final/ (a work dir's average/ or "
             "train/ folder, or models:/<name>@<alias>)"
         )
+    # average/ and train/ are the work dir's; a Ray Train checkpoint is train_ray/<run>/step-<n>.
     # A fine-tuned work dir holds its tokenizer in its parent stage's folder.
-    for name in ("tokenizer", STAGE):
-        if (folder.parent / name / SPM_FILE).is_file():
-            return weights, folder.parent / name
-    raise StageError(f"{KEY} {folder}: no tokenizer/ folder beside it ({folder.parent})")
+    for workdir in list(folder.parents)[:3]:
+        for name in ("tokenizer", STAGE):
+            if (workdir / name / SPM_FILE).is_file():
+                return weights, workdir / name
+    raise StageError(f"{KEY} {folder}: no tokenizer/ folder in its work dir ({folder.parent})")
 
 
 def looked_up(
@@ -157,6 +162,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
         "weights_sha256": p.weights_sha256,
         "vocab_size": pieces,
         "model": to_dict(model),
+        "optimizer": "optimizer" in saved,  # a Ray Train checkpoint's Adam state
     }
 
 

@@ -208,7 +208,8 @@ def target_vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int | No
 
 def check_parent(config: RunConfig, folder: Path) -> None:
     """With ``train.init_from``: the model must have the parent's shape (the parent stage's
-    folder records it), else a StageError in one line naming the settings that differ."""
+    folder records it), and the parent Adam's state with ``keep_optimizer``; else a StageError
+    in one line naming the settings that differ."""
     from training.parent_weights import shape_mismatch
     from transformer_core.config import ModelConfig
 
@@ -216,6 +217,8 @@ def check_parent(config: RunConfig, folder: Path) -> None:
     if "model" not in stats:
         raise StageError(f"{folder}/manifest.json records no parent model: run the parent stage")
     problem = shape_mismatch(config.model, ModelConfig.from_dict(stats["model"]))
+    if problem is None and config.train.keep_optimizer and not stats.get("optimizer"):
+        problem = "train.keep_optimizer: its checkpoint holds weights only, no optimizer state"
     if problem is not None:
         raise StageError(f"train.init_from {config.train.init_from}: {problem}")
 

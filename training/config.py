@@ -140,15 +140,16 @@ class TrainConfig:
     freeze: tuple[Frozen, ...] = field(default=(), metadata=OMITTED_AT_DEFAULT)
     """With init_from: parts of the parent kept as they are, embeddings (with
     share_embeddings, the output projection too) and/or encoder; empty: all of it trains."""
+    keep_optimizer: bool = field(default=False, metadata=OMITTED_AT_DEFAULT)
+    """With init_from a Ray Train checkpoint folder (<workdir>/train_ray/<run>/step-<n>/, which
+    holds Adam's state; a registered version holds weights only): Adam's moments continue the
+    parent's, under the fine-tuning's own schedule."""
 
     def __post_init__(self) -> None:
         check_choices(self)  # batching, as a config file's loader checks it
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
-        if self.freeze and self.init_from is None:
-            raise ConfigError("freeze", "needs init_from: a random model has nothing to keep")
-        if len(set(self.freeze)) != len(self.freeze):
-            raise ConfigError("freeze", f"{list(self.freeze)} names a part twice")
+        self._check_parent()
         self._at_least(1, "steps", "tokens_per_step", "max_tokens_per_batch", "pad_multiple")
         self._check_workers()
         self._at_least(0, "elastic_check_seconds")
@@ -183,6 +184,22 @@ class TrainConfig:
             raise ConfigError(
                 "checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0"
             )
+
+    def _check_parent(self) -> None:
+        """What fine-tuning's settings need: a parent, and for Adam's state, one that holds it."""
+        for name in ("freeze", "keep_optimizer"):
+            if getattr(self, name) and self.init_from is None:
+                raise ConfigError(name, "needs init_from: a random model has nothing to keep")
+        if len(set(self.freeze)) != len(self.freeze):
+            raise ConfigError("freeze", f"{list(self.freeze)} names a part twice")
+        if self.keep_optimizer and (self.init_from or "").startswith("models:"):
+            raise ConfigError(
+                "keep_optimizer",
+                "a registered version holds weights only: init_from a Ray Train checkpoint "
+                "folder (<workdir>/train_ray/<run>/step-<n>) to keep Adam's state",
+            )
+        if self.keep_optimizer and self.freeze:
+            raise ConfigError("keep_optimizer", "with freeze: Adam holds fewer parameters")
 
     def _at_least(self, minimum: int, *names: str) -> None:
         for name in names:

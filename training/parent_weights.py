@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from transformer_core import checkpoint
 from transformer_core.config import ModelConfig
 from transformer_core.model import Transformer
 
-__all__ = ["SHAPELESS", "shape_mismatch", "start_from_parent"]
+__all__ = ["SHAPELESS", "keep_parent_moments", "shape_mismatch", "start_from_parent"]
 
 SHAPELESS = ("dropout", "attention_dropout", "label_smoothing", "init")
 """Model settings that shape no weight: a fine-tuning may set its own."""
@@ -37,6 +38,17 @@ def start_from_parent(module: Transformer, weights: Path, freeze: Iterable[str] 
     for part in freeze:
         for p in _parameters(module, part):
             p.requires_grad_(False)
+
+
+def keep_parent_moments(optimizer: torch.optim.Optimizer, weights: Path) -> None:
+    """Adam's per-parameter state (moments and step counts) from the parent's checkpoint (a Ray
+    Train one, which holds it), under ``optimizer``'s own learning rate and schedule; a
+    ValueError when the checkpoint holds weights only."""
+    saved = checkpoint.load(weights).get("optimizer")
+    if saved is None:
+        raise ValueError(f"{weights} holds weights only, no optimizer state")
+    fresh = optimizer.state_dict()["param_groups"]
+    optimizer.load_state_dict({"state": saved["state"], "param_groups": fresh})
 
 
 def _parameters(module: Transformer, part: str) -> Iterable[nn.Parameter]:

@@ -132,6 +132,30 @@ def test_a_parent_that_does_not_exist_is_one_line_naming_it(first_run, capsys):
     assert "has no version 7" in err[0] and "(its versions: 1)" in err[0]
 
 
+def test_a_ray_train_checkpoint_is_a_parent_whose_adam_state_the_child_keeps(first_run, tmp_path):
+    """A work dir's own checkpoint as the parent (its tokenizer: the parent stage's folder of a
+    fine-tuned work dir), Adam's moments kept: the flow runs and the version names the folder."""
+    from mlflow import MlflowClient
+
+    from pipelines.flows import pipeline_flow
+    from tasks.framework.config import load_config
+
+    path, _ = first_run
+    first = load_config(path)
+    step = sorted((first.root / "train_ray").glob("train-*/step-*"))[-1]
+    config = fine_tuning(tmp_path, first.tracking_uri)
+    config["name"], config["register"]["model_name"] = "again", "again"
+    config["train"].update(init_from=str(step), keep_optimizer=True, lr_scale=1.0)
+    again = write_config(tmp_path / "again.yaml", config)
+    outcomes = pipeline_flow(config_path=again)
+    assert ran(outcomes) == [*STAGES, "register"]
+    stats = {r.stage: r.stats for r in outcomes}
+    assert stats["parent"]["optimizer"] is True and stats["parent"]["version"] == 0
+    client = MlflowClient(tracking_uri=first.tracking_uri, registry_uri=first.tracking_uri)
+    version = client.get_model_version_by_alias("again", "champion")
+    assert version.tags["parent.name"] == str(step) and version.tags["parent.version"] == "0"
+
+
 def test_a_new_parent_version_makes_the_parent_stage_and_everything_after_it_stale(
     first_run, registry, tiny_model, tiny_tokenizer
 ):

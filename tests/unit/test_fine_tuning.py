@@ -18,10 +18,10 @@ from tasks.framework.config_sections import TeacherPin
 from tasks.framework.results import StageError
 from tasks.framework.stage_fingerprint import stage_fingerprint
 from training.config import TrainConfig
-from training.parent_weights import shape_mismatch, start_from_parent
+from training.parent_weights import keep_parent_moments, shape_mismatch, start_from_parent
 from transformer_core import checkpoint, presets
 from transformer_core.model import Transformer
-from transformer_core.schedule import make_optimizer
+from transformer_core.schedule import make_optimizer, make_scheduler
 
 PARENT = "models:/general@champion"
 
@@ -44,8 +44,9 @@ def pinned(cfg, version: int, sha: str = "a" * 64):
 def test_a_config_without_the_keys_has_the_plain_form_and_stages_it_had(tmp_path):
     plain = config(tmp_path, steps=10)
     # The plain form (what stage fingerprints hash) is the one before the keys existed: every
-    # other setting of the section, and not these two.
-    older = {f.name for f in dataclasses.fields(TrainConfig)} - {"init_from", "freeze"}
+    # other setting of the section, and not these.
+    new = {"init_from", "freeze", "keep_optimizer"}
+    older = {f.name for f in dataclasses.fields(TrainConfig)} - new
     assert set(to_dict(plain.train)) == older
     assert "train.init_from" not in flatten(plain) and "train.freeze" not in flatten(plain)
     names = [s.name for s in graph.pipeline(plain)]
@@ -97,6 +98,17 @@ def test_the_alias_is_not_hashed_before_it_is_resolved(tmp_path):
         ({"init_from": PARENT, "freeze": ["decoder"]}, "train.freeze[0]", "'decoder'"),
         ({"init_from": PARENT, "freeze": ["encoder", "encoder"]}, "train.freeze", "twice"),
         ({"init_from": PARENT, "reset_optimizer": True}, "train.reset_optimizer", "unknown"),
+        ({"keep_optimizer": True}, "train.keep_optimizer", "needs init_from"),
+        ({"init_from": PARENT, "keep_optimizer": True}, "train.keep_optimizer", "weights only"),
+        (
+            {
+                "init_from": "runs/g/train_ray/r/step-9",
+                "keep_optimizer": True,
+                "freeze": ["encoder"],
+            },
+            "train.keep_optimizer",
+            "with freeze",
+        ),
     ],
 )
 def test_bad_keys_are_one_line_naming_them(tmp_path, train, key, words):
@@ -159,7 +171,7 @@ def test_a_parent_folder_is_a_work_dirs_average_or_train_folder_with_its_tokeniz
     with pytest.raises(StageError, match=r"^train.init_from .*nowhere: no model.pt in it"):
         parent.folder_files(tmp_path / "nowhere")
     (tmp_path / "tokenizer" / "spm.model").unlink()
-    with pytest.raises(StageError, match="no tokenizer/ folder beside it"):
+    with pytest.raises(StageError, match="no tokenizer/ folder in its work dir"):
         parent.folder_files(tmp_path / "average")
 
 
@@ -190,3 +202,51 @@ def test_a_fine_tuned_version_is_tagged_with_its_parent_and_another_with_none(tm
         "parent.weights_sha256": "c" * 64,
     }
     assert parent_tags({"tokenizer": tmp_path / "elsewhere"}) == {}
+
+
+def adam_after_steps(module: Transformer, steps: int) -> torch.optim.Adam:
+    """Adam on ``module`` after ``steps`` updates of a made-up loss (so it has moments)."""
+    adam = make_optimizer(module)
+    schedule = make_scheduler(adam, d_model=64, warmup_steps=4)
+    for _ in range(steps):
+        loss = sum((p.float() ** 2).sum() for p in module.parameters())
+        adam.zero_grad()
+        loss.backward()
+        adam.step()
+        schedule.step()
+    return adam
+
+
+def test_keep_optimizer_continues_the_parents_adam_moments_under_a_fresh_schedule(tmp_path):
+    cfg = presets.debug().replace(max_len=64)
+    torch.manual_seed(0)
+    trained = Transformer(cfg, 40)
+    parent_adam = adam_after_steps(trained, 3)
+    weights = checkpoint.save(
+        tmp_path / "model.pt", trained, cfg, vocab_size=40, optimizer=parent_adam.state_dict()
+    )
+    child = Transformer(cfg, 40)
+    start_from_parent(child, weights)
+    adam = make_optimizer(child)
+    make_scheduler(adam, d_model=64, warmup_steps=100)  # sets the fresh schedule's first lr
+    fresh_lr = [g["lr"] for g in adam.param_groups]
+    keep_parent_moments(adam, weights)
+    assert [g["lr"] for g in adam.param_groups] == fresh_lr  # the fine-tuning's schedule
+    theirs = list(parent_adam.state.values())
+    ours = [adam.state[p] for p in adam.param_groups[0]["params"]]
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs, strict=True):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(a[key], b[key]), key
+    weights_only = checkpoint.save(tmp_path / "w.pt", trained, cfg, vocab_size=40)
+    with pytest.raises(ValueError, match="holds weights only"):
+        keep_parent_moments(adam, weights_only)
+
+
+def test_a_ray_train_checkpoint_is_a_parent_folder_with_its_work_dirs_tokenizer(tmp_path):
+    step = tmp_path / "train_ray" / "train-abc" / "step-000000009"
+    step.mkdir(parents=True)
+    (tmp_path / "tokenizer").mkdir()
+    (step / "model.pt").write_bytes(b"w")
+    (tmp_path / "tokenizer" / "spm.model").write_bytes(b"t")
+    assert parent.folder_files(step) == (step / "model.pt", tmp_path / "tokenizer")
