@@ -48,7 +48,7 @@ from tasks.framework import mlflow_runs
 from tasks.framework.code_fingerprint import git_state, stage_code
 from tasks.framework.config import RunConfig, fingerprint, to_dict
 from tasks.framework.contract import BuildContext
-from tasks.framework.lineage import lineage
+from tasks.framework.lineage import lineage, parent_tags, teacher_tags
 from tasks.framework.manifest import read_manifest
 from tasks.framework.results import StageError
 from tasks.framework.stage_fingerprint import code_version
@@ -347,19 +347,6 @@ def version_tags(
 # ----------------------------------------------------------------------------- the stage
 
 
-def teacher_tags(inputs: Mapping[str, Path]) -> dict[str, str]:
-    """A distilled model's teacher (the distill pipeline's ``teacher`` input, its
-    ``teacher.json``) as tags: ``teacher.name``, ``teacher.version``, ``teacher.model_uri``,
-    ``teacher.found_by``, ``teacher.weights_sha256``; none for a model trained on references."""
-    if "teacher" not in inputs:
-        return {}
-    record = json.loads((inputs["teacher"] / "teacher.json").read_text(encoding="utf-8"))
-    tags = {f"teacher.{k}": str(record[k]) for k in ("name", "version", "found_by")}
-    tags["teacher.model_uri"] = f"models:/{record['name']}/{record['version']}"
-    tags["teacher.weights_sha256"] = str(record["weights_sha256"])
-    return tags
-
-
 def judged_sets(
     config: RunConfig, inputs: Mapping[str, Path], scores: Mapping[str, Any]
 ) -> tuple[list[SetOutputs], dict[str, Mapping[str, Any]]]:
@@ -400,7 +387,8 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     # there is none.
     scores = read_scores(inputs["score"], config.register.metric) if "score" in inputs else {}
     evidence, figures = judged_sets(config, inputs, scores)
-    tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs), **figure_tags(figures)}
+    tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs), **parent_tags(inputs)}
+    tags.update(figure_tags(figures))
     tags[WEIGHTS_TAG] = sha256_file(weights)
     record = register_model(config, weights, inputs["tokenizer"], scores, tags, evidence)
     (ctx.tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

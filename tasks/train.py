@@ -206,6 +206,23 @@ def target_vocab_size(config: RunConfig, inputs: Mapping[str, Path]) -> int | No
     return FIRST_SYMBOL_ID + int(stats["target_symbols"])
 
 
+def check_parent(config: RunConfig, folder: Path) -> None:
+    """With ``train.init_from``: the model must have the parent's shape (the parent stage's
+    folder records it), and the parent Adam's state with ``keep_optimizer``; else a StageError
+    in one line naming the settings that differ."""
+    from training.parent_weights import shape_mismatch
+    from transformer_core.config import ModelConfig
+
+    stats = (read_manifest(folder) or {}).get("stats", {})
+    if "model" not in stats:
+        raise StageError(f"{folder}/manifest.json records no parent model: run the parent stage")
+    problem = shape_mismatch(config.model, ModelConfig.from_dict(stats["model"]))
+    if problem is None and config.train.keep_optimizer and not stats.get("optimizer"):
+        problem = "train.keep_optimizer: its checkpoint holds weights only, no optimizer state"
+    if problem is not None:
+        raise StageError(f"train.init_from {config.train.init_from}: {problem}")
+
+
 def check_resources(config: RunConfig) -> None:
     """GPUs and CPUs the workers ask for must exist (on a local Ray, all of them)."""
     import ray
@@ -237,6 +254,8 @@ def check_resources(config: RunConfig) -> None:
 def _train(ctx: BuildContext, callbacks: Sequence[Callback]) -> dict[str, Any]:
     config, inputs, tmp = ctx.config, ctx.inputs, ctx.tmp
     counts = check_inputs(config, inputs)
+    if config.train.init_from is not None:
+        check_parent(config, inputs["tokenizer"])
     ensure_ray(config.ray)
     check_resources(config)
     job = make_job(ctx, counts, callbacks)
@@ -281,6 +300,8 @@ def make_job(
         tgt_vocab_size=counts["tgt_vocab_size"],
         shard_folder=ctx.stored["shard"],
         tokenizer_folder=ctx.stored["tokenizer"],
+        # Fine-tuning: the parent stage's folder stands in for the tokenizer's, its weights in it.
+        parent_folder=ctx.stored["tokenizer"] if config.train.init_from else None,
         storage=storage,
         run_name=name,
         callbacks=tuple(callbacks),

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from transformer_core.config_checks import ConfigError, check_choices
+from transformer_core.config_checks import OMITTED_AT_DEFAULT, ConfigError, check_choices
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 """Ray placement-group strategies (``train.placement_strategy``)."""
+
+
+Frozen = Literal["embeddings", "encoder"]
+"""A part of the model ``train.freeze`` can keep as the parent trained it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,11 +132,24 @@ class TrainConfig:
     """Ray Train storage for resume (shared folder or s3://); null: <workdir>/train_ray."""
     stop_after: int | None = None
     """Stop after this step (checkpointed), publish a partial result; not in the resume key."""
+    init_from: str | None = field(default=None, metadata=OMITTED_AT_DEFAULT)
+    """Fine-tuning: start from a trained model's weights instead of random ones, a registered
+    version (models:/<name>@<alias> or models:/<name>/<version>) or a work dir's average/ or
+    train/ folder (its tokenizer/ beside it); the run takes the parent's tokenizer, and trains
+    with a fresh optimizer and schedule (warmup_steps, lr_scale). Null: random weights."""
+    freeze: tuple[Frozen, ...] = field(default=(), metadata=OMITTED_AT_DEFAULT)
+    """With init_from: parts of the parent kept as they are, embeddings (with
+    share_embeddings, the output projection too) and/or encoder; empty: all of it trains."""
+    keep_optimizer: bool = field(default=False, metadata=OMITTED_AT_DEFAULT)
+    """With init_from a Ray Train checkpoint folder (<workdir>/train_ray/<run>/step-<n>/, which
+    holds Adam's state; a registered version holds weights only): Adam's moments continue the
+    parent's, under the fine-tuning's own schedule."""
 
     def __post_init__(self) -> None:
         check_choices(self)  # batching, as a config file's loader checks it
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError("stop_after", f"{self.stop_after} must be >= 1 or null")
+        self._check_parent()
         self._at_least(1, "steps", "tokens_per_step", "max_tokens_per_batch", "pad_multiple")
         self._check_workers()
         self._at_least(0, "elastic_check_seconds")
@@ -167,6 +184,22 @@ class TrainConfig:
             raise ConfigError(
                 "checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0"
             )
+
+    def _check_parent(self) -> None:
+        """What fine-tuning's settings need: a parent, and for Adam's state, one that holds it."""
+        for name in ("freeze", "keep_optimizer"):
+            if getattr(self, name) and self.init_from is None:
+                raise ConfigError(name, "needs init_from: a random model has nothing to keep")
+        if len(set(self.freeze)) != len(self.freeze):
+            raise ConfigError("freeze", f"{list(self.freeze)} names a part twice")
+        if self.keep_optimizer and (self.init_from or "").startswith("models:"):
+            raise ConfigError(
+                "keep_optimizer",
+                "a registered version holds weights only: init_from a Ray Train checkpoint "
+                "folder (<workdir>/train_ray/<run>/step-<n>) to keep Adam's state",
+            )
+        if self.keep_optimizer and self.freeze:
+            raise ConfigError("keep_optimizer", "with freeze: Adam holds fewer parameters")
 
     def _at_least(self, minimum: int, *names: str) -> None:
         for name in names:

@@ -48,6 +48,9 @@ class TrainJob:
     relay: RecordSink | None = None
     """Where rank 0 logs: its MLflow run's journal (a relay to it on the driver's node, which
     the driver's sender drains); None: no logging."""
+    parent_folder: StoredFolder | None = None
+    """Fine-tuning (``train.init_from``): the parent stage's folder, whose ``model.pt`` the weights
+    start from, read as ``shard_folder``; None: random weights."""
     callbacks: tuple[Callback, ...] = ()
     """Called with the Trainer after every step on every rank (tests inject failures); not part
     of what is trained."""

@@ -30,6 +30,7 @@ from training.allocator import kept_here
 from training.data import TokenData
 from training.dev_bleu import DevBleu
 from training.job_spec import TrainJob
+from training.parent_weights import keep_parent_moments, start_from_parent
 from training.progress import Progress
 from training.trainer import Listener, Trainer
 from transformer_core import checkpoint as ckpt
@@ -116,6 +117,8 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
     dev = TokenData.read(f"{shard}/dev", vocab_size)
     torch.manual_seed(seed)  # the same initial weights on every rank
     module = Transformer(job.model, vocab_size, job.tgt_vocab_size)
+    if job.parent_folder is not None:  # fine-tuning: the parent's weights, a fresh optimizer
+        start_from_parent(module, job.parent_folder.local() / MODEL_FILE, tc.freeze)
     model = ray.train.torch.prepare_model(module, parallel_strategy_kwargs=ddp_options())
     dev_bleu = None
     if tc.bleu_sentences:
@@ -127,7 +130,7 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
             world_size=world,
             max_tokens=tc.eval_tokens,
         )
-    return Trainer(
+    trainer = Trainer(
         module,
         tc,
         train,
@@ -139,6 +142,9 @@ def make_trainer(job: TrainJob, rank: int, world: int) -> Trainer:
         callbacks=job.callbacks,
         dev_bleu=dev_bleu,
     )
+    if job.parent_folder is not None and tc.keep_optimizer:
+        keep_parent_moments(trainer.optimizer, job.parent_folder.local() / MODEL_FILE)
+    return trainer
 
 
 def ddp_options() -> dict[str, bool]:

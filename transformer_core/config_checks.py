@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 
+OMITTED_AT_DEFAULT = types.MappingProxyType({"omitted_at_default": True})
+"""A field's metadata for a setting added after configs were fingerprinted: left out of the
+config's plain form (what stage fingerprints and MLflow params hold) while at its default, so
+a config that does not set it keeps its fingerprints."""
+
+
 class ConfigError(ValueError):
     """A bad configuration value; ``key`` is the dotted path of the offending field."""
 

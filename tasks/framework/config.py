@@ -40,9 +40,11 @@ from tasks.framework.config_sections import (
     ExportConfig,
     FairseqConfig,
     MlflowConfig,
+    ModelReference,
     ParsingConfig,
     RayConfig,
     RegisterConfig,
+    TeacherPin,
     is_setting,
 )
 from tasks.framework.workdir_place import holds_files, run_root, store_at, workdir_of
@@ -151,6 +153,12 @@ class RunConfig:
     )
     """``MLFLOW_TRACKING_URI`` as the process found it at its start, given to the loader: the
     tracking server of a config that names none. Not a setting (never hashed nor logged)."""
+    parent: TeacherPin | None = field(
+        default=None, compare=False, repr=False, metadata=NOT_A_SETTING
+    )
+    """The model ``train.init_from`` named when the parent stage was about to run (its
+    ``resolve``), or as the stage's folder records it (``tfm status``); None: not resolved.
+    Not a setting (never hashed nor logged)."""
 
     def __post_init__(self) -> None:
         # Rules only: building a config derives nothing and asks nothing outside (the loader
@@ -174,6 +182,7 @@ class RunConfig:
         if needed is not None and not _sets(self, needed):
             raise ConfigError("pipeline", f"{self.pipeline} needs {needed}")
         check_test_sets(self.eval.test_sets, self.data)
+        _check_init_from(self)
 
     @property
     def pipeline_name(self) -> PipelineName:
@@ -250,6 +259,18 @@ def _sets(config: RunConfig, key: str) -> bool:
     return getattr(getattr(config, section), name) is not None
 
 
+def _check_init_from(config: RunConfig) -> None:
+    """``train.init_from`` is a registered model's URI or a folder, in a pipeline that trains."""
+    parent = config.train.init_from
+    if parent is not None and config.pipeline_name == "fairseq":
+        raise ConfigError("train.init_from", "the fairseq pipeline imports a model, it trains none")
+    if parent is not None and parent.startswith("models:"):
+        try:
+            ModelReference.parse(parent)
+        except ValueError as exc:
+            raise ConfigError("train.init_from", str(exc)) from None
+
+
 # ----------------------------------------------------------------------------- loading
 
 
@@ -314,9 +335,14 @@ def config_from_dict(data: dict[str, Any], *, team_tracking_uri: str | None = No
 
 def _derived(config: RunConfig) -> RunConfig:
     """``config`` with the values the loader derives from what it wrote: the work dir resolved
-    (``{name}`` replaced, a relative path from the CWD), a relative SQLite registry made
-    absolute, the dev and test sets named, the test sets' prefixes absolute. Nothing outside is
-    asked."""
+    (``{name}`` replaced, a relative path from the CWD), a relative SQLite registry and parent
+    folder (``train.init_from``) made absolute, the dev and test sets named, the test sets'
+    prefixes absolute. Nothing outside is asked."""
+    parent = config.train.init_from
+    if parent is not None and not parent.startswith("models:"):
+        config = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, init_from=str(Path(parent).resolve()))
+        )
     return dataclasses.replace(
         config,
         workdir=workdir_of(config.workdir, config.name),
@@ -361,13 +387,22 @@ def to_dict(obj: Any) -> Any:
     not the values a command derived (``NOT_A_SETTING``)."""
     # Hand-written, not pydantic's dump: every stage fingerprint hashes exactly this form.
     if dataclasses.is_dataclass(obj):
-        fields = (f for f in dataclasses.fields(obj) if is_setting(f))
+        fields = (f for f in dataclasses.fields(obj) if is_setting(f) and not _omitted(obj, f))
         return {f.name: to_dict(getattr(obj, f.name)) for f in fields}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     return obj
+
+
+def _omitted(obj: Any, f: dataclasses.Field[Any]) -> bool:
+    """Whether a setting added after configs were fingerprinted (``OMITTED_AT_DEFAULT``) is at
+    its default, where the plain form leaves it out: the config hashes as before it existed."""
+    if not f.metadata.get("omitted_at_default"):
+        return False
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return bool(getattr(obj, f.name) == default)
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -395,7 +395,9 @@ ModelUri = Annotated[str, AfterValidator(_model_uri)]
 
 @dataclass(frozen=True)
 class TeacherPin:
-    """The registry version a teacher reference named when it was resolved."""
+    """The registry version a model reference named when it was resolved: a distillation's
+    teacher, a fine-tuning's parent (which, given as a folder, has version 0 and its path for
+    a name)."""
 
     name: str
     version: int

@@ -98,12 +98,28 @@ def _trained(corpus: str) -> tuple[StageSpec, ...]:
     """The stages every translation-like pipeline shares, on the corpus stage ``corpus`` wrote
     (in the role ``clean``): tokenizer, shard, train, average, translate."""
     return (
-        StageSpec("tokenizer", {"clean": corpus}),
+        StageSpec("tokenizer", {"clean": corpus}, wanted=_trains_tokenizer),
         StageSpec("shard", {"clean": corpus, "tokenizer": "tokenizer"}),
         StageSpec("train", {"shard": "shard", "tokenizer": "tokenizer"}),
         StageSpec("average", {"train": "train"}),
         StageSpec("translate", {"average": "average", "tokenizer": "tokenizer", "shard": "shard"}),
     )
+
+
+def _trains_tokenizer(config: RunConfig) -> bool:
+    """Whether the run trains its tokenizer: a fine-tuning takes its parent's."""
+    return config.train.init_from is None
+
+
+def _fine_tunes(config: RunConfig) -> bool:
+    """Whether training starts from a parent's weights (``train.init_from``)."""
+    return config.train.init_from is not None
+
+
+_PARENT = StageSpec("parent", io_bound=True, wanted=_fine_tunes, replaces="tokenizer")
+"""A fine-tuning's parent (``train.init_from``), pinned as the flow starts: its folder holds the
+parent's tokenizer and weights, and the stages after it read it as the tokenizer's (the train
+stage its weights too)."""
 
 
 def _holds_out_sets(config: RunConfig) -> bool:
@@ -146,6 +162,7 @@ def _has_extra_test_sets(config: RunConfig) -> bool:
 
 
 WMT14: tuple[StageSpec, ...] = (
+    _PARENT,
     _DOWNLOAD,
     _CLEAN,
     _HOLDOUT,
@@ -156,6 +173,7 @@ WMT14: tuple[StageSpec, ...] = (
 )
 
 PARSING: tuple[StageSpec, ...] = (
+    _PARENT,
     StageSpec("treebank"),
     StageSpec("linearize", {"treebank": "treebank"}),
     *_trained("linearize"),
@@ -172,6 +190,7 @@ FAIRSEQ: tuple[StageSpec, ...] = (
 
 DISTILL: tuple[StageSpec, ...] = (
     StageSpec("teacher", io_bound=True),
+    _PARENT,
     _DOWNLOAD,
     _CLEAN,
     _HOLDOUT,

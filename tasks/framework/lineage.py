@@ -1,7 +1,9 @@
-"""The fingerprints of every stage upstream of some input folders, from their manifests."""
+"""The fingerprints of every stage upstream of some input folders, from their manifests, and the
+registered models a model came from (a distilled model's teacher, a fine-tuned model's parent)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,3 +42,30 @@ def lineage(inputs: Mapping[str, Path], key: str = "fingerprint") -> dict[str, s
         for up_role, info in (manifest.get("inputs") or {}).items():
             stack.append((up_role, Path(info["path"]), info.get("fingerprint")))
     return dict(sorted(found.items()))
+
+
+def teacher_tags(inputs: Mapping[str, Path]) -> dict[str, str]:
+    """A distilled model's teacher (the distill pipeline's ``teacher`` input, its
+    ``teacher.json``) as tags: ``teacher.name``, ``teacher.version``, ``teacher.model_uri``,
+    ``teacher.found_by``, ``teacher.weights_sha256``; none for a model trained on references."""
+    if "teacher" not in inputs:
+        return {}
+    record = json.loads((inputs["teacher"] / "teacher.json").read_text(encoding="utf-8"))
+    tags = {f"teacher.{k}": str(record[k]) for k in ("name", "version", "found_by")}
+    tags["teacher.model_uri"] = f"models:/{record['name']}/{record['version']}"
+    tags["teacher.weights_sha256"] = str(record["weights_sha256"])
+    return tags
+
+
+def parent_tags(inputs: Mapping[str, Path]) -> dict[str, str]:
+    """A fine-tuned model's parent (the parent stage's folder, read as the ``tokenizer`` input,
+    its ``parent.json``) as tags: ``parent.name``, ``parent.version`` (0: a work dir's folder,
+    named by its path), ``parent.found_by``, ``parent.weights_sha256``; none for a model trained
+    from random weights."""
+    record_file = inputs["tokenizer"] / "parent.json"
+    if not record_file.is_file():
+        return {}
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    return {
+        f"parent.{k}": str(record[k]) for k in ("name", "version", "found_by", "weights_sha256")
+    }

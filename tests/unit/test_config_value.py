@@ -90,14 +90,17 @@ def test_what_the_loader_derives_it_derives_as_copies_that_a_replace_keeps(tmp_p
         config_from_dict({"name": "r", "ray": {"dashboard_port": 8300}})
     with pytest.raises(ConfigError, match=r"^team_tracking_uri: unknown key \(known: name,"):
         config_from_dict({"name": "r", "team_tracking_uri": "http://x"})
+    with pytest.raises(ConfigError, match=r"^parent: unknown key \(known: name,"):
+        config_from_dict({"name": "r", "parent": {"name": "x"}})  # a fine-tuning's pin
     derived = [f.name for f in dataclasses.fields(RunConfig) if not is_setting(f)]
-    assert derived == ["team_tracking_uri"]
+    assert derived == ["team_tracking_uri", "parent"]
 
 
 def test_no_config_code_changes_a_frozen_value_in_place():
     """``object.__setattr__`` on a frozen config would make it a value no longer: the config
-    modules and the stage that pins a teacher build copies (``dataclasses.replace``)."""
-    files = [*ROOT.glob("tasks/framework/config*.py"), ROOT / "tasks" / "teacher.py"]
+    modules and the stages that pin a teacher or a parent build copies (``dataclasses.replace``)."""
+    pins = [ROOT / "tasks" / "teacher.py", ROOT / "tasks" / "parent.py"]
+    files = [*ROOT.glob("tasks/framework/config*.py"), *pins]
     found = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for path in files

@@ -45,8 +45,17 @@ def test_without_a_teacher_the_config_runs_the_main_pipeline_and_parsing_has_non
 
 def test_the_distill_pipeline_reuses_the_stages_with_the_filtered_corpus_as_clean():
     stages = {s.name: s for s in graph.DISTILL}
-    # holdout runs only for a config that holds a test set out (eval.test_sets).
-    assert list(stages)[:6] == ["teacher", "download", "clean", "holdout", "distill", "filter"]
+    # holdout runs only for a config that holds a test set out (eval.test_sets), parent only for
+    # a fine-tuned student (train.init_from).
+    assert list(stages)[:7] == [
+        "teacher",
+        "parent",
+        "download",
+        "clean",
+        "holdout",
+        "distill",
+        "filter",
+    ]
     assert stages["tokenizer"].inputs == {"clean": "filter"}
     assert stages["shard"].inputs == {"clean": "filter", "tokenizer": "tokenizer"}
     assert stages["score"].inputs["download"] == "download"  # scored on the references
