@@ -4,12 +4,16 @@ Runs, as a user would, from the repository root: the teacher's flow (the laptop 
 stage skipped when its work dir is up to date), the distill flow (``tfm run`` of the distill
 config: the teacher's champion translates the corpus, the student trains on it), and the
 baseline (the same config with ``distill.teacher`` null: the same student, tokenizer settings,
-steps and decoding, trained on the original targets), timing each. Then decodes test2016 with
-each of the three models as its config says (the teacher's beam 5, the students' greedy) in
-one process, in two engines, each at the same threads: torch float32, and CTranslate2 int8;
-passes interleaved, the median taken. Writes a table (stdout, JSON, Markdown): test2016
-sacreBLEU (the pipeline's score stage, and of the CTranslate2 int8 output), sentences/s in
-each engine, parameters, layers, and the minutes of each flow; then item 3's checks.
+steps and decoding, trained on the original targets), timing each. Then decodes the test set
+with each of the models in each of their configs' searches (the teacher's beam 5 and the
+students' greedy: every model with both, so a speed-up is read at the same search as well as at
+each model's own) in one process, in two engines, each at the same threads: torch float32, and
+CTranslate2 int8; passes interleaved, the median taken. Writes a table (stdout, JSON, Markdown),
+a row per search and model: the test set's sacreBLEU (the pipeline's score stage at the model's
+own search; of the torch and the CTranslate2 int8 outputs at each), sentences/s in each engine
+and against the teacher's at that search, parameters, layers, and the minutes of each flow;
+then the aims' checks, each model at its own search. The quickstart's pair (``ROWS``) records
+its row in benchmarks/figures/.
 
     python benchmarks/distillation.py --mirror file://$HOME/multi30k \
         --json distill.json --markdown distill.md
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figures  # noqa: E402
 from common import parse_overrides, report  # noqa: E402
 
 BLEU_MARGIN = 1.0
@@ -35,6 +40,17 @@ SPEEDUP = 2.0
 """The student's sentences/s against the teacher's, in each engine, at least."""
 MINUTES = 30.0
 """The distill flow's wall time, teacher translation included, at most."""
+ENGINES = ("torch", "ct2_int8")
+ROWS = {
+    ("configs/quickstart.yaml", "configs/quickstart_distill.yaml"): (
+        "distillation-quickstart",
+        "the quickstart's distilled student against its teacher (`tfm run` of "
+        "configs/quickstart_distill.yaml after `make demo`), the synthetic test set at 2 threads, "
+        "both models at each search: the student's sentences/s against the teacher's",
+    ),
+}
+"""The (teacher config, student config) pairs whose run records a row in benchmarks/figures/
+(figures.py): its id and what it measures."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,56 +145,91 @@ def translators(flow: Flow, info: dict, threads: int, cache: Path) -> dict:
     }
 
 
-def measure(engines: dict[str, dict], sources: list[str], passes: int) -> dict:
-    """Seconds per pass of each (role, engine) over ``sources``, passes interleaved (one warm-up
-    pass first), and the outputs of the last."""
-    seconds: dict[tuple[str, str], list[float]] = {}
-    outputs: dict[tuple[str, str], list[str]] = {}
+def searches(infos: dict) -> dict[str, dict]:
+    """Every search the models' configs name, by its label, the teacher's first: each model is
+    measured in each, so two models are compared at the same search too."""
+    from transformer_core.search_settings import beam_fields
+
+    found: dict[str, dict] = {}
+    for info in infos.values():
+        found.setdefault(info["decoding"], beam_fields(info["config"].decoding))
+    return found
+
+
+def in_search(by_engine: dict, search: dict) -> dict:
+    """The translators of ``by_engine`` (each engine's model, shared) decoding with ``search``."""
+    from serving.translator import Translator
+
+    return {
+        engine: Translator(t.model, t.tokenizer, dataclasses.replace(t.decode, **search), t.device)
+        for engine, t in by_engine.items()
+    }
+
+
+def measure(engines: dict[tuple[str, str], dict], sources: list[str], passes: int) -> dict:
+    """Seconds per pass of each ((role, search), engine) over ``sources``, passes interleaved
+    (one warm-up pass first), and the outputs of the last."""
+    seconds: dict[tuple[tuple[str, str], str], list[float]] = {}
+    outputs: dict[tuple[tuple[str, str], str], list[str]] = {}
     for by_engine in engines.values():
         for translator in by_engine.values():
             translator.translate(sources[:64])  # warm-up: allocations, first calls
     for _ in range(passes):
-        for role, by_engine in engines.items():
+        for run_key, by_engine in engines.items():
             for engine, translator in by_engine.items():
                 started = time.perf_counter()
-                outputs[role, engine] = translator.translate(sources)
-                seconds.setdefault((role, engine), []).append(time.perf_counter() - started)
+                outputs[run_key, engine] = translator.translate(sources)
+                seconds.setdefault((run_key, engine), []).append(time.perf_counter() - started)
     return {"seconds": seconds, "outputs": outputs}
 
 
-def rows(flows_: list[Flow], infos: dict, runs: dict, timing: dict, refs, lang, n) -> list:
-    """One row per model: BLEU, speed in each engine, size, minutes."""
+def rows(flows_: list[Flow], infos: dict, runs: dict, timing: dict, refs, lang: str) -> list:
+    """One row per search and model: BLEU, speed in each engine (and against the teacher's at
+    that search), size, minutes; the score stage's BLEU and the minutes at its own search."""
     from evaluation.bleu import score_texts
 
     table = []
-    for flow in flows_:
-        info, role = infos[flow.role], flow.role
+    for search in dict.fromkeys(search for (_, search), _ in timing["seconds"]):
         speed = {
-            engine: n / statistics.median(timing["seconds"][role, engine])
-            for engine in ("torch", "ct2_int8")
+            (role, engine): len(refs) / statistics.median(timing["seconds"][(role, search), engine])
+            for role, engine in ((f.role, e) for f in flows_ for e in ENGINES)
         }
-        ct2_bleu = score_texts(timing["outputs"][role, "ct2_int8"], refs, lang)["bleu_sacre"]
-        ran = runs.get(role, {})
-        table.append(
-            {
-                "model": role,
-                "layers (enc+dec)": info["layers"],
-                "parameters": info["parameters"],
-                "decoding": info["decoding"],
-                "test sacreBLEU": info["bleu_sacre"],
-                "sacreBLEU, CT2 int8": ct2_bleu,
-                "sent/s torch": speed["torch"],
-                "sent/s CT2 int8": speed["ct2_int8"],
-                "flow minutes": ran["wall_minutes"] if ran.get("fresh") else None,
-                "stage minutes": info["stage_minutes"],
+        for flow in flows_:
+            info, role = infos[flow.role], flow.role
+            own = info["decoding"] == search
+            bleu = {
+                engine: score_texts(timing["outputs"][(role, search), engine], refs, lang)
+                for engine in ENGINES
             }
-        )
+            ran = runs.get(role, {})
+            table.append(
+                {
+                    "search": search,
+                    "model": role,
+                    "layers (enc+dec)": info["layers"],
+                    "parameters": info["parameters"],
+                    "test sacreBLEU": info["bleu_sacre"] if own else None,
+                    "sacreBLEU, torch": bleu["torch"]["bleu_sacre"],
+                    "sacreBLEU, CT2 int8": bleu["ct2_int8"]["bleu_sacre"],
+                    "sent/s torch": speed[role, "torch"],
+                    "x teacher torch": speed[role, "torch"] / speed["teacher", "torch"],
+                    "sent/s CT2 int8": speed[role, "ct2_int8"],
+                    "x teacher CT2 int8": speed[role, "ct2_int8"] / speed["teacher", "ct2_int8"],
+                    "flow minutes": ran["wall_minutes"] if own and ran.get("fresh") else None,
+                    "stage minutes": info["stage_minutes"] if own else None,
+                }
+            )
     return table
 
 
+def own_rows(table: list[dict]) -> dict[str, dict]:
+    """Each model's row at its own search (the one with the score stage's BLEU), by role."""
+    return {row["model"]: row for row in table if row["test sacreBLEU"] is not None}
+
+
 def checks(table: list[dict]) -> list[tuple[str, bool]]:
-    """Item 3 of the issue, each figure against its bound."""
-    by = {row["model"]: row for row in table}
+    """The aims, each model at its own search: each figure against its bound."""
+    by = own_rows(table)
     teacher, student, baseline = by["teacher"], by["student"], by.get("baseline")
     minutes = student["flow minutes"] or student["stage minutes"]
     found = [
@@ -215,8 +266,8 @@ def markdown(table: list[dict], found: list[tuple[str, bool]]) -> str:
     def cell(value: object) -> str:
         if value is None:
             return "-"
-        if isinstance(value, float):
-            return f"{value:,.2f}"
+        if isinstance(value, float):  # a BLEU or a ratio to 2 decimals, sentences/s whole
+            return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
         return f"{value:,}" if isinstance(value, int) else str(value)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -251,9 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     sources = read_lines(config.root / "download" / f"test.{src}")
     refs = read_lines(config.root / "download" / f"test.{tgt}")
     cache = config.root.parent / "distillation-bench"
-    engines = {flow.role: translators(flow, infos[flow.role], args.threads, cache) for flow in plan}
+    engines = {}
+    for flow in plan:
+        own = translators(flow, infos[flow.role], args.threads, cache)
+        for label, search in searches(infos).items():
+            engines[flow.role, label] = in_search(own, search)
     timing = measure(engines, sources, args.passes)
-    table = rows(plan, infos, runs, timing, refs, tgt, len(sources))
+    table = rows(plan, infos, runs, timing, refs, tgt)
     found = checks(table)
     report(f"Distillation on {infos['teacher']['test_set']}", table, args.json)
     for what, ok in found:
@@ -261,7 +316,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         Path(args.markdown).write_text(markdown(table, found), encoding="utf-8")
         print(f"wrote {args.markdown}")
+    record_row(args, table)
     return 0 if all(ok for _, ok in found) else 1
+
+
+def record_row(args: argparse.Namespace, table: list[dict]) -> None:
+    """The pair's row in benchmarks/figures/decode.json, when the run is its measurement (a pair
+    of ``ROWS``, as shipped, at 2 threads): the student against the teacher at each search."""
+    pair = tuple(repo_path(c) for c in (args.teacher_config, args.config))
+    if pair not in ROWS or args.overrides or args.mirror or args.threads != 2:
+        return
+    row_id, what = ROWS[pair]
+    by = {(row["search"], row["model"]): row for row in table}
+    first = table[0]["search"]
+    student, teacher = by[first, "student"], by[first, "teacher"]
+    parts = [
+        f"student {student['parameters']:,} parameters ({student['layers (enc+dec)']} layers), "
+        f"teacher {teacher['parameters']:,} ({teacher['layers (enc+dec)']})"
+    ]
+    for search in dict.fromkeys(row["search"] for row in table):
+        student, teacher = by[search, "student"], by[search, "teacher"]
+        parts.append(
+            f"{search}: **{student['x teacher torch']:.2f}x** torch, "
+            f"**{student['x teacher CT2 int8']:.2f}x** CTranslate2 int8 the teacher's "
+            f"sentences/s ({student['sent/s torch']:,.0f} and {student['sent/s CT2 int8']:,.0f}), "
+            f"sacreBLEU {student['sacreBLEU, torch']:.2f} against {teacher['sacreBLEU, torch']:.2f}"
+        )
+    figures.record("decode", row_id, "; ".join(parts), what=what)
+
+
+def repo_path(path: str) -> str:
+    """``path`` relative to the repository, as ``ROWS`` names configs (else as given)."""
+    found = Path(path).resolve()
+    return (
+        found.relative_to(figures.ROOT).as_posix() if found.is_relative_to(figures.ROOT) else path
+    )
 
 
 if __name__ == "__main__":

@@ -3,15 +3,20 @@ pipeline's place in the stage table, the filter's choice and the score it ranks 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from corpora.score_filter import worst
 from serving.corpus_translation import mean_log_prob
 from tasks.framework import graph
-from tasks.framework.config import ConfigError, config_from_dict
+from tasks.framework.config import ConfigError, config_from_dict, load_config
 from tasks.framework.config_sections import ModelReference, TeacherPin
+from transformer_core import Transformer, count_parameters
 from transformer_core.search_settings import BeamSettings, Hypothesis, length_penalty
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize(
@@ -149,3 +154,20 @@ def test_status_asks_the_registry_and_where_it_cannot_takes_what_the_folder_reco
     assert (same, why) == (config, f"not resolved: {where} did not answer")
     other = {**stats, "found_by": "models:/t/2"}  # the config names another reference now
     assert teacher.looked_up(config, {"stats": other})[0] is config
+
+
+def _shipped_parameters(config) -> int:
+    return count_parameters(Transformer(config.model, config.tokenizer.vocab_size))
+
+
+def test_each_shipped_student_is_a_fifth_smaller_than_its_shipped_teacher_as_its_comment_says():
+    configs = {p: load_config(p) for p in sorted(CONFIGS.glob("*.yaml"))}
+    teachers = {c.register.model_name: c for c in configs.values() if c.distill.teacher is None}
+    students = {p: c for p, c in configs.items() if c.distill.teacher is not None}
+    assert {p.stem for p in students} == {"multi30k_en_de_distill", "quickstart_distill"}
+    for path, student in students.items():
+        teacher = teachers[ModelReference.parse(student.distill.teacher).name]
+        counts = _shipped_parameters(student), _shipped_parameters(teacher)
+        assert counts[0] <= 0.8 * counts[1], (path.name, counts)
+        text = path.read_text(encoding="utf-8")
+        assert all(f"{n:,}" in text for n in counts), (path.name, counts)
