@@ -131,7 +131,7 @@ def decide_by_evidence(
     if primary not in candidate or not same(primary):
         return None
     names = [primary, *sorted(n for n in candidate if n != primary and same(n))]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names:
         outputs = candidate[name]
         (row,) = compare_systems(
