@@ -114,20 +114,36 @@ def write(root: Path = ROOT) -> None:
 # ----------------------------------------------------------------------------- recording
 
 
-def machine() -> str:
-    """The GPU's model where torch sees one, else the CPU's model and cores."""
+ISA = (
+    ("avx2", "AVX2"),
+    ("avx512f", "AVX-512"),
+    ("avx512_bf16", "AVX512-BF16"),
+    ("amx_bf16", "AMX"),
+)
+"""The CPU flags that change which float kernels run (and so speeds, and scores in their last
+digits), as the docs name them."""
+
+
+def machine(cpuinfo: str | None = None) -> str:
+    """The GPU's model where torch sees one, else the CPU's cores, model and instruction sets
+    (``ISA``) from ``cpuinfo`` (``/proc/cpuinfo``'s text; read here when None)."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
+    if cpuinfo is None and torch is not None and torch.cuda.is_available():
         return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    model = platform.processor() or platform.machine()
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        model = next(
-            line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()}-core {model}"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())
+        if key.strip() in ("model name", "flags")
+    )  # the first processor's: later ones overwrite with the same
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    sets = [name for flag, name in ISA if flag in flags]
+    return f"{os.cpu_count()}-core {model}" + (f" ({', '.join(sets)})" if sets else "")
 
 
 def commit(root: Path = ROOT) -> str | None:

@@ -232,3 +232,17 @@ def test_train_py_records_a_row_only_for_the_rows_measurements(repo: Path, monke
         "**1.29x** tokens/s (7,377 against 5,705), 12x fewer page faults, +529 MiB (+34%) "
         "resident memory a worker"
     )
+
+
+def test_a_cpu_is_named_with_the_instruction_sets_its_kernels_use() -> None:
+    import os
+
+    xeon = "processor\t: 0\nmodel name\t: Intel Xeon\n"
+    xeon += "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n"
+    cores = os.cpu_count()
+    assert figures.machine(xeon) == f"{cores}-core Intel Xeon (AVX2, AVX-512, AVX512-BF16, AMX)"
+    epyc = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2\n"
+    assert figures.machine(epyc) == f"{cores}-core AMD EPYC (AVX2)"
+    assert (
+        figures.machine("model name\t: Old CPU\nflags\t\t: fpu sse2\n") == f"{cores}-core Old CPU"
+    )
