@@ -412,3 +412,10 @@ def test_the_environment_checks_see_each_form():
     assert environ_writes(ast.parse(source)) == [1, 2, 3, 4, 5, 6, 7]
     at_import = "A = os.environ.get('A')\ndef f():\n    return os.getenv('B')\nB = os.getenv('C')\n"
     assert import_time_environ_reads(ast.parse(at_import)) == [1, 4]
+
+
+def test_test_modules_have_names_of_their_own():
+    """pytest imports each test file by its basename (the folders are no packages): two files of
+    one name in different folders stop the whole suite at collection."""
+    names = sorted(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+    assert sorted({n for n in names if names.count(n) > 1}) == []
