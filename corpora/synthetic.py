@@ -27,6 +27,10 @@ PAIRS = ("en-de", "de-en")
 
 CORPUS = "synthetic"
 MIN_WORDS, MAX_WORDS = 4, 30
+DOMAINS = tuple(lex.DOMAIN_NOUNS)
+"""``data.synthetic_domain``'s choices: the general grammar with a domain's nouns in it."""
+DOMAIN_SHARE = 0.6
+"""How often a noun of a domain's corpus is one of the domain's (where one fits the slot)."""
 
 
 def _en_third(person: str) -> bool:
@@ -47,14 +51,16 @@ def _an(word: str) -> str:
 class Grammar:
     """Random sentence pairs from the lexicon; all randomness from the ``rng`` it is given."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, domain: str | None = None):
         self.rng = rng
         self.nouns = lex.parse_nouns()
+        self.domain_nouns = lex.parse_nouns(lex.DOMAIN_NOUNS[domain]) if domain else ()
         self.adjectives = tuple(tuple(line.split()) for line in lex.ADJECTIVES.strip().splitlines())
         self.verbs = lex.parse_verbs()
         self.say_verbs = lex.parse_say_verbs()
         self.numbers = tuple(tuple(n.split()) for n in lex.NUMBERS)
         self._by_class: dict[str, tuple[lex.Noun, ...]] = {}
+        self._domain_by_class: dict[str, tuple[lex.Noun, ...]] = {}
 
     # --- lexicon lookups
 
@@ -66,6 +72,19 @@ class Grammar:
                 n for n in self.nouns if n.cls in classes or n.en in classes
             )
         return self._by_class[key]
+
+    def noun(self, classes: tuple[str, ...]) -> lex.Noun:
+        """A noun for the slot; in a domain's corpus, one of the domain's ``DOMAIN_SHARE`` of the
+        time where one fits (the general corpus draws exactly as before domains existed)."""
+        rng = self.rng
+        if self.domain_nouns:
+            key = ",".join(classes)
+            if key not in self._domain_by_class:
+                self._domain_by_class[key] = tuple(n for n in self.domain_nouns if n.cls in classes)
+            fitting = self._domain_by_class[key]
+            if fitting and rng.random() < DOMAIN_SHARE:
+                return rng.choice(fitting)
+        return rng.choice(self.nouns_for(classes))
 
     # --- noun phrases
 
@@ -85,7 +104,7 @@ class Grammar:
                 return lex.Phrase(en, de, person, pronoun=True)
             en, acc, dat = rng.choice(lex.OBJECT_PRONOUNS)
             return lex.Phrase(en, acc if case == "acc" else dat, "3sg", pronoun=True)
-        noun = rng.choice(self.nouns_for(classes))
+        noun = self.noun(classes)
         det = rng.choices(
             ("the", "a", "poss", "this", "no", "number", "digits", "bare"),
             weights=(30, 18, 14, 8, 4, 10, 6, 6),
@@ -388,15 +407,16 @@ def _finish(words: list[str], end: str) -> str:
 
 
 def generate_pairs(
-    n: int, seed: int | str, *, exclude: set[str] | None = None
+    n: int, seed: int | str, *, exclude: set[str] | None = None, domain: str | None = None
 ) -> list[tuple[str, str]]:
-    """``n`` pairs of 4..30 words per side from the seed's own stream.
+    """``n`` pairs of 4..30 words per side from the seed's own stream (with ``domain``, the
+    grammar with that domain's nouns in it).
 
     With ``exclude``, no sentence (either side) is in it, and each accepted sentence is added to
     it, so the pairs are also distinct among themselves.
     """
     rng = random.Random(f"synthetic:{seed}")
-    grammar = Grammar(rng)
+    grammar = Grammar(rng, domain)
     pairs: list[tuple[str, str]] = []
     attempts = 0
     while len(pairs) < n:
@@ -419,22 +439,33 @@ def generate_pairs(
 
 
 def write_corpus(
-    out_dir: Path, *, pair: str, seed: int, train: int, dev: int, test: int
+    out_dir: Path,
+    *,
+    pair: str,
+    seed: int,
+    train: int,
+    dev: int,
+    test: int,
+    domain: str | None = None,
 ) -> dict[str, Any]:
     """Write ``train/synthetic.{en,de}``, ``dev.{en,de}``, ``test.{en,de}``; returns line counts.
 
-    Train, dev and test come from separate streams of ``seed``; dev and test share no sentence
+    Train, dev and test come from separate streams of ``seed`` (and of ``domain``, whose corpus
+    is another draw, not the general one's with words swapped); dev and test share no sentence
     (on either side) with train or with each other.
     """
     if pair not in PAIRS:
         raise CorpusError(f"data.pair: the synthetic corpus is English-German, not {pair!r}")
+    if domain is not None and domain not in DOMAINS:
+        raise CorpusError(f"data.synthetic_domain: {domain!r} is not one of {', '.join(DOMAINS)}")
     out_dir = Path(out_dir)
     (out_dir / "train").mkdir(parents=True, exist_ok=True)
-    train_pairs = generate_pairs(train, f"{seed}:train")
+    stream = f"{seed}:{domain}" if domain else f"{seed}"
+    train_pairs = generate_pairs(train, f"{stream}:train", domain=domain)
     seen = {s for p in train_pairs for s in p}
-    dev_pairs = generate_pairs(dev, f"{seed}:dev", exclude=seen)
+    dev_pairs = generate_pairs(dev, f"{stream}:dev", exclude=seen, domain=domain)
     seen.update(s for p in dev_pairs for s in p)
-    test_pairs = generate_pairs(test, f"{seed}:test", exclude=seen)
+    test_pairs = generate_pairs(test, f"{stream}:test", exclude=seen, domain=domain)
     for name, pairs in ((f"train/{CORPUS}", train_pairs), ("dev", dev_pairs), ("test", test_pairs)):
         for i, lang in enumerate(("en", "de")):
             text = "".join(p[i] + "\n" for p in pairs)

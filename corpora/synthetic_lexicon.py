@@ -108,6 +108,39 @@ hotel hotels n Hotel Hotels place
 station stations m Bahnhof Bahnhöfe place
 """
 
+# A domain's own nouns (``data.synthetic_domain``): words the general grammar never uses, for a
+# corpus to adapt a model to (configs/quickstart_finetune.yaml). Same columns as NOUNS.
+OFFICE_NOUNS = """
+engineer engineers m Ingenieur Ingenieure person
+manager managers m Manager Manager person
+developer developers m Entwickler Entwickler person
+technician technicians m Techniker Techniker person
+secretary secretaries f Sekretärin Sekretärinnen person
+boss bosses f Chefin Chefinnen person
+user users m Benutzer Benutzer person
+accountant accountants f Buchhalterin Buchhalterinnen person
+printer printers m Drucker Drucker thing
+screen screens m Bildschirm Bildschirme thing
+keyboard keyboards f Tastatur Tastaturen thing
+invoice invoices f Rechnung Rechnungen thing
+file files f Datei Dateien thing
+password passwords n Passwort Passwörter thing
+server servers m Server Server thing
+cable cables n Kabel Kabel thing
+report reports m Bericht Berichte thing
+contract contracts m Vertrag Verträge thing
+folder folders m Ordner Ordner thing
+message messages f Nachricht Nachrichten thing
+document documents n Dokument Dokumente thing
+warehouse warehouses n Lager Lager place
+factory factories f Fabrik Fabriken place
+bank banks f Bank Banken place
+library libraries f Bibliothek Bibliotheken place
+airport airports m Flughafen Flughäfen place
+"""
+DOMAIN_NOUNS = {"office": OFFICE_NOUNS}
+"""``data.synthetic_domain`` -> its nouns."""
+
 # (english, german predicative form, german stem that takes endings)
 ADJECTIVES = """
 big groß groß
@@ -413,8 +446,8 @@ class Phrase:
     pronoun: bool = False
 
 
-def parse_nouns() -> tuple[Noun, ...]:
-    return tuple(Noun(*line.split()) for line in NOUNS.strip().splitlines())
+def parse_nouns(table: str = NOUNS) -> tuple[Noun, ...]:
+    return tuple(Noun(*line.split()) for line in table.strip().splitlines())
 
 
 def _records(table: str) -> list[str]:

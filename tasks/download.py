@@ -106,6 +106,7 @@ def build(ctx: BuildContext) -> dict[str, Any]:
             train=data.synthetic_train,
             dev=data.synthetic_dev,
             test=data.synthetic_test,
+            domain=data.synthetic_domain,
         )
     raise StageError(
         f"data.source={data.source!r} is not read by the download stage (the parsing "

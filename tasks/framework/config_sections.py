@@ -26,7 +26,7 @@ from evaluation.bleu import METRICS
 from parsing.linearize import Form
 from serving.ct2_options import Quantization
 from serving.decode_config import DecodeConfig
-from transformer_core.config_checks import ConfigError
+from transformer_core.config_checks import OMITTED_AT_DEFAULT, ConfigError
 from transformer_core.search_settings import BeamSettings
 
 __all__ = [
@@ -104,6 +104,10 @@ class DataConfig:
     """For source=synthetic: number of dev pairs."""
     synthetic_test: int = 500
     """For source=synthetic: number of test pairs."""
+    synthetic_domain: Literal["office"] | None = field(default=None, metadata=OMITTED_AT_DEFAULT)
+    """For source=synthetic: a domain whose own nouns (office: engineers, printers, invoices,
+    factories) fill most noun slots, a corpus to adapt the quickstart's model to
+    (docs/fine-tuning.md); none: the general grammar."""
 
     def __post_init__(self) -> None:
         # Rules between fields (the pair a source can make, its dev and test sets), which a
@@ -117,6 +121,8 @@ class DataConfig:
                 "pair",
                 f"{self.pair!r}: the parsing pipeline's pair is words-tree (words in, trees out)",
             )
+        if self.synthetic_domain is not None and self.source != "synthetic":
+            raise ConfigError("synthetic_domain", f"is for source synthetic, not {self.source}")
         if self.source == "multi30k":
             self._check_multi30k()
         elif self.source == "synthetic" and self.pair not in SYNTHETIC_PAIRS:

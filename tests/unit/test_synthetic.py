@@ -125,3 +125,35 @@ def test_contractions():
     assert synthetic._contract(["in", "dem", "Garten"]) == ["im", "Garten"]
     assert synthetic._contract(["von dem", "Mann"]) == ["vom", "Mann"]
     assert synthetic._contract(["mit", "dem", "Mann"]) == ["mit", "dem", "Mann"]
+
+
+def words_of(nouns) -> set[str]:
+    return {w for n in nouns for w in (n.de, n.de_pl)}
+
+
+def test_a_domain_fills_most_noun_slots_with_its_own_words_and_the_general_corpus_none(tmp_path):
+    office = words_of(synthetic_lexicon.parse_nouns(synthetic_lexicon.OFFICE_NOUNS))
+    general_words = words_of(synthetic_lexicon.parse_nouns())
+    assert not office & general_words  # a domain's words are new to a general model
+    general, shifted = tmp_path / "general", tmp_path / "office"
+    synthetic.write_corpus(general, **config(train=1000))
+    synthetic.write_corpus(shifted, **config(train=1000), domain="office")
+
+    def share(folder) -> float:
+        lines = read(folder, "train/synthetic.de")
+        return sum(any(w.strip(",.?") in office for w in s.split()) for s in lines) / len(lines)
+
+    assert share(general) == 0
+    assert share(shifted) > 0.6
+    # not the general corpus with words swapped: another draw of the grammar
+    assert len(set(read(general, "test.en")) & set(read(shifted, "test.en"))) < 5
+
+
+def test_a_domain_noun_declines_as_any_other():
+    g = synthetic.Grammar(random.Random(0), "office")
+    adj = next(a for a in g.adjectives if a[0] == "big")
+    invoice = next(n for n in g.domain_nouns if n.en == "invoice")
+    printer = next(n for n in g.domain_nouns if n.en == "printer")
+    assert g._decline(invoice, "a", False, adj, "acc").de == "eine große Rechnung"
+    assert g._decline(printer, "the", True, adj, "dat").de == "den großen Druckern"
+    assert g._decline(invoice, "a", False, None, "nom").en == "an invoice"
