@@ -26,6 +26,7 @@ __all__ = [
     "PROTOCOL_KEYS",
     "Decision",
     "Rule",
+    "against_parent",
     "choose",
     "decide_by_evidence",
     "decide_champion",
@@ -90,12 +91,7 @@ class Decision:
 
     def lines(self) -> list[str]:
         """Each compared set's figures, a line each."""
-        return [
-            f"{row['set']}: {row['metric']} {row['a']:.2f} against {row['b']:.2f}, "
-            f"{row['difference']:+.2f} [{row['low']:+.2f}, {row['high']:+.2f}], "
-            f"p = {row['p_value']:.3f}"
-            for row in self.sets
-        ]
+        return [row_line(row) for row in self.sets]
 
     def tags(self, against: str | None) -> dict[str, str]:
         """The decision as a version's tags: ``champion_decision`` and, compared with the
@@ -104,11 +100,25 @@ class Decision:
         tags = {"champion_decision": self.reason}
         if self.sets and against is not None:
             tags["evidence.against"] = against
-        for row in self.sets:
-            key = f"evidence.{tag_name(row['set'])}"
-            for k in ("difference", "low", "high", "p_value"):
-                tags[f"{key}.{k}"] = f"{row[k]:.4f}"
-        return tags
+        return {**tags, **row_tags("evidence", self.sets)}
+
+
+def row_line(row: Mapping[str, Any]) -> str:
+    """One compared set's figures: ``test2016: bleu_sacre 31.20 against 30.00, +1.20 [...]``."""
+    return (
+        f"{row['set']}: {row['metric']} {row['a']:.2f} against {row['b']:.2f}, "
+        f"{row['difference']:+.2f} [{row['low']:+.2f}, {row['high']:+.2f}], "
+        f"p = {row['p_value']:.3f}"
+    )
+
+
+def row_tags(prefix: str, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Each compared set's ``<prefix>.<set>.difference`` / ``low`` / ``high`` / ``p_value``."""
+    return {
+        f"{prefix}.{tag_name(row['set'])}.{k}": f"{row[k]:.4f}"
+        for row in rows
+        for k in ("difference", "low", "high", "p_value")
+    }
 
 
 def decide_by_evidence(
@@ -123,21 +133,11 @@ def decide_by_evidence(
     (references' sha256, hypotheses), ``evaluation.evidence.read_evidence``) on every set both
     have with the same references. None when the champion has none for the primary set: there
     is no evidence to decide by."""
-    from evaluation.compare import compare_systems
-
-    def same(name: str) -> bool:
-        return name in champion and champion[name][0] == candidate[name].refs_sha256
-
-    if primary not in candidate or not same(primary):
+    common = _common_sets(candidate, champion)
+    if primary not in common:
         return None
-    names = [primary, *sorted(n for n in candidate if n != primary and same(n))]
-    rows: list[dict[str, Any]] = []
-    for name in names:
-        outputs = candidate[name]
-        (row,) = compare_systems(
-            outputs.refs, outputs.hyps, champion[name][1], lang, metrics=[metric]
-        )
-        rows.append({"set": name, **row.as_dict()})
+    names = [primary, *(n for n in common if n != primary)]
+    rows = _paired(metric, names, candidate, champion, lang)
     first, others = rows[0], rows[1:]
     worse = [r for r in others if r["difference"] < 0 and r["p_value"] < max_p]
     better = first["difference"] > 0 and first["p_value"] < max_p
@@ -154,6 +154,49 @@ def decide_by_evidence(
     if missing:
         why += f" (not compared, the champion has no hypotheses on: {', '.join(missing)})"
     return Decision(better and not worse, why, rows)
+
+
+def against_parent(
+    metric: str,
+    candidate: Mapping[str, SetOutputs],
+    parent: Mapping[str, tuple[str, list[str]]],
+    lang: str,
+) -> list[dict[str, Any]]:
+    """A fine-tuned model against its parent's stored hypotheses (``read_evidence``) on every
+    set both were judged on, found by the references' sha256 (a child may name the parent's set
+    otherwise), by the paired bootstrap: what it gained on a set of the new domain, what it forgot
+    on one of the parent's. Rows carry the candidate's set names; none decides anything."""
+    by_refs = {refs: hyps for refs, hyps in parent.values()}
+    matched = {n: s for n, s in candidate.items() if s.refs_sha256 in by_refs}
+    stored = {n: (s.refs_sha256, by_refs[s.refs_sha256]) for n, s in matched.items()}
+    return _paired(metric, sorted(matched), matched, stored, lang)
+
+
+def _common_sets(
+    candidate: Mapping[str, SetOutputs], stored: Mapping[str, tuple[str, list[str]]]
+) -> list[str]:
+    """The sets both have, with the same references (their sha256), sorted by name."""
+    return sorted(n for n in candidate if n in stored and stored[n][0] == candidate[n].refs_sha256)
+
+
+def _paired(
+    metric: str,
+    names: Sequence[str],
+    candidate: Mapping[str, SetOutputs],
+    stored: Mapping[str, tuple[str, list[str]]],
+    lang: str,
+) -> list[dict[str, Any]]:
+    """Each named set's paired comparison, the candidate as ``a`` and the stored as ``b``."""
+    from evaluation.compare import compare_systems
+
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        outputs = candidate[name]
+        (row,) = compare_systems(
+            outputs.refs, outputs.hyps, stored[name][1], lang, metrics=[metric]
+        )
+        rows.append({"set": name, **row.as_dict()})
+    return rows
 
 
 def _difference(row: Mapping[str, Any]) -> str:

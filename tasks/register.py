@@ -11,7 +11,9 @@ sha256, its scores and each test set's figures (``eval.<set>.*``), keeps each se
 with the version (``evaluation.evidence``: the evidence a later candidate is compared with) and
 points the ``candidate`` alias at it; ``champion`` moves as ``evaluation.champion`` decides
 (``register.rule``), and the log, the version's tags and ``registered.json`` say why, with each
-compared set's difference, interval and p-value.
+compared set's difference, interval and p-value. A fine-tuned model is also compared with its
+registered parent on every set both were judged on (``parent.evidence.<set>.*``, the log and
+``against_parent`` in ``registered.json``): what it gained, and what it forgot.
 
 The pyfunc carries its own code (``code_paths``: copies of ``serving``, ``transformer_core`` and
 ``parsing``, nothing else) rather than a pip requirement on this project: the project is not on a
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from corpora.pretokenize import Pretokenizer
-from evaluation.champion import Decision, Rule, choose, protocol
+from evaluation.champion import Decision, Rule, against_parent, choose, protocol, row_line, row_tags
 from evaluation.evidence import (
     EVIDENCE_PATH,
     SetOutputs,
@@ -280,20 +282,20 @@ def choose_champion(
 
     section, old = config.register, None if previous is None else previous.tags
     rule = Rule(section.metric, section.rule, section.max_p, primary_name(config))
-    stored = champion_evidence(config, previous) if rule.wants_evidence(scores, old) else None
+    stored = stored_evidence(config, previous) if rule.wants_evidence(scores, old) else None
     same = old is not None and old.get(WEIGHTS_TAG) == tags.get(WEIGHTS_TAG)
     return choose(rule, scores, old, evidence, stored, config.languages[1], same_weights=same)
 
 
-def champion_evidence(config: RunConfig, previous: Any) -> dict[str, tuple[str, list[str]]] | None:
-    """The champion's kept hypotheses (``evaluation.evidence.read_evidence``), or None where its
-    registration run kept none."""
+def stored_evidence(config: RunConfig, previous: Any) -> dict[str, tuple[str, list[str]]] | None:
+    """A registered version's kept hypotheses (``evaluation.evidence.read_evidence``), or None
+    where its registration run kept none."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     if not previous.run_id:
         return None
-    with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="evidence-") as tmp:
         try:
             folder = mlflow.artifacts.download_artifacts(
                 run_id=previous.run_id,
@@ -304,11 +306,46 @@ def champion_evidence(config: RunConfig, previous: Any) -> dict[str, tuple[str, 
             return read_evidence(Path(folder))
         except (MlflowException, OSError, ValueError, KeyError) as exc:
             log.info(
-                "register: no hypotheses of the champion's (version %s) read: %s",
+                "register: no hypotheses of %s version %s read: %s",
+                previous.name,
                 previous.version,
                 redact_text(str(exc).splitlines()[0][:200]) if str(exc) else type(exc).__name__,
             )
             return None
+
+
+def compared_with_parent(
+    config: RunConfig, inputs: Mapping[str, Path], evidence: Sequence[SetOutputs]
+) -> list[dict[str, Any]]:
+    """A fine-tuned model against its registered parent (``parent.json`` of the parent stage,
+    read as the tokenizer input) on every set both were judged on with the same references
+    (``evaluation.champion.against_parent``); none for another model, a work dir's folder as the
+    parent, or a parent that kept no hypotheses."""
+    from mlflow.exceptions import MlflowException
+
+    record_file = inputs["tokenizer"] / "parent.json"
+    if not evidence or not record_file.is_file():
+        return []
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    if not int(record["version"]):  # a folder: no registration run, no hypotheses
+        return []
+    try:
+        parent = mlflow_runs.client(config).get_model_version(
+            record["name"], str(record["version"])
+        )
+    except MlflowException as exc:
+        log.info(
+            "register: parent %s version %s not read: %s",
+            record["name"],
+            record["version"],
+            redact_text(str(exc).splitlines()[0][:200]),
+        )
+        return []
+    stored = stored_evidence(config, parent)
+    if not stored:
+        return []
+    by_name = {s.name: s for s in evidence}
+    return against_parent(config.register.metric, by_name, stored, config.languages[1])
 
 
 def _float_or_none(value: str | float | None) -> float | None:
@@ -390,7 +427,12 @@ def build(ctx: BuildContext) -> dict[str, Any]:
     tags = {**version_tags(config, inputs, scores), **teacher_tags(inputs), **parent_tags(inputs)}
     tags.update(figure_tags(figures))
     tags[WEIGHTS_TAG] = sha256_file(weights)
+    vs_parent = compared_with_parent(config, inputs, evidence)
+    for row in vs_parent:
+        log.info("register: against its parent, %s", row_line(row))
+    tags.update(row_tags("parent.evidence", vs_parent))
     record = register_model(config, weights, inputs["tokenizer"], scores, tags, evidence)
+    record["against_parent"] = vs_parent
     (ctx.tmp / REGISTERED_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return {
         "name": record["name"],

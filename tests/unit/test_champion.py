@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 from evaluation.bleu import score_texts
-from evaluation.champion import Rule, choose
+from evaluation.champion import Rule, against_parent, choose, row_tags
 from evaluation.evidence import SetOutputs, digest, read_evidence, write_evidence
 
 WORDS = "the a cat dog house tree red big old new sees walks to on in".split()
@@ -133,3 +133,31 @@ def test_evidence_a_file_does_not_match_is_left_out(tmp_path):
     assert read_evidence(folder) == {"a b/c": (digest(["x", "y"]), ["x", "z"])}
     (folder / "a_b_c.hyp").write_text("x\n", encoding="utf-8")  # a line short
     assert read_evidence(folder) == {}
+
+
+def test_a_child_is_compared_with_its_parent_on_the_parents_references_whatever_their_name(
+    tmp_path,
+):
+    """Fine-tuned: better on the new domain's set, worse on the parent's own set (named
+    otherwise by the child), and a set the parent never saw is not compared."""
+    news = sentences(80, seed=7)
+    parent = read_evidence(
+        write_evidence(
+            tmp_path / "parent",
+            [
+                SetOutputs("test2016", PRIMARY, PRIMARY),
+                SetOutputs("news", news, damaged(news, 0.9, 8)),
+            ],
+        )
+    )
+    child = {
+        "newstest": SetOutputs("newstest", news, damaged(news, 0.1, seed=9)),
+        "captions": SetOutputs("captions", PRIMARY, damaged(PRIMARY, 0.9, seed=10)),
+        "unseen": SetOutputs("unseen", OTHER, OTHER),
+    }
+    rows = {r["set"]: r for r in against_parent("bleu_sacre", child, parent, "en")}
+    assert sorted(rows) == ["captions", "newstest"]
+    assert rows["newstest"]["difference"] > 0 and rows["newstest"]["p_value"] < 0.05
+    assert rows["captions"]["difference"] < 0 and rows["captions"]["p_value"] < 0.05
+    tags = row_tags("parent.evidence", list(rows.values()))
+    assert float(tags["parent.evidence.captions.difference"]) < 0
