@@ -20,6 +20,7 @@ from serving import tokenizer
 from tasks import tokenizer as tokenizer_stage
 from tasks.framework.config import ConfigError, config_from_dict, flatten, to_dict
 from tasks.framework.runner import run_stage
+from tasks.train import vocab_size
 
 PIPELINE_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 SENTENCES = tiny_sentences(300, seed=3)
@@ -74,9 +75,11 @@ def run_tokenizer(tmp_path: Path, cfg) -> Path:
 
 def test_the_stage_copies_the_model_and_encodes_as_the_file(tmp_path):
     team = team_model(tmp_path / "team.model")
-    out = run_tokenizer(tmp_path, config(tmp_path, model_file=str(team)))
+    cfg = config(tmp_path, model_file=str(team))
+    out = run_tokenizer(tmp_path, cfg)
     assert (out / tokenizer.MODEL_FILE).read_bytes() == team.read_bytes()
     assert len((out / tokenizer.VOCAB_FILE).read_text().splitlines()) == 40
+    assert vocab_size(cfg, {"tokenizer": out, "shard": out}, {}) == 40  # train takes it
     ours, theirs = tokenizer.load(out), spm.SentencePieceProcessor(model_file=str(team))
     for sentence in SENTENCES[:20] + ["a cat never seen zebra"]:
         assert ours.encode(sentence) == theirs.encode(sentence) + [3]
@@ -86,9 +89,10 @@ def test_the_stage_copies_the_model_and_encodes_as_the_file(tmp_path):
 def test_subword_nmt_codes_and_their_vocabulary_segment_and_number_as_given(tmp_path):
     codes, vocab, pieces = team_codes(tmp_path)
     settings = {"kind": "subword-nmt", "model_file": str(codes), "vocab_file": str(vocab)}
-    out = run_tokenizer(tmp_path, config(tmp_path, **settings, vocab_size=len(pieces) + 4))
+    cfg = config(tmp_path, **settings, vocab_size=len(pieces) + 4)
+    out = run_tokenizer(tmp_path, cfg)
+    assert vocab_size(cfg, {"tokenizer": out, "shard": out}, {}) == len(pieces) + 4
     ours = tokenizer.load(out)
-    assert ours.vocab_size == len(pieces) + 4
     assert ours.pretokenizer.bpe_codes == codes.read_text()  # the folder applies the codes
     applied = Pretokenizer(("en", "de"), bpe_codes=codes.read_text())
     for sentence in SENTENCES[:20]:
