@@ -29,6 +29,11 @@ Choices, deliberately:
   ``▁S`` ``mith`` (1.2% of the sample's source words; their total pieces grew by 0.04%).
   The symbols get the ids right after the special ones (``FIRST_SYMBOL_ID`` ...), so the
   decoder's vocabulary can be just them (``tasks.train.target_vocab_size``).
+
+A tokenizer a team brings (``model_file``) is taken as it is, never retrained: ``given_model``
+checks a sentencepiece model's special ids and size; with subword-nmt, ``given_codes`` checks
+the codes and ``numbered`` gives each piece of the vocabulary file an id, as ``train`` numbers
+the pieces of a sample.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import io
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,7 +51,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from corpora import CorpusError
-from transformer_core.config_checks import ConfigError
+from transformer_core.config_checks import OMITTED_AT_DEFAULT, ConfigError
 from transformer_core.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
@@ -54,7 +59,10 @@ __all__ = [
     "NORMALIZATION",
     "SubwordModel",
     "TokenizerConfig",
+    "given_codes",
+    "given_model",
     "learn_codes",
+    "numbered",
     "sample_sentences",
     "target_tokens",
     "train",
@@ -96,16 +104,58 @@ class TokenizerConfig:
     moses: bool = False
     """Moses-tokenize all text before the subword model, detokenize the model's output
     (``corpora.pretokenize``)."""
+    model_file: str | None = field(default=None, metadata=OMITTED_AT_DEFAULT)
+    """A tokenizer a team brings, used as it is instead of training one (a path relative to
+    where ``tfm`` runs): a sentencepiece model (``.model``; kind bpe or wordpiece) with pad 0,
+    unk 1, bos 2, eos 3; or, with kind subword-nmt, subword-nmt's BPE codes (and
+    ``vocab_file``). Either has exactly ``vocab_size`` pieces; lowercase and moses apply
+    before it, the sample's keys do not."""
+    vocab_file: str | None = field(default=None, metadata=OMITTED_AT_DEFAULT)
+    """With kind subword-nmt and ``model_file`` (its codes): the vocabulary, a ``piece count``
+    line per piece (``subword-nmt get-vocab``'s, fairseq's ``dict.<lang>.txt``); each piece gets
+    an id after the 4 special ones, a piece not in it is ``<unk>``."""
 
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
             raise ConfigError("vocab_size", f"{self.vocab_size} is too small")
-        if (self.kind == "subword-nmt") != (self.merges is not None):
+        if self.model_file is not None:
+            self._check_given()
+        elif (self.kind == "subword-nmt") != (self.merges is not None):
             raise ConfigError("merges", "is set with kind: subword-nmt, and only then")
         if self.merges is not None and self.merges < 1:
             raise ConfigError("merges", f"{self.merges} is too few")
         if self.kind == "subword-nmt" and self.target_symbols:
             raise ConfigError("target_symbols", "needs kind bpe or wordpiece, not subword-nmt")
+        if self.vocab_file is not None and (self.model_file is None or self.kind != "subword-nmt"):
+            raise ConfigError(
+                "vocab_file", "goes with kind: subword-nmt and model_file (its codes)"
+            )
+
+    def _check_given(self) -> None:
+        """The rules of ``model_file``: nothing is trained, so no training-only key."""
+        if self.merges is not None:
+            raise ConfigError("merges", "is not set with model_file: the codes hold the merges")
+        if self.target_symbols:
+            raise ConfigError("target_symbols", "is for a trained model, not model_file")
+        if self.kind == "subword-nmt" and self.vocab_file is None:
+            raise ConfigError(
+                "vocab_file",
+                "is needed with kind: subword-nmt and model_file: the codes' vocabulary "
+                "(subword-nmt get-vocab's, or fairseq's dict.txt)",
+            )
+
+    def with_absolute_files(self) -> TokenizerConfig:
+        """This with ``model_file`` and ``vocab_file`` made absolute (from the CWD, where
+        ``tfm`` runs)."""
+        return replace(
+            self,
+            model_file=_absolute(self.model_file),
+            vocab_file=_absolute(self.vocab_file),
+        )
+
+
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else str(Path(path).resolve())
 
 
 def sample_sentences(
@@ -191,6 +241,76 @@ def target_tokens(
             for line in f:
                 add(line)
     return sorted(counts, key=lambda t: (-counts[t], t))
+
+
+def given_model(path: Path, vocab_size: int) -> SubwordModel:
+    """The sentencepiece model file ``path`` (``tokenizer.model_file``) as it is, checked: a
+    model with the pipeline's special ids and ``vocab_size`` pieces, else a one-line
+    CorpusError naming the key and the file."""
+    import sentencepiece as spm
+
+    key, path = "tokenizer.model_file", Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{key}: {path} does not exist")
+    proto = path.read_bytes()
+    try:
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+    except RuntimeError:
+        raise CorpusError(
+            f"{key}: {path} is not a sentencepiece model (subword-nmt codes take "
+            "kind: subword-nmt and a vocab_file)"
+        ) from None
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    needed = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+    if ids != needed:
+        raise CorpusError(
+            f"{key}: {path} has the special ids (pad, unk, bos, eos) {ids} (-1: none); the "
+            f"model needs {needed}: train it with --pad_id={PAD_ID} --unk_id={UNK_ID} "
+            f"--bos_id={BOS_ID} --eos_id={EOS_ID}"
+        )
+    if sp.get_piece_size() != vocab_size:
+        raise CorpusError(
+            f"tokenizer.vocab_size: the config says {vocab_size} but {key} {path} has "
+            f"{sp.get_piece_size()} pieces: set tokenizer.vocab_size: {sp.get_piece_size()}"
+        )
+    return SubwordModel(proto, 0)
+
+
+def given_codes(path: Path) -> str:
+    """The text of the subword-nmt codes file ``path`` (``tokenizer.model_file``), checked:
+    ``learn-bpe``'s lines, a pair each after its ``#version`` line."""
+    key, path = "tokenizer.model_file", Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{key}: {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        text = "\0"
+    lines = [line for line in text.splitlines() if not line.startswith("#version")]
+    bad = next((n for n, line in enumerate(lines, 1) if len(line.split(" ")) != 2), None)
+    if not lines or bad is not None:
+        raise CorpusError(
+            f"{key}: {path} is not subword-nmt codes (learn-bpe's 'left right' lines)"
+        )
+    return text
+
+
+def numbered(symbols: Sequence[str], config: TokenizerConfig) -> SubwordModel:
+    """A ``word`` model whose pieces are the special ids and exactly ``symbols`` (a vocabulary
+    file's, ``tokenizer.vocab_file``), which must be ``config.vocab_size`` pieces in all."""
+    key = f"tokenizer.vocab_file {config.vocab_file}"
+    if len(symbols) + FIRST_SYMBOL_ID != config.vocab_size:
+        raise CorpusError(
+            f"tokenizer.vocab_size: the config says {config.vocab_size} but {key} has "
+            f"{len(symbols)} pieces and {FIRST_SYMBOL_ID} special ids: set tokenizer.vocab_size: "
+            f"{len(symbols) + FIRST_SYMBOL_ID}"
+        )
+    if any(WORD_MARK in s or not s.strip() or s != s.strip() for s in symbols):
+        raise CorpusError(f"{key}: a piece holds a space or {WORD_MARK!r}")
+    model = train(iter(symbols), replace(config, kind="subword-nmt", character_coverage=1.0))
+    if model._processor().get_piece_size() != config.vocab_size:  # a piece listed twice
+        raise CorpusError(f"{key}: its {len(symbols)} pieces are not all distinct")
+    return model
 
 
 def learn_codes(sentences: Iterable[str], merges: int) -> str:

@@ -15,7 +15,6 @@ files of the tokenizer folder our ``tokenizer.kind: subword-nmt`` makes (``spm.m
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from corpora.pretokenize import Pretokenizer
 from tasks.framework.config import RunConfig
 from tasks.framework.contract import BuildContext
 from tasks.framework.results import StageError
+from transformer_core.folders import file_identity
 
 if TYPE_CHECKING:
     from weight_adapters.fairseq_vocab import Vocabulary
@@ -52,22 +52,9 @@ class Source:
         """Each file's name and sha256 (of the dictionaries, the source language's)."""
         dictionary = self.dict_dir / f"dict.{languages[0]}.txt"
         files = {"checkpoint": self.checkpoint, "dict": dictionary, "bpe": self.bpe_codes}
-        return {role: {"file": path.name, "sha256": _sha256(path)} for role, path in files.items()}
-
-
-def _sha256(path: Path) -> str:
-    """The file's sha256, once per process while it is unchanged ("" for no file)."""
-    if not path.is_file():
-        return ""
-    stat = path.stat()
-    return _hashed(path.resolve(), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.cache
-def _hashed(path: Path, size: int, mtime_ns: int) -> str:
-    from transformer_core.folders import sha256_file
-
-    return sha256_file(path)
+        return {
+            role: {"file": path.name, "sha256": file_identity(path)} for role, path in files.items()
+        }
 
 
 def _source(config: RunConfig) -> Source:

@@ -8,6 +8,7 @@ Marian exports write folders too) as well as serving the pipeline's stages.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -66,6 +67,21 @@ def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, streamed."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_identity(path: Path) -> str:
+    """The sha256 of a file a config names, once per process while it is unchanged (its size
+    and modification time); "" for no file (the stage that reads it says so)."""
+    path = Path(path)
+    if not path.is_file():
+        return ""
+    stat = path.stat()
+    return _hashed(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.cache
+def _hashed(path: Path, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)
 
 
 def remove_stale_temporaries(out: Path) -> list[Path]:

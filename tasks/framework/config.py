@@ -32,6 +32,7 @@ from serving.serve_config import ServeConfig
 from serving.translator import DecodeConfig
 from tasks.framework.config_errors import config_error, not_json, yaml_error
 from tasks.framework.config_eval import EvalConfig, check_test_sets
+from tasks.framework.config_parent import check_init_from
 from tasks.framework.config_sections import (
     NOT_A_SETTING,
     AverageConfig,
@@ -40,7 +41,6 @@ from tasks.framework.config_sections import (
     ExportConfig,
     FairseqConfig,
     MlflowConfig,
-    ModelReference,
     ParsingConfig,
     RayConfig,
     RegisterConfig,
@@ -182,7 +182,7 @@ class RunConfig:
         if needed is not None and not _sets(self, needed):
             raise ConfigError("pipeline", f"{self.pipeline} needs {needed}")
         check_test_sets(self.eval.test_sets, self.data)
-        _check_init_from(self)
+        check_init_from(self.train, self.tokenizer, self.pipeline_name)
 
     @property
     def pipeline_name(self) -> PipelineName:
@@ -259,18 +259,6 @@ def _sets(config: RunConfig, key: str) -> bool:
     return getattr(getattr(config, section), name) is not None
 
 
-def _check_init_from(config: RunConfig) -> None:
-    """``train.init_from`` is a registered model's URI or a folder, in a pipeline that trains."""
-    parent = config.train.init_from
-    if parent is not None and config.pipeline_name == "fairseq":
-        raise ConfigError("train.init_from", "the fairseq pipeline imports a model, it trains none")
-    if parent is not None and parent.startswith("models:"):
-        try:
-            ModelReference.parse(parent)
-        except ValueError as exc:
-            raise ConfigError("train.init_from", str(exc)) from None
-
-
 # ----------------------------------------------------------------------------- loading
 
 
@@ -335,9 +323,10 @@ def config_from_dict(data: dict[str, Any], *, team_tracking_uri: str | None = No
 
 def _derived(config: RunConfig) -> RunConfig:
     """``config`` with the values the loader derives from what it wrote: the work dir resolved
-    (``{name}`` replaced, a relative path from the CWD), a relative SQLite registry and parent
-    folder (``train.init_from``) made absolute, the dev and test sets named, the test sets'
-    prefixes absolute. Nothing outside is asked."""
+    (``{name}`` replaced, a relative path from the CWD), a relative SQLite registry, parent
+    folder (``train.init_from``) and tokenizer files (``tokenizer.model_file``, ``vocab_file``)
+    made absolute,
+    the dev and test sets named, the test sets' prefixes absolute. Nothing outside is asked."""
     parent = config.train.init_from
     if parent is not None and not parent.startswith("models:"):
         config = dataclasses.replace(
@@ -349,6 +338,7 @@ def _derived(config: RunConfig) -> RunConfig:
         mlflow=config.mlflow.with_absolute_sqlite(),
         data=config.data.with_eval_sets(),
         eval=config.eval.with_absolute_prefixes(),
+        tokenizer=config.tokenizer.with_absolute_files(),
     )
 
 
