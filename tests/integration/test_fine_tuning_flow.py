@@ -134,7 +134,8 @@ def test_a_parent_that_does_not_exist_is_one_line_naming_it(first_run, capsys):
 
 def test_a_ray_train_checkpoint_is_a_parent_whose_adam_state_the_child_keeps(first_run, tmp_path):
     """A work dir's own checkpoint as the parent (its tokenizer: the parent stage's folder of a
-    fine-tuned work dir), Adam's moments kept: the flow runs and the version names the folder."""
+    fine-tuned work dir), Adam's moments kept: the flow runs, the model improves on the data it
+    is fine-tuned on, and the version names the folder."""
     from mlflow import MlflowClient
 
     from pipelines.flows import pipeline_flow
@@ -154,6 +155,10 @@ def test_a_ray_train_checkpoint_is_a_parent_whose_adam_state_the_child_keeps(fir
     client = MlflowClient(tracking_uri=first.tracking_uri, registry_uri=first.tracking_uri)
     version = client.get_model_version_by_alias("again", "champion")
     assert version.tags["parent.name"] == str(step) and version.tags["parent.version"] == "0"
+    # at a learning rate that moves it, it learns the new data: its dev loss falls
+    history = client.get_metric_history(stats["train"]["mlflow_run_id"], "val_loss")
+    losses = [m.value for m in sorted(history, key=lambda m: m.step)]
+    assert losses[-1] < losses[0] - 0.1, losses
 
 
 def test_a_new_parent_version_makes_the_parent_stage_and_everything_after_it_stale(
