@@ -105,9 +105,8 @@ class DataConfig:
     synthetic_test: int = 500
     """For source=synthetic: number of test pairs."""
     synthetic_domain: Literal["office"] | None = field(default=None, metadata=OMITTED_AT_DEFAULT)
-    """For source=synthetic: a domain whose own nouns (office: engineers, printers, invoices,
-    factories) fill most noun slots, a corpus to adapt the quickstart's model to
-    (docs/fine-tuning.md); none: the general grammar."""
+    """For source=synthetic: a domain whose nouns (office: engineers, printers, invoices) fill
+    most noun slots, to adapt the quickstart's model to (docs/fine-tuning.md); none: general."""
 
     def __post_init__(self) -> None:
         # Rules between fields (the pair a source can make, its dev and test sets), which a

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from corpora import synthetic, synthetic_lexicon
+from corpora import synthetic, synthetic_grammar, synthetic_lexicon
 
 
 def config(seed: int = 5, train: int = 300, dev: int = 40, test: int = 40) -> dict:
@@ -45,7 +45,7 @@ def grammar(seed: int = 0) -> synthetic.Grammar:
     return synthetic.Grammar(random.Random(seed))
 
 
-def noun(g: synthetic.Grammar, en: str) -> synthetic.Noun:
+def noun(g: synthetic.Grammar, en: str) -> synthetic_lexicon.Noun:
     return next(n for n in g.nouns if n.en == en)
 
 
@@ -122,9 +122,9 @@ def test_subordinate_clause_is_verb_final_on_a_fixed_construction():
 
 
 def test_contractions():
-    assert synthetic._contract(["in", "dem", "Garten"]) == ["im", "Garten"]
-    assert synthetic._contract(["von dem", "Mann"]) == ["vom", "Mann"]
-    assert synthetic._contract(["mit", "dem", "Mann"]) == ["mit", "dem", "Mann"]
+    assert synthetic_grammar._contract(["in", "dem", "Garten"]) == ["im", "Garten"]
+    assert synthetic_grammar._contract(["von dem", "Mann"]) == ["vom", "Mann"]
+    assert synthetic_grammar._contract(["mit", "dem", "Mann"]) == ["mit", "dem", "Mann"]
 
 
 def words_of(nouns) -> set[str]:
