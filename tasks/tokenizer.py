@@ -14,7 +14,6 @@ determinism, an exact vocabulary size) are explained in ``corpora.subwords``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -80,7 +79,7 @@ def _given(config: RunConfig, pretokenizer: Pretokenizer, tmp: Path) -> dict[str
     return {
         "kind": tok.kind,
         "model_file": path.name,
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "sha256": file_identity(path),
         "vocab_size": tok.vocab_size,
         "pretokenize": pretokenizer.description,
     }

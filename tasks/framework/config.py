@@ -325,8 +325,8 @@ def _derived(config: RunConfig) -> RunConfig:
     """``config`` with the values the loader derives from what it wrote: the work dir resolved
     (``{name}`` replaced, a relative path from the CWD), a relative SQLite registry, parent
     folder (``train.init_from``) and tokenizer files (``tokenizer.model_file``, ``vocab_file``)
-    made absolute,
-    the dev and test sets named, the test sets' prefixes absolute. Nothing outside is asked."""
+    made absolute, the dev and test sets named, the test sets' prefixes absolute. Nothing
+    outside is asked."""
     parent = config.train.init_from
     if parent is not None and not parent.startswith("models:"):
         config = dataclasses.replace(
