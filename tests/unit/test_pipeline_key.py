@@ -22,6 +22,7 @@ RUNS_TODAY = {
     "multi30k_to_news": "wmt14",  # a fine-tuning: its parent stage first
     "ptb_sample": "parsing",
     "quickstart": "wmt14",
+    "quickstart_finetune": "wmt14",  # a fine-tuning of the quickstart's champion
     "quickstart_distill": "distill",
     "wmt14_en_de_base": "wmt14",
     "wmt14_en_de_big": "wmt14",
