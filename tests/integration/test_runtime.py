@@ -253,13 +253,28 @@ def start_and_wait_for_training(tfm, env, run_dir, log_path):
     return command, psutil.Process(command.pid).children(recursive=True)
 
 
-@pytest.mark.slow  # one tfm run stopped three times during training, then run to its end: ~3 min
-def test_a_stopped_tfm_run_ends_in_seconds_leaves_nothing_running_and_the_rerun_finishes(tmp_path):
+@pytest.mark.slow  # a whole tfm run, killed during training, then run again: ~1.5 min
+def test_a_killed_tfm_run_leaves_nothing_running_and_the_rerun_finishes(tmp_path):
+    tfm, env, run_dir = training_run(tmp_path, "killed")
+    first, started = start_and_wait_for_training(tfm, env, run_dir, tmp_path / "first.log")
+    assert any("raylet" in p.name() for p in started)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    survivors = _wait_gone(started, 30)
+    assert survivors == [], [(p.pid, p.name()) for p in survivors]
+
+    rerun = subprocess.run(tfm, capture_output=True, text=True, env=env, timeout=400)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "score" in rerun.stdout
+    leftovers = [p.name for p in (tmp_path / "killed").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # the killed run's temporary folders are gone
+
+
+@pytest.mark.slow  # two tfm runs stopped during training: ~2.5 min
+def test_ctrl_c_and_sigterm_end_a_tfm_run_in_seconds_in_one_line(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) and SIGTERM (to the
     command, as `timeout` or a scheduler sends it) during training: exit 130 / 143 within
-    seconds with one line, and nothing the run started is left running 5 s after it exits.
-    SIGKILL (nothing can be said): the watchdog ends what it started. Then the same command
-    runs to the end, with none of the stopped runs' temporary folders left."""
+    seconds with one line, and nothing the run started is left running 5 s after it exits."""
     tfm, env, run_dir = training_run(tmp_path, "stopped")
     for sent, code, line in (
         (signal.SIGINT, 130, "tfm: interrupted; rerun the same command to continue"),
@@ -281,16 +296,3 @@ def test_a_stopped_tfm_run_ends_in_seconds_leaves_nothing_running_and_the_rerun_
         assert "Traceback" not in "\n".join(output[-20:])
         survivors = _wait_gone(started, 5)
         assert survivors == [], [(p.pid, p.name()) for p in survivors]
-
-    killed, started = start_and_wait_for_training(tfm, env, run_dir, tmp_path / "killed.log")
-    assert any("raylet" in p.name() for p in started)
-    os.kill(killed.pid, signal.SIGKILL)
-    killed.wait()
-    survivors = _wait_gone(started, 30)
-    assert survivors == [], [(p.pid, p.name()) for p in survivors]
-
-    rerun = subprocess.run(tfm, capture_output=True, text=True, env=env, timeout=400)
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert "score" in rerun.stdout
-    leftovers = [p.name for p in (tmp_path / "stopped").iterdir() if p.name.startswith(".")]
-    assert leftovers == []  # the stopped runs' temporary folders are gone
