@@ -11,7 +11,14 @@ from transformer_core.config_checks import ConfigError
 
 def check_init_from(train: TrainConfig, tokenizer: TokenizerConfig, pipeline: str) -> None:
     """A ConfigError naming the key for an ``init_from`` that cannot be a parent here: in the
-    fairseq pipeline, a ``models:`` URI that is not one, beside ``tokenizer.model_file``."""
+    fairseq pipeline, a ``models:`` URI that is not one, beside ``tokenizer.model_file``; and for
+    a ``tokenizer.model_file`` in the fairseq pipeline, which brings its own."""
+    if pipeline == "fairseq" and tokenizer.model_file is not None:
+        raise ConfigError(
+            "tokenizer.model_file",
+            "the fairseq pipeline takes the imported checkpoint's dictionary and codes (tfm "
+            "import fairseq): leave it out",
+        )
     parent = train.init_from
     if parent is None:
         return

@@ -207,6 +207,11 @@ def test_a_changed_file_changes_the_stage_config(tmp_path):
     ("settings", "key", "words"),
     [
         ({"train": {"init_from": "models:/general@champion"}}, "tokenizer.model_file", "parent"),
+        (
+            {"fairseq": {"checkpoint": "ckpt.pt", "dict_dir": "dicts", "bpe_codes": "codes"}},
+            "tokenizer.model_file",
+            "imported checkpoint",
+        ),
         ({"tokenizer": {"target_symbols": True}}, "tokenizer.target_symbols", "model_file"),
         ({"tokenizer": {"kind": "subword-nmt"}}, "tokenizer.vocab_file", "get-vocab"),
         ({"tokenizer": {"vocab_file": "v.txt"}}, "tokenizer.vocab_file", "kind: subword-nmt"),
