@@ -76,14 +76,14 @@ class TrainConfig:
     use_gpu: bool = False
     """Train on GPUs (bf16 autocast unless ``precision`` is float32)."""
     precision: Precision = "auto"
-    """What the forward computes in (weights, Adam and the loss stay float32). bf16: bf16
-    autocast, the linear layers and the pre-softmax projection in bf16, on a GPU and on a CPU
-    with native bf16 (AVX512-BF16 or AMX: the matmuls in 0.41x their float32 time; attention
-    and softmax stay float32); a CPU without it logs one warning and trains in float32. float32:
-    float32 throughout on any device, as the published fairseq recipes ran. auto: bf16 on a GPU,
-    float32 on a CPU. CPU bf16 kernels differ by CPU, so scores move in their last digits
-    between CPUs. The loss's layout (``fused_loss``) and the batch shapes (``static_shapes``)
-    are keys of their own: they change what is computed, not its number type."""
+    """What the forward computes in; weights, Adam and the loss's softmax stay float32. auto
+    (the default): bf16 on a GPU, float32 on a CPU. bf16: bf16 autocast on a GPU, and on a CPU
+    with native bf16 (AVX512-BF16 or AMX), where the linear layers and the pre-softmax
+    projection run in bf16 (the matmuls in 0.41x their float32 time) and attention and softmax
+    in float32; a CPU without it logs one warning and trains in float32. float32: float32
+    throughout on any device, as the published fairseq recipes ran. CPU bf16 kernels differ by
+    CPU, so scores move in their last digits between CPUs. The loss's layout (``fused_loss``)
+    and the batch shapes (``static_shapes``) are keys of their own, not numerics."""
     compile: tuple[Compiled, ...] = ()
     """What torch.compile compiles (dynamic shapes: one graph for every batch shape): model (the
     model and the loss) or loss (the loss only: with ``fused_loss``, each chunk's loss and
