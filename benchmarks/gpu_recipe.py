@@ -11,7 +11,7 @@ build). It
    dependencies the GPU machine lacks, packed to fit where a whole wheel set does not);
 3. runs ``tfm run configs/multi30k_en_de_tiny.yaml`` with ``train.use_gpu=true``,
    ``train.num_workers=1``, ``train.merge_micro_batches=true``, ``train.static_shapes=true``,
-   ``train.eval_max_tokens=32768``, ``train.bf16=false`` and the plain loss (the config as
+   ``train.eval_max_tokens=32768``, ``train.precision=float32`` and the plain loss (the config as
    committed otherwise: its two workers' 4,096-token batches of an update go through the one GPU
    as one padded batch, the same sentences, replayed as a CUDA graph of its bucketed shape,
    validated in one batch, in float32 as the reference ran; a mirror with ``--mirror``) in a
@@ -105,7 +105,7 @@ def run_recipe(
     venv: Path, workdir: Path, seed: int | None, mirror: str | None, extra: Sequence[str] = ()
 ) -> float:
     """``tfm run`` of the published recipe on the GPU (``extra``: more ``--set`` overrides, e.g.
-    ``train.compile=true``, after ours); seconds taken."""
+    ``train.compile=[model]``, after ours); seconds taken."""
     # One GPU: the two workers' 4,096-token batches of an update as one batch on it (the same
     # sentences), its forward and backward replayed as the CUDA graph of its bucketed shape (this
     # small model's update is bound by launching kernels); the dev set validated in one batch;
@@ -113,8 +113,8 @@ def run_recipe(
     # loss (fused, compiled chunks) off: CUDA graphs hold the plain one.
     overrides = ["train.use_gpu=true", "train.num_workers=1", "train.merge_micro_batches=true"]
     overrides += ["train.static_shapes=true", "train.eval_max_tokens=32768"]
-    overrides += ["train.fused_loss=false", "train.compile_loss=false"]
-    overrides += ["train.bf16=false", f"workdir={workdir}"]
+    overrides += ["train.fused_loss=false", "train.compile=[]"]
+    overrides += ["train.precision=float32", f"workdir={workdir}"]
     overrides += [f"seed={seed}"] if seed is not None else []
     overrides += [f"data.mirror={mirror}"] if mirror else []
     overrides += list(extra)
@@ -151,7 +151,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="another config override for `tfm run` (repeatable), e.g. train.compile=true",
+        help="another config override for `tfm run` (repeatable), e.g. train.compile=[model]",
     )
     parser.add_argument(
         "--install-only",

@@ -82,7 +82,7 @@ def training_run(
     torch.cuda.empty_cache()
     row = {
         "model": size,
-        "compile": tc.compile,
+        "compile": "model" in tc.compile,
         "cudnn_attn": tc.cudnn_attention,
         "prefetch": tc.prefetch,
         "fused_loss": tc.fused_loss,
@@ -94,11 +94,12 @@ def training_run(
         "MFU": m["mfu"],
         "gpu_busy": busy,
         "peak_GiB": m["peak_memory_gb"],
-        "graphs": compiled_graphs() if tc.compile else None,
+        "graphs": compiled_graphs() if "model" in tc.compile else None,
         "attention kernels": attention,
         "wall_s": time.time() - started,
     }
-    label = f"{size}{' compiled' if tc.compile else ''}{' fused loss' if tc.fused_loss else ''}"
+    compiled = " compiled" if "model" in tc.compile else ""
+    label = f"{size}{compiled}{' fused loss' if tc.fused_loss else ''}"
     return row, [{"run": label, **k} for k in kinds], [{"run": label, **t} for t in top]
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from transformer_core.config_checks import OMITTED_AT_DEFAULT, ConfigError, check_choices
 
@@ -13,6 +15,33 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 Frozen = Literal["embeddings", "encoder"]
 """A part of the model ``train.freeze`` can keep as the parent trained it."""
+
+Precision = Literal["auto", "float32", "bf16"]
+"""What a training step computes in (``train.precision``)."""
+
+Compiled = Literal["model", "loss"]
+"""What ``train.compile`` can name: the model (with its loss) or the loss alone."""
+
+COMPILE_IS_A_LIST = "a list now: [model] (what true was), [loss] or [] (what false was)"
+"""Why ``train.compile: true`` (or false), the switch it was before, is refused."""
+
+REPLACED = types.MappingProxyType(
+    {
+        "bf16": "replaced by train.precision (false: precision: float32; true: auto)",
+        "cpu_bf16": "replaced by train.precision (bf16 on a CPU: precision: bf16)",
+        "compile_loss": "replaced by train.compile: [loss]",
+    }
+)
+"""Keys of the train section that older configs set, each with the line that names what
+replaced it (the loader's answer instead of "unknown key")."""
+
+
+def replaced(name: str, value: Any) -> str | None:
+    """Why an older config's train key ``name`` set to ``value`` is refused, naming the key that
+    replaced it; None for a current key."""
+    if name == "compile" and isinstance(value, bool):
+        return COMPILE_IS_A_LIST
+    return REPLACED.get(name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,20 +74,21 @@ class TrainConfig:
     elastic_check_seconds: float = 60.0
     """With ``num_workers: [min, max]``: how often Ray Train looks for room for more workers."""
     use_gpu: bool = False
-    """Train on GPUs (bf16 autocast unless ``bf16`` is false)."""
-    bf16: bool = True
-    """On GPUs, bf16 autocast; false: float32 throughout, as the published fairseq recipes ran
-    (their speed is not the point there). On CPUs: ``cpu_bf16``."""
-    cpu_bf16: bool = False
-    """On a CPU with native bf16 arithmetic (AVX512-BF16 or AMX), bf16 autocast: the linear layers
-    and the pre-softmax projection in bf16 (the matmuls in 0.41x their float32 time on
-    AVX512-BF16); attention, softmax and the loss stay in float32. On a CPU without it, a
-    warning and float32."""
-    compile: bool = False
-    """torch.compile the model and the loss (dynamic shapes: one graph for every batch shape)."""
-    compile_loss: bool = False
-    """With ``fused_loss``: torch.compile only the loss of each chunk of logits (its softmax and
-    gradient as one fused loop), not the model; inductor needs a C++ compiler on a CPU."""
+    """Train on GPUs (bf16 autocast unless ``precision`` is float32)."""
+    precision: Precision = "auto"
+    """What the forward computes in; weights, Adam and the loss's softmax stay float32. auto
+    (the default): bf16 on a GPU, float32 on a CPU. bf16: bf16 autocast on a GPU, and on a CPU
+    with native bf16 (AVX512-BF16 or AMX), where the linear layers and the pre-softmax
+    projection run in bf16 (the matmuls in 0.41x their float32 time) and attention and softmax
+    in float32; a CPU without it logs one warning and trains in float32. float32: float32
+    throughout on any device, as the published fairseq recipes ran. CPU bf16 kernels differ by
+    CPU, so scores move in their last digits between CPUs. The loss's layout (``fused_loss``)
+    and the batch shapes (``static_shapes``) are keys of their own, not numerics."""
+    compile: tuple[Compiled, ...] = ()
+    """What torch.compile compiles (dynamic shapes: one graph for every batch shape): model (the
+    model and the loss) or loss (the loss only: with ``fused_loss``, each chunk's loss and
+    gradient as one fused loop; else the plain label-smoothed loss); []: nothing. Inductor needs
+    a C++ compiler on a CPU: without one, one warning and the step runs eagerly."""
     merge_micro_batches: bool = False
     """Run a rank's micro-batches of an update as one padded batch: the same sentences and the
     same gradient (up to rounding and dropout's draws) in one forward and backward instead of
@@ -177,9 +207,8 @@ class TrainConfig:
         self._at_least(1, "eval_every", "log_every", "keep_checkpoints")
         if self.eval_max_tokens is not None and self.eval_max_tokens < 1:
             raise ConfigError("eval_max_tokens", f"{self.eval_max_tokens} must be >= 1 or null")
+        self._check_compile()
         self._check_static_shapes()
-        if self.compile_loss and not self.fused_loss:
-            raise ConfigError("compile_loss", "compiles the fused loss: needs fused_loss true")
         if self.checkpoint_every < 0 or self.checkpoint_minutes < 0:
             raise ConfigError(
                 "checkpoint_every", "checkpoint_every and checkpoint_minutes must be >= 0"
@@ -216,8 +245,25 @@ class TrainConfig:
                 "needs one micro-batch an update on one worker: num_workers 1 and "
                 "merge_micro_batches true (or tokens_per_step <= max_tokens_per_batch)",
             )
-        if self.compile or self.fused_loss:  # compile_loss needs fused_loss
-            raise ConfigError("static_shapes", "does not combine with compile or fused_loss")
+        if self.compile or self.fused_loss:
+            raise ConfigError(
+                "static_shapes", "does not combine with compile ([model] or [loss]) or fused_loss"
+            )
+
+    def _check_compile(self) -> None:
+        """``compile``: a list (no longer a switch) of known parts, each named once, and model
+        alone where it compiles the loss as well."""
+        if isinstance(self.compile, bool):
+            raise ConfigError("compile", COMPILE_IS_A_LIST)
+        parts = list(self.compile)
+        written = f"[{', '.join(map(str, parts))}]"
+        unknown = [p for p in parts if p not in typing.get_args(Compiled)]
+        if unknown:
+            raise ConfigError("compile", f"{unknown[0]!r} is not one of 'model', 'loss'")
+        if len(set(parts)) != len(parts):
+            raise ConfigError("compile", f"{written} names a part twice")
+        if set(parts) == {"model", "loss"}:
+            raise ConfigError("compile", f"{written}: model compiles the loss too: [model]")
 
     @property
     def eval_tokens(self) -> int:

@@ -27,7 +27,7 @@ from training.config import TrainConfig
 from training.data import BatchStream, TokenData
 from training.dev_bleu import DevBleu
 from training.distributed import all_reduce_sum, broadcast_flag, rng_state, seed_all, set_rng_state
-from training.numerics import autocast_dtype, loss_function
+from training.numerics import autocast_dtype, compiled_parts, loss_function
 from training.prefetch import Prefetcher
 from training.static_shapes import StaticShapeLoss, pad_to_bucket
 from training.throughput import ThroughputMeter
@@ -104,12 +104,14 @@ class Trainer:
         self.validation = Validation(dev, config, seed, rank, world_size, dev_bleu)
         # The wrapper's no_sync (DDP's), looked up before compiling hides it.
         self._no_sync = getattr(self.model, "no_sync", None)
+        self.compiled = compiled_parts(config, self.device)  # train.compile, or eager
         # Dynamic shapes: token-budget batches vary in both dimensions, so one graph serves all
         # of them instead of a recompilation per shape.
-        self._forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
+        compiled_model = "model" in self.compiled
+        self._forward = torch.compile(self.model, dynamic=True) if compiled_model else self.model
         self.fused_loss = config.fused_loss
         self.dtype = autocast_dtype(config, self.device)
-        self._loss = loss_function(config, module, self.device, self.dtype)
+        self._loss = loss_function(config, module, self.device, self.dtype, self.compiled)
         self._static = None
         if config.static_shapes:  # the step's forward, loss and backward as CUDA graphs
             self._static = StaticShapeLoss(module, self._loss, self._contexts)
@@ -210,8 +212,8 @@ class Trainer:
     # -------------------------------------------------------------------------- steps
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast where ``autocast_dtype`` says so (``train.bf16`` on CUDA,
-        ``train.cpu_bf16`` on a CPU), else nothing."""
+        """bf16 autocast where ``autocast_dtype`` says so (``train.precision`` on this
+        device), else nothing."""
         if self.dtype is None:
             return contextlib.nullcontext()
         # A CUDA graph replays the casts it captured: autocast's cache of them must be off.

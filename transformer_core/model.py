@@ -120,8 +120,9 @@ def _sdpa(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
 ) -> Tensor:
     """softmax(q k^T / sqrt(d_k)) v by SDPA (its default scale is 1/sqrt(q.size(-1))). bf16 on a
-    CPU (``train.cpu_bf16``) runs it in float32: torch's CPU flash attention took 7x longer for
-    its backward in bf16 than in float32 (the Multi30k recipe's model, torch.profiler)."""
+    CPU (``train.precision: bf16``) runs it in float32: torch's CPU flash attention took 7x
+    longer for its backward in bf16 than in float32 (the Multi30k recipe's model,
+    torch.profiler)."""
     if q.dtype != torch.bfloat16 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal

@@ -120,7 +120,7 @@ LAYOUTS = {
     # eole 0.6 trains on a CPU in one process (its multi-process mode is one process a GPU)
     "eole": "eole train, 1 process x 2 threads, 2 x 4,096 accumulated",
     "ours (Ray Train, as tfm run)": "Ray Train, 2 workers x 1 thread, 4,096 each; the recipe's "
-    "cpu_bf16 and compiled fused loss",
+    "precision: bf16 and compiled fused loss",
     "ours (one process)": "Trainer, 1 process x 2 threads, 2 x 4,096 accumulated; the same",
 }
 

@@ -81,6 +81,20 @@ def test_config_errors_exit_2_with_the_key_path(tmp_path, capsys):
     assert main(["status", _config(tmp_path), "--set", "nonsense"]) == 2
 
 
+def test_an_old_numerics_key_stops_run_and_status_in_the_line_naming_its_replacement(
+    tmp_path, capsys
+):
+    config = _config(tmp_path, train={"cpu_bf16": True})
+    for command in ("run", "status"):
+        assert main([command, config]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            "tfm: config error: train.cpu_bf16: replaced by train.precision (bf16 on a CPU: "
+            f"precision: bf16) (in {config})"
+        )
+    assert not (tmp_path / "cli").exists()  # nothing started
+
+
 def test_a_store_that_cannot_work_stops_the_commands_in_one_line_before_anything_starts(
     tmp_path, capsys
 ):

@@ -16,6 +16,7 @@ from tasks.framework.config import (
     load_config,
     to_dict,
 )
+from training.config import TrainConfig
 from transformer_core import presets
 from transformer_core.config import ModelConfig
 
@@ -100,7 +101,8 @@ def test_heads_must_divide_width(tmp_path: Path):
         ({"clean": {"max_ratio": 0.5}}, "clean.max_ratio"),
         ({"train": {"use_gpu": "yes"}}, "train.use_gpu"),
         ({"decode": {"dtype": "float16"}}, "decode.dtype"),
-        ({"train": {"compile_loss": True}}, "train.compile_loss"),  # without fused_loss
+        ({"train": {"precision": "fp16"}}, "train.precision"),
+        ({"train": {"compile": ["graphs"]}}, "train.compile[0]"),
         # A pair the source cannot make fails at load, not when download runs.
         ({"data": {"source": "synthetic", "pair": "en-xx"}}, "data.pair"),
         ({"data": {"source": "wmt14", "pair": "en-xx"}}, "data.pair"),
@@ -113,6 +115,56 @@ def test_bad_keys_and_values_name_the_key_path(tmp_path: Path, data: dict, key: 
     assert err.value.key == key
     assert str(err.value).startswith(key + ":")
     assert str(tmp_path / "run.yaml") in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("train", "line"),
+    [
+        ({"cpu_bf16": True}, "train.cpu_bf16: replaced by train.precision (bf16 on a CPU: "
+         "precision: bf16)"),
+        ({"bf16": False}, "train.bf16: replaced by train.precision (false: precision: float32; "
+         "true: auto)"),
+        ({"compile_loss": True}, "train.compile_loss: replaced by train.compile: [loss]"),
+        ({"compile": True}, "train.compile: a list now: [model] (what true was), [loss] or [] "
+         "(what false was)"),
+        ({"compile": False}, "train.compile: a list now: [model] (what true was), [loss] or [] "
+         "(what false was)"),
+    ],
+)  # fmt: skip
+def test_old_numerics_keys_are_refused_naming_what_replaced_them(tmp_path: Path, train, line):
+    path = _write(tmp_path, {"name": "x", "train": {"steps": 3, **train}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{line} (in {path})"
+
+
+def test_the_numerics_are_two_settings(tmp_path: Path):
+    path = _write(tmp_path, {"name": "x", "train": {"precision": "bf16", "compile": ["loss"]}})
+    train = load_config(path).train
+    assert (train.precision, train.compile) == ("bf16", ("loss",))
+    assert to_dict(train)["compile"] == ["loss"]
+    default = load_config(_write(tmp_path, {"name": "x"})).train
+    assert (default.precision, default.compile) == ("auto", ())
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"compile": True}, "compile: a list now: [model] (what true was)"),
+        ({"compile": ("loss", "loss")}, "compile: [loss, loss] names a part twice"),
+        ({"compile": ("loss", "model")}, "compile: [loss, model]: model compiles the loss too"),
+        ({"compile": ("graphs",)}, "compile: 'graphs' is not one of 'model', 'loss'"),
+        ({"precision": "fp16"}, "precision: 'fp16' is not one of 'auto', 'float32', 'bf16'"),
+        (
+            {"compile": ("loss",), "static_shapes": True, "merge_micro_batches": True},
+            "static_shapes: does not combine with compile ([model] or [loss]) or fused_loss",
+        ),
+    ],
+)
+def test_the_compile_list_and_precision_are_checked_in_python_too(changes, message):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**changes)
+    assert str(err.value).startswith(message)
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path):

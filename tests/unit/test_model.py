@@ -324,7 +324,7 @@ def test_a_shallow_decoder_has_its_own_layer_count():
 
 
 def test_attention_under_cpu_bf16_autocast_runs_in_float32(monkeypatch):
-    """Under CPU bf16 autocast (``train.cpu_bf16``) the projections run in bf16 but SDPA gets
+    """Under CPU bf16 autocast (``train.precision: bf16``) the projections run in bf16 but SDPA gets
     float32 queries, keys and values (its bf16 backward is slow on CPUs); the output is bf16."""
     import transformer_core.model as model_module
 

@@ -105,7 +105,8 @@ def test_training_on_bucketed_batches_gives_the_eager_losses_and_weights():
     [
         {"num_workers": 2, "merge_micro_batches": True},
         {"merge_micro_batches": False},  # 2 micro-batches an update
-        {"merge_micro_batches": True, "compile": True},
+        {"merge_micro_batches": True, "compile": ("model",)},
+        {"merge_micro_batches": True, "compile": ("loss",)},
     ],
 )
 def test_static_shapes_refuses_what_a_graph_cannot_hold_naming_the_key(changes):

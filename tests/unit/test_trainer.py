@@ -251,11 +251,12 @@ def test_fused_loss_takes_the_same_steps_as_the_logits_path():
 
 @pytest.mark.skipif(not native_cpu_bf16(), reason="this CPU has no native bf16")
 def test_cpu_bf16_trains_like_float32_with_bf16_matmuls():
-    """``cpu_bf16``: the forward's linear layers and the fused loss's projection in bf16, the
-    rest float32: the first steps' losses and gradients within bf16's rounding of float32's."""
+    """``precision: bf16`` on a CPU: the forward's linear layers and the fused loss's projection
+    in bf16, the rest float32: the first steps' losses and gradients within bf16's rounding of
+    float32's."""
     fp32 = make_trainer(settings(fused_loss=True, steps=3))
     fp32_metrics, fp32_grads = gradients_at_each_step(fp32, 3)
-    bf16 = make_trainer(settings(fused_loss=True, cpu_bf16=True, steps=3))
+    bf16 = make_trainer(settings(fused_loss=True, precision="bf16", steps=3))
     seen: set[torch.dtype] = set()
     hook = torch.nn.modules.module.register_module_forward_hook(
         lambda module, args, out: seen.add(out.dtype) if isinstance(out, torch.Tensor) else None
@@ -280,9 +281,9 @@ def test_cpu_bf16_trains_like_float32_with_bf16_matmuls():
 def test_cpu_bf16_without_native_bf16_warns_and_trains_in_float32(monkeypatch, caplog):
     monkeypatch.setattr(numerics, "native_cpu_bf16", lambda: False)
     with caplog.at_level("WARNING", logger="training.numerics"):
-        trainer = make_trainer(settings(cpu_bf16=True))
+        trainer = make_trainer(settings(precision="bf16"))
     assert trainer.dtype is None
-    assert "train.cpu_bf16" in caplog.text and "float32" in caplog.text
+    assert "train.precision: bf16" in caplog.text and "float32" in caplog.text
     metrics = run(trainer, 1)
     assert metrics[0]["loss"] == pytest.approx(
         run(make_trainer(settings()), 1)[0]["loss"], rel=1e-6
@@ -311,7 +312,7 @@ def test_compiled_training_takes_the_same_steps_as_eager_on_cpu(fused_loss):
     torch._dynamo.reset()  # this process's earlier graphs (the other case) do not count
     counters.clear()
     eager = run(trainer(), 8)
-    compiled_trainer = trainer(compile=True)
+    compiled_trainer = trainer(compile=("model",))
     compiled = run(compiled_trainer, 8)
     for a, b in zip(compiled, eager, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
@@ -328,16 +329,17 @@ def test_compiled_training_takes_the_same_steps_as_eager_on_cpu(fused_loss):
 
 
 @pytest.mark.slow  # inductor compiles the chunk's loss: ~20 s on 2 cores
-def test_compile_loss_compiles_only_the_loss_and_trains_as_the_eager_fused_loss():
-    """``compile_loss``: the fused loss's chunks compiled (one graph family, not the model's),
-    the same losses as the eager fused loss (the gradient is the same formula, fused)."""
+def test_compiling_the_loss_compiles_only_it_and_trains_as_the_eager_fused_loss():
+    """``compile: [loss]`` with ``fused_loss``: the fused loss's chunks compiled (one graph
+    family, not the model's), the same losses as the eager fused loss (the gradient is the same
+    formula, fused)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     eager = run(make_trainer(settings(fused_loss=True, steps=4)), 4)
     assert counters["stats"]["unique_graphs"] == 0
-    compiled = run(make_trainer(settings(fused_loss=True, compile_loss=True, steps=4)), 4)
+    compiled = run(make_trainer(settings(fused_loss=True, compile=("loss",), steps=4)), 4)
     assert 1 <= counters["stats"]["unique_graphs"] <= 3  # the chunk function's, no model's
     for a, b in zip(compiled, eager, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
