@@ -44,6 +44,18 @@ def replaced(name: str, value: Any) -> str | None:
     return REPLACED.get(name)
 
 
+def refuse_replaced(train: Any) -> None:
+    """A ConfigError for a key an older config's train section (``train``, as loaded) set
+    (``cpu_bf16``, ``compile: true``), in the one line that names what replaced it, instead of
+    "unknown key"."""
+    if not isinstance(train, dict):
+        return
+    for key, value in train.items():
+        why = replaced(str(key), value)
+        if why is not None:
+            raise ConfigError(f"train.{key}", why)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """The training recipe (paper section 5) and its Ray Train scaling."""

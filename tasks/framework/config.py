@@ -48,8 +48,7 @@ from tasks.framework.config_sections import (
     is_setting,
 )
 from tasks.framework.workdir_place import holds_files, run_root, store_at, workdir_of
-from training.config import TrainConfig
-from training.config import replaced as replaced_train_key
+from training.config import TrainConfig, refuse_replaced
 from transformer_core import presets
 from transformer_core.config import ModelConfig
 from transformer_core.config_checks import ConfigError
@@ -307,7 +306,7 @@ def config_from_dict(data: dict[str, Any], *, team_tracking_uri: str | None = No
     except TypeError as exc:
         raise (not_json(data) or ConfigError("", str(exc))) from None
     _refuse_derived(data)
-    _refuse_replaced(data)
+    refuse_replaced(data.get("train"))
     try:
         config = _adapter().validate_json(blob)
     except ValidationError as exc:
@@ -355,18 +354,6 @@ def _refuse_derived(data: dict[str, Any]) -> None:
             for inner in set(value) & _derived_names(section):
                 known = ", ".join(_settings(section))
                 raise ConfigError(f"{key}.{inner}", f"unknown key (known: {known})")
-
-
-def _refuse_replaced(data: dict[str, Any]) -> None:
-    """A ConfigError for a train key an older config set (``train.cpu_bf16``, ``train.compile:
-    true``), in the one line that names what replaced it, instead of "unknown key"."""
-    train = data.get("train")
-    if not isinstance(train, dict):
-        return
-    for key, value in train.items():
-        why = replaced_train_key(str(key), value)
-        if why is not None:
-            raise ConfigError(f"train.{key}", why)
 
 
 def _settings(cls: type) -> list[str]:
