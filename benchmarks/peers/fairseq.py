@@ -129,20 +129,24 @@ def generate_command(
     *,
     languages: tuple[str, str] = ("en", "de"),
     gpu: bool = False,
-    remove_bpe: bool = True,
+    remove_bpe: bool | str = True,
+    subset: str = "test",
 ) -> list[str]:
-    """``fairseq-generate`` of the test split with ``checkpoint``: beam ``beam``, batches of
-    ``max_tokens``, outputs at most the source's length + ``max_len_b`` tokens before their EOS
-    (``--max-len-a 1``; fairseq's source length is its batch's width, EOS included); BPE marks
-    removed (``remove_bpe=False``: kept, the dictionary's symbols as they were generated)."""
+    """``fairseq-generate`` of the ``subset`` split with ``checkpoint``: beam ``beam``, batches
+    of ``max_tokens``, outputs at most the source's length + ``max_len_b`` tokens before their
+    EOS (``--max-len-a 1``; fairseq's source length is its batch's width, EOS included); BPE
+    marks removed (``remove_bpe=False``: kept, the dictionary's symbols as they were generated;
+    a string: that kind of marks, e.g. ``sentencepiece``)."""
     cmd = [
         *peer.module("fairseq_cli.generate"), str(data_bin),
         "--task", "translation", "--source-lang", languages[0], "--target-lang", languages[1],
-        "--gen-subset", "test", "--path", str(checkpoint),
+        "--gen-subset", subset, "--path", str(checkpoint),
         "--beam", str(beam), "--max-tokens", str(max_tokens),
         "--max-len-a", "1", "--max-len-b", str(max_len_b),
     ]  # fmt: skip
-    return cmd + (["--remove-bpe"] if remove_bpe else []) + ([] if gpu else ["--cpu"])
+    if remove_bpe:
+        cmd += ["--remove-bpe"] + ([remove_bpe] if isinstance(remove_bpe, str) else [])
+    return cmd + ([] if gpu else ["--cpu"])
 
 
 def train_rates(log: str, updates_per_line: int) -> dict[str, float]:

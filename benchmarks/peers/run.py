@@ -208,6 +208,16 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument(
+        "--time-to-bleu",
+        type=float,
+        metavar="MINUTES",
+        help="instead: the laptop recipe trained MINUTES by ours and by fairseq, BLEU against "
+        "minutes (benchmarks/peers/ttb.py)",
+    )
+    parser.add_argument(
+        "--eval-minutes", type=float, default=1.0, help="--time-to-bleu: minutes between scores"
+    )
+    parser.add_argument(
         "--no-train",
         action="store_true",
         help="decode the models an earlier run trained in --workdir (no training rows)",
@@ -306,6 +316,10 @@ def record_rows(results: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
+    if args.time_to_bleu:
+        from . import ttb
+
+        return ttb.main(args)
     if args.updates < 2 * args.log_every or args.updates % args.log_every:
         cli.error("--updates must be a multiple of --log-every and at least two intervals")
     work = args.workdir / "peers"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_peers  # noqa: E402
-from peers import decoding, procs, report, run  # noqa: E402
+from peers import decoding, procs, report, run, ttb  # noqa: E402
 from peers import eole as peers_eole  # noqa: E402
 from peers import fairseq as peers_fairseq  # noqa: E402
 from peers import ours as peers_ours  # noqa: E402
@@ -350,3 +352,70 @@ def test_no_train_decodes_the_models_an_earlier_run_left(tmp_path):
     assert "not trained in" in train["ours (one process)"]["problem"]
     text = report.tables({"train": train, "decode": {}})
     assert "| fairseq | not trained in this run: " in text
+
+
+def test_time_to_bleu_gives_fairseq_the_laptop_recipe_s_model_and_schedule(tmp_path):
+    """``--time-to-bleu``: fairseq-train gets the laptop recipe's shape, its 2 x 1,024-token
+    updates and the peak our schedule reaches at the end of its warm-up."""
+    config = ttb.laptop_config(tmp_path, None)
+    shape, recipe = ttb.fairseq_settings(config)
+    model, train = config.model, config.train
+    assert (shape.layers, shape.d_model, shape.d_ff, shape.heads) == (4, 128, 256, 4)
+    assert (shape.dropout, shape.share) == (model.dropout, True)
+    assert recipe.max_tokens * recipe.update_freq == train.tokens_per_step == 2048
+    ours_peak = learning_rate(train.warmup_steps, model.d_model, train.warmup_steps, train.lr_scale)
+    assert recipe.lr == pytest.approx(ours_peak, rel=1e-9)
+    assert recipe.warmup == train.warmup_steps
+    assert (recipe.adam_betas, recipe.adam_eps) == (train.adam_betas, train.adam_eps)
+    cmd = peers_fairseq.train_command(
+        PEER, tmp_path, tmp_path, shape, recipe, 3600, 50, rank=(0, 2, 1234)
+    )
+    assert cmd[cmd.index("--max-tokens") + 1] == "1024"
+    assert cmd[cmd.index("--update-freq") + 1] == "1"  # each of two ranks: one batch an update
+    assert cmd[cmd.index("--dropout") + 1] == str(model.dropout)
+
+
+def test_fairseq_generate_scores_a_split_without_sentencepiece_marks(tmp_path):
+    cmd = peers_fairseq.generate_command(
+        PEER, tmp_path, tmp_path / "avg.pt", 5, 4096, 50, remove_bpe="sentencepiece",
+        subset="valid",
+    )  # fmt: skip
+    assert cmd[cmd.index("--gen-subset") + 1] == "valid"
+    assert cmd[cmd.index("--remove-bpe") + 1] == "sentencepiece"
+    plain = peers_fairseq.generate_command(PEER, tmp_path, tmp_path / "avg.pt", 5, 4096, 50)
+    assert plain[plain.index("--gen-subset") + 1] == "test"
+    assert plain[plain.index("--remove-bpe") + 1] == "--cpu"  # subword-nmt's marks: no value
+
+
+def test_time_to_bleu_is_the_first_minute_ours_reaches_fairseq_s_final_score():
+    checkpoints = [(100 * i, 0.9 * i, Path(f"c{i}")) for i in range(1, 8)]
+    assert ttb.chosen(checkpoints, 3.0, 4) == [Path("c1"), Path("c2"), Path("c3")]
+    assert ttb.chosen(checkpoints, 5.5, 4) == [Path(f"c{i}") for i in (3, 4, 5, 6)]
+    assert ttb.chosen(checkpoints, 0.5, 4) == []
+    rows = [
+        {"minute": 1.0, "fairseq_updates": 0},  # neither has a checkpoint yet
+        {"minute": 2.0, "ours_test2016": 20.0, "fairseq_test2016": 10.0},
+        {"minute": 3.0, "ours_test2016": 31.0, "fairseq_test2016": 25.0},
+        {"minute": 4.0, "ours_test2016": 33.0, "fairseq_test2016": 30.5},
+    ]
+    found = ttb.time_to(rows, 4.0)
+    assert found == {"fairseq_final_test2016": 30.5, "ours_minutes_to_it": 3.0, "T": 0.75}
+    rows[2]["ours_test2016"] = 30.0
+    assert ttb.time_to(rows, 4.0)["T"] == 1.0
+    rows[3]["ours_test2016"] = 30.0
+    assert ttb.time_to(rows, 4.0) | {"fairseq_final_test2016": None} == {
+        "fairseq_final_test2016": None,
+        "ours_minutes_to_it": None,
+        "T": None,
+    }
+
+
+def test_a_training_past_its_budget_is_stopped_there(tmp_path):
+    """Each toolkit trains for the budget: a command still running at its end is stopped (its
+    process group, so that what it started goes too), and the run returns in seconds."""
+    script = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    started = ttb.run_for([[sys.executable, "-c", script]] * 2, None, tmp_path / "t.log", 1.0)
+    assert time.time() - started < 30
+    leftover = subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True, text=True)
+    assert leftover.stdout == ""
+    assert (tmp_path / "t.log").exists() and (tmp_path / "t.1.log").exists()
