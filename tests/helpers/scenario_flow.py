@@ -1,14 +1,15 @@
 """A flow run's process in the cluster scenario, with a callback on training's steps:
 
-    python -m helpers.scenario_flow WHERE stop STEP               # a deployment's flow run
-    python -m helpers.scenario_flow WHERE stop STEP --run CONFIG  # `tfm run CONFIG` instead
-    python -m helpers.scenario_flow WHERE gates DOWN UP           # a flow run held at two steps
+    python -m helpers.scenario_flow WHERE stop STEP                    # a deployment's flow run
+    python -m helpers.scenario_flow WHERE stop STEP --run CONFIG       # `tfm run CONFIG` instead
+    python -m helpers.scenario_flow WHERE gates DOWN UP [DOWN UP ...]  # held at every gate
 
 Prefect's process worker runs it in place of ``python -m prefect.engine`` (a deployment run's
 ``command``, from the tests folder), so the test decides where training is, however fast the
 machine: with ``stop`` the last rank stops at STEP to die with its host (``StopAndSayWhere``);
-with ``gates`` rank 0 waits at step DOWN until the test writes ``WHERE/down`` and at UP until it
-writes ``WHERE/up`` (``Gates``), while the test takes a service away and brings it back."""
+with ``gates`` each pair of steps is an outage window, numbered from 1: rank 0 waits at window
+n's DOWN step until the test writes ``WHERE/down-<n>`` and at its UP step until it writes
+``WHERE/up-<n>`` (``Gates``), while the test takes a service away and brings it back."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ from pathlib import Path
 from helpers.callbacks import Gates, StopAndSayWhere, by_value
 
 
+def gate_files(steps: list[int]) -> dict[int, str]:
+    """The file each gate step waits for: window n (from 1; a pair of ``steps``) waits at its
+    DOWN step for ``down-<n>`` and at its UP step for ``up-<n>``."""
+    files = {}
+    for n, (down, up) in enumerate(zip(steps[::2], steps[1::2], strict=True), start=1):
+        files |= {down: f"down-{n}", up: f"up-{n}"}
+    return files
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="scenario_flow")
     parser.add_argument("where", type=Path, help="the folder the callback and the test share")
@@ -28,12 +38,13 @@ def main(argv: list[str]) -> None:
     stop = modes.add_parser("stop", help="the last rank stops at STEP (StopAndSayWhere)")
     stop.add_argument("step", type=int)
     stop.add_argument("--run", metavar="CONFIG", help="`tfm run CONFIG` instead of a flow run")
-    gates = modes.add_parser("gates", help="rank 0 waits at DOWN and at UP (Gates)")
-    gates.add_argument("down", type=int)
-    gates.add_argument("up", type=int)
+    gates = modes.add_parser("gates", help="rank 0 waits at each window's DOWN and UP (Gates)")
+    gates.add_argument("steps", type=int, nargs="+", metavar="DOWN UP", help="one pair a window")
     args = parser.parse_args(argv)
     if args.mode == "gates":
-        callback = Gates(args.where, {args.down: "down", args.up: "up"})
+        if len(args.steps) % 2 or args.steps != sorted(set(args.steps)):
+            parser.error("gates takes pairs of steps, DOWN UP [DOWN UP ...], in increasing order")
+        callback = Gates(args.where, gate_files(args.steps))
     else:
         callback = StopAndSayWhere(args.where, args.step)
 
