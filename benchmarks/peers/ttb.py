@@ -100,6 +100,9 @@ def prepare(workdir: Path, mirror: str | None) -> Path:
     config = laptop_config(workdir, mirror)
     for stage in STAGES:
         print(f"  {stage}: {'ran' if run_stage(config, stage).ran else 'up to date'}", flush=True)
+    import ray
+
+    ray.shutdown()  # the stages' local Ray: not idling beside the trainings
     text = workdir / "text"
     stamp = json.loads((workdir / "tokenizer" / "manifest.json").read_text())["fingerprint"]
     if (text / "stamp").is_file() and (text / "stamp").read_text() == stamp:
@@ -224,6 +227,24 @@ def train_ours(workdir: Path, mirror: str | None, out: Path, seconds: float) -> 
         step = int(path.parent.name.removeprefix("step-"))
         found.append((step, (path.stat().st_mtime - started) / 60, path))
     return {"checkpoints": sorted(found)}
+
+
+def kept(trained: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``trained`` written to ``folder/trained.json`` (``--no-train`` decodes it again)."""
+    rows = [[step, minute, str(path)] for step, minute, path in trained["checkpoints"]]
+    record = {k: str(v) for k, v in trained.items() if k != "checkpoints"} | {"checkpoints": rows}
+    (folder / "trained.json").write_text(json.dumps(record, indent=1) + "\n")
+    return trained
+
+
+def trained_before(folder: Path) -> dict[str, Any]:
+    """What ``kept`` wrote in ``folder``."""
+    path = folder / "trained.json"
+    if not path.is_file():
+        raise SystemExit(f"--no-train: {path} does not exist (train first)")
+    record = json.loads(path.read_text())
+    found = [(step, minute, Path(p)) for step, minute, p in record.pop("checkpoints")]
+    return {k: Path(v) for k, v in record.items()} | {"checkpoints": found}
 
 
 def chosen(checkpoints: list[tuple[int, float, Path]], minute: float, last: int) -> list[Path]:
@@ -374,10 +395,15 @@ def main(args) -> int:
                read_lines(workdir / "clean" / f"{split}.{tgt}"))
         for name, split in (("dev", "dev"), ("test2016", "test"))
     }  # fmt: skip
-    print(f"training: ours, {budget:g} min", flush=True)
-    ours = train_ours(workdir, args.mirror, work / "ours", budget * 60)
-    print(f"training: fairseq, {budget:g} min", flush=True)
-    theirs = train_fairseq(peer, text, work / "fairseq", config, budget * 60)
+    if args.no_train:
+        print("training: the checkpoints an earlier run left (--no-train)", flush=True)
+        ours, theirs = (trained_before(work / name) for name in ("ours", "fairseq"))
+    else:
+        print(f"training: ours, {budget:g} min", flush=True)
+        ours = kept(train_ours(workdir, args.mirror, work / "ours", budget * 60), work / "ours")
+        print(f"training: fairseq, {budget:g} min", flush=True)
+        theirs = train_fairseq(peer, text, work / "fairseq", config, budget * 60)
+        theirs = kept(theirs, work / "fairseq")
     grid = [round(every * i, 4) for i in range(1, int(budget / every + 1e-9) + 1)]
     last = config.average.last
     evaluate = {

@@ -419,3 +419,11 @@ def test_a_training_past_its_budget_is_stopped_there(tmp_path):
     leftover = subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True, text=True)
     assert leftover.stdout == ""
     assert (tmp_path / "t.log").exists() and (tmp_path / "t.1.log").exists()
+
+
+def test_no_train_decodes_the_checkpoints_a_time_to_bleu_run_kept(tmp_path):
+    trained = {"data_bin": tmp_path / "bin", "checkpoints": [(100, 0.5, tmp_path / "c.pt")]}
+    assert ttb.kept(trained, tmp_path) is trained
+    assert ttb.trained_before(tmp_path) == trained
+    with pytest.raises(SystemExit, match="trained.json does not exist"):
+        ttb.trained_before(tmp_path / "other")
