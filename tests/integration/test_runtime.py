@@ -221,14 +221,14 @@ def training_run(tmp_path, name: str):
         "decode": {"beam_size": 2, "max_len_offset": 5},
         "ray": {"num_cpus": 2},
     }
-    # Long enough to be stopped after its first checkpoint (every 50 of 200 steps); no validation
-    # or metrics at every step (the tiny config's), which the killed run's rerun would otherwise
-    # spend its time on.
+    # Long enough to be stopped three times, each after a checkpoint of its own (every 50 of 300
+    # steps, polled 5 times a second); no validation or metrics at every step (the tiny
+    # config's), which the reruns would otherwise spend their time on.
     config["train"] = {
         **config["train"],
-        "steps": 200,
+        "steps": 300,
         "checkpoint_every": 50,
-        "eval_every": 100,
+        "eval_every": 150,
         "log_every": 10,
     }
     path = tmp_path / f"{name}.yaml"
@@ -238,44 +238,44 @@ def training_run(tmp_path, name: str):
     return tfm, env, tmp_path / name / "train_ray"
 
 
+def newest_checkpoint(run_dir) -> int:
+    """The step of the newest checkpoint in the Ray Train folder (0: none); older ones may be
+    gone (``train.keep_checkpoints``), so the step is what says a new one came."""
+    return max((int(p.name.removeprefix("step-")) for p in run_dir.rglob("step-*")), default=0)
+
+
 def start_and_wait_for_training(tfm, env, run_dir, log_path):
     """``tfm run`` in a session of its own, once training has written a checkpoint."""
     log = open(log_path, "w")  # noqa: SIM115 - the caller's process owns it until it ends
     command = subprocess.Popen(
         tfm, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
-    seen = len(list(run_dir.rglob("step-*")))
+    seen = newest_checkpoint(run_dir)
     deadline = time.time() + 240
-    while len(list(run_dir.rglob("step-*"))) <= seen:  # a checkpoint of this run
+    while newest_checkpoint(run_dir) <= seen:  # a checkpoint of this run
         assert command.poll() is None, log_path.read_text()[-3000:]
         assert time.time() < deadline, "training did not start"
-        time.sleep(1)
+        time.sleep(0.2)
     return command, psutil.Process(command.pid).children(recursive=True)
 
 
-@pytest.mark.slow  # a whole tfm run, killed during training, then run again: ~1.5 min
-def test_a_killed_tfm_run_leaves_nothing_running_and_the_rerun_finishes(tmp_path):
-    tfm, env, run_dir = training_run(tmp_path, "killed")
-    first, started = start_and_wait_for_training(tfm, env, run_dir, tmp_path / "first.log")
+@pytest.mark.slow  # one tfm run killed, interrupted and stopped in training, then finished
+def test_a_tfm_run_killed_interrupted_or_stopped_ends_cleanly_and_the_rerun_finishes(tmp_path):
+    """One run's training ended three ways, each by a rerun of the same command: SIGKILL (the
+    command gone at once: nothing it started, Ray's raylet included, is left running); Ctrl-C
+    (SIGINT to the whole process group, as a terminal sends it) and SIGTERM (to the command, as
+    `timeout` or a scheduler sends it): exit 130 / 143 within seconds with one line and nothing
+    the run started left running 5 s after it exits. Then the same command finishes the run and
+    the killed run's temporary folders are gone. One run for the three (CI time): each rerun
+    resumes the one before, as a user's would."""
+    tfm, env, run_dir = training_run(tmp_path, "stopped")
+    first, started = start_and_wait_for_training(tfm, env, run_dir, tmp_path / "SIGKILL.log")
     assert any("raylet" in p.name() for p in started)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     survivors = _wait_gone(started, 30)
     assert survivors == [], [(p.pid, p.name()) for p in survivors]
 
-    rerun = subprocess.run(tfm, capture_output=True, text=True, env=env, timeout=400)
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert "score" in rerun.stdout
-    leftovers = [p.name for p in (tmp_path / "killed").iterdir() if p.name.startswith(".")]
-    assert leftovers == []  # the killed run's temporary folders are gone
-
-
-@pytest.mark.slow  # two tfm runs stopped during training: ~2.5 min
-def test_ctrl_c_and_sigterm_end_a_tfm_run_in_seconds_in_one_line(tmp_path):
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) and SIGTERM (to the
-    command, as `timeout` or a scheduler sends it) during training: exit 130 / 143 within
-    seconds with one line, and nothing the run started is left running 5 s after it exits."""
-    tfm, env, run_dir = training_run(tmp_path, "stopped")
     for sent, code, line in (
         (signal.SIGINT, 130, "tfm: interrupted; rerun the same command to continue"),
         (signal.SIGTERM, 143, "tfm: stopped by SIGTERM; rerun the same command to continue"),
@@ -296,3 +296,9 @@ def test_ctrl_c_and_sigterm_end_a_tfm_run_in_seconds_in_one_line(tmp_path):
         assert "Traceback" not in "\n".join(output[-20:])
         survivors = _wait_gone(started, 5)
         assert survivors == [], [(p.pid, p.name()) for p in survivors]
+
+    rerun = subprocess.run(tfm, capture_output=True, text=True, env=env, timeout=400)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "score" in rerun.stdout
+    leftovers = [p.name for p in (tmp_path / "stopped").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # the killed run's temporary folders are gone
