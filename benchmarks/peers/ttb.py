@@ -295,8 +295,8 @@ def evaluate_fairseq(
             peer, data_bin, averaged, BEAM, 4096, MAX_LEN_B, languages=languages,
             remove_bpe="sentencepiece", subset=EVAL_SPLITS[name],
         ) + ["--required-batch-size-multiple", "1"]  # fmt: skip
-        # fairseq 0.12's batches in multiples of 8 (its default) left 6 of the 1,014 dev
-        # sentences out of every batch: not translated, not counted.
+        # fairseq 0.12's batches in multiples of 8 sentences (its default) left 6 of the
+        # 1,014 dev sentences out of them all: not translated, no output line.
         done = subprocess.run(cmd, env=peer.env(2), capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"fairseq-generate: {last_line(done.stdout + done.stderr)}")
