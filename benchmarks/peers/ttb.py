@@ -10,12 +10,9 @@ a given test2016 BLEU rather than tokens a second.
    cores, each in its best CPU layout, two processes of one thread: ours ``tfm stage train`` of
    the recipe as committed (Ray Train's two workers, its precision and compile settings),
    fairseq-train's own data parallelism over gloo (``peers.fairseq.train_command``). Both train
-   the recipe's model (post-norm, 4+4 layers, d_model 128, d_ff 256, 4 heads, shared
-   embeddings, dropout 0.1, label smoothing 0.1) with its optimiser and schedule (Adam
-   0.9/0.98, inverse square root to the recipe's peak after its warm-up, its clipping), 2 x 1,024
-   tokens an update, a checkpoint every 100 updates and no validation (fairseq's
-   ``--disable-validation``; ours one dev pass at the recipe's last step). A toolkit still
-   training at the budget's end is stopped there.
+   the recipe's model, optimiser and schedule (``fairseq_settings``), 2 x 1,024 tokens an
+   update, a checkpoint every 100 updates and no validation (ours: one dev pass at the recipe's
+   last step). A toolkit still training at the budget's end is stopped there.
 3. At every ``--eval-minutes`` of the budget, each toolkit's last ``average.last`` (the
    recipe's 4) checkpoints written by that minute are averaged, each by its own tool (ours: the
    average stage's; fairseq: the mean of its checkpoints' ``model`` tensors, which its
@@ -25,10 +22,8 @@ a given test2016 BLEU rather than tokens a second.
    Dev (val, 1,014 captions) and test2016 (1,000) are scored by sacreBLEU against the cased
    references.
 
-Writes ``time_to_bleu.json``, ``.md`` and ``.png`` under ``--out`` and prints ``time to fairseq's
-final test2016 BLEU, ours/fairseq: T``: the first evaluated minute at which ours reaches
-fairseq's test2016 BLEU at the end of the budget, over the budget (an upper bound at the
-evaluation's grain). A run of ``RECORD_MINUTES`` records it in benchmarks/figures/peers.json.
+Writes ``time_to_bleu.{json,md,png}`` under ``--out``; prints ``time to fairseq's final test2016
+BLEU, ours/fairseq: T``, the first minute ours reaches fairseq's last score over the budget.
 """
 
 from __future__ import annotations
@@ -58,7 +53,6 @@ SPLITS = {"train": "train", "valid": "dev", "test": "test"}
 """fairseq's split prefix -> our split name."""
 EVAL_SPLITS = {"dev": "valid", "test2016": "test"}
 """Each scored set -> fairseq's split."""
-SCORED = tuple(EVAL_SPLITS)
 CHECKPOINT_EVERY = 100
 """Updates between checkpoints, both toolkits (the recipe's ``train.checkpoint_every``)."""
 RECORD_MINUTES = 10
@@ -75,8 +69,7 @@ last["model"] = {k: sum(s["model"][k].float() for s in states).div_(len(states))
 last["last_optimizer_state"] = None
 torch.save(last, out)
 """
-"""fairseq's checkpoint averaging (its scripts/average_checkpoints.py's arithmetic), run in its
-environment: the mean of the ``model`` tensors, the newest file's other entries."""
+"""fairseq's checkpoint averaging as its scripts/average_checkpoints.py does it, in its venv."""
 
 
 def laptop_config(workdir: Path, mirror: str | None):
@@ -372,7 +365,7 @@ def table(rows: list[dict]) -> str:
         cells = [f"{r['minute']:g}"]
         for name in ("ours", "fairseq"):
             cells += [f"{r.get(f'{name}_updates', 0):,}"]
-            cells += [f"{r[k]:.2f}" if (k := f"{name}_{s}") in r else "" for s in SCORED]
+            cells += [f"{r[k]:.2f}" if (k := f"{name}_{s}") in r else "" for s in EVAL_SPLITS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
