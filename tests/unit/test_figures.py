@@ -143,7 +143,8 @@ def test_bench_peers_records_its_rows_only_at_the_rows_length(repo: Path, monkey
     assert figures.load(repo)["peers"] == before  # a default run writes nothing
 
     run.record_rows(_peers_results(updates=run.ROW_UPDATES))
-    training, decoding = figures.load(repo)["peers"]
+    rows = {row["id"]: row for row in figures.load(repo)["peers"]}
+    training, decoding = rows["peers-training"], rows["peers-decoding"]
     assert training["figure"].startswith("**1.74** (6,058 against 3,473 target tokens/s;")
     assert decoding["figure"] == (
         "**2.00x** fairseq-generate's sentences/s (200.0 against 100.0); 99.6% of the "
