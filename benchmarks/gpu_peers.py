@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 from peers import eole, fairseq
-from peers.env import PEERS_DIR, REQUIREMENTS, ROOT, Peer, Recipe, Shape, last_line
+from peers.env import PEERS_DIR, REQUIREMENTS, ROOT, Peer, Recipe, Shape, last_line, shape_of
 
 GPU_PEERS_DIR = ROOT / ".peers-gpu"
 # The torch family: the GPU machine's own CUDA torch and what comes with it, never carried.
@@ -42,18 +42,6 @@ TORCH_FAMILY = {
 }  # fmt: skip
 GPU_RECIPE = Recipe(max_tokens=25_000, update_freq=1, lr=7e-4, warmup=4000, threads=8)
 """One 25k-token batch an update, as ``gpu.py``'s rows; lr and warm-up do not change the speed."""
-
-
-def shape_of(config: Any) -> Shape:
-    """The peers' ``Shape`` of one of our ``ModelConfig`` presets."""
-    return Shape(
-        layers=config.n_layers,
-        d_model=config.d_model,
-        d_ff=config.d_ff,
-        heads=config.n_heads,
-        dropout=config.dropout,
-        share=config.share_embeddings,
-    )
 
 
 def write_text(corpus: Any, folder: Path, rows: int, valid_rows: int = 500) -> Path:

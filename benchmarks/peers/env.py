@@ -50,6 +50,18 @@ class Shape:
     """One matrix for source and target embeddings and the output projection."""
 
 
+def shape_of(config) -> Shape:
+    """The peers' ``Shape`` of one of our ``ModelConfig`` presets."""
+    return Shape(
+        layers=config.n_layers,
+        d_model=config.d_model,
+        d_ff=config.d_ff,
+        heads=config.n_heads,
+        dropout=config.dropout,
+        share=config.share_embeddings,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
     """How every toolkit trains: the same tokens an update, schedule and loss."""

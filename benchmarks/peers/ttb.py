@@ -41,7 +41,7 @@ from typing import Any
 import figures
 
 from . import fairseq
-from .env import Peer, Recipe, Shape, ensure, last_line
+from .env import Peer, Recipe, Shape, ensure, last_line, shape_of
 from .procs import free_port
 from .report import cpu_model
 
@@ -119,16 +119,11 @@ def prepare(workdir: Path, mirror: str | None) -> Path:
 
 def fairseq_settings(config) -> tuple[Shape, Recipe]:
     """The laptop recipe's model and training as fairseq-train's settings."""
+    from transformer_core.schedule import learning_rate
+
     model, train = config.model, config.train
-    peak = train.lr_scale * model.d_model**-0.5 * train.warmup_steps**-0.5
-    shape = Shape(
-        layers=model.n_layers,
-        d_model=model.d_model,
-        d_ff=model.d_ff,
-        heads=model.n_heads,
-        dropout=model.dropout,
-        share=model.share_embeddings,
-    )
+    peak = learning_rate(train.warmup_steps, model.d_model, train.warmup_steps, train.lr_scale)
+    shape = shape_of(model)
     recipe = Recipe(
         max_tokens=train.max_tokens_per_batch,
         update_freq=train.tokens_per_step // train.max_tokens_per_batch,
