@@ -12,10 +12,14 @@ TORCH_INDEX ?=
 
 .PHONY: venv demo test test-all test-slow test-gpu bench bench-store bench-serve bench-peers bench-gpu gpu-recipe gpu-bundle peers-wheels lint clean clean-all
 
+# The installs go through uv (.ci/uv_pip.py, with pip's configured sources): seconds where pip
+# took minutes; where uv cannot be installed, pip does them.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev]'
+	if $(PY) -m pip install -q uv; then install="$(PY) .ci/uv_pip.py install -q"; \
+	else install="$(PY) -m pip install -q"; fi; \
+	$$install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)" && \
+	$$install -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
