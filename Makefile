@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow --durations=25
+	$(PY) -m pytest -q -m slow --durations=40
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu"
