@@ -42,7 +42,9 @@ def uv_options(
 ) -> tuple[list[str], dict[str, str]]:
     """uv's options and environment variables for pip's ``settings`` (``given_index``: the
     command names its own ``--index-url``, which then replaces pip's, as it would for pip)."""
-    options = ["--index-strategy", "unsafe-best-match"]
+    # pip's defaults: the best version across every index, and modules compiled at install
+    # (without it, under PYTHONDONTWRITEBYTECODE every process compiles what it imports anew).
+    options = ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]
     env: dict[str, str] = {}
     if settings.get("index-url") and not given_index:
         options += ["--index-url", settings["index-url"]]

@@ -36,8 +36,9 @@ def test_pip_settings_follow_pips_precedence():
 
 def test_every_source_reaches_uv_and_a_commands_index_replaces_pips():
     options, env = uv_pip.uv_options(uv_pip.pip_settings(LISTING))
-    pairs = list(zip(options[::2], options[1::2], strict=True))
+    pairs = list(zip(options, options[1:], strict=False))  # each option and what follows it
     assert ("--index-strategy", "unsafe-best-match") in pairs  # pip's best version of any index
+    assert "--compile-bytecode" in options  # and its modules compiled at install
     assert ("--index-url", "https://mirror.example/simple") in pairs
     assert [v for f, v in pairs if f == "--extra-index-url"] == [
         "file:///srv/a/simple",
@@ -52,6 +53,6 @@ def test_every_source_reaches_uv_and_a_commands_index_replaces_pips():
 
 def test_no_configuration_is_pips_defaults():
     assert uv_pip.uv_options(uv_pip.pip_settings("")) == (
-        ["--index-strategy", "unsafe-best-match"],
+        ["--index-strategy", "unsafe-best-match", "--compile-bytecode"],
         {},
     )
