@@ -68,7 +68,9 @@ def stage_config(config: RunConfig) -> dict[str, Any]:
 def resume_key(config: RunConfig, input_fps: Mapping[str, str]) -> str:
     """The fingerprint that names the Ray Train run folder (what a rerun resumes from)."""
     cfg = stage_config(config)
-    cfg["train"] = {k: v for k, v in cfg["train"].items() if k not in NOT_IN_RESUME_KEY}
+    # Under linear decay the total sets every step's learning rate: another total, another run.
+    neutral = set(NOT_IN_RESUME_KEY) - ({"steps"} if config.train.decay == "linear" else set())
+    cfg["train"] = {k: v for k, v in cfg["train"].items() if k not in neutral}
     # The package version, not the code's digests: a fix in the code (a log line, say) must not
     # lose a 12-hour run's checkpoints; the stage's own fingerprint sees the change.
     return stage_fingerprint(STAGE, cfg, input_fps, code=code_version())

@@ -22,6 +22,9 @@ Precision = Literal["auto", "float32", "bf16"]
 Compiled = Literal["model", "loss"]
 """What ``train.compile`` can name: the model (with its loss) or the loss alone."""
 
+Decay = Literal["inverse_sqrt", "linear"]
+"""The learning rate after the warmup (``train.decay``; ``transformer_core.schedule``)."""
+
 COMPILE_IS_A_LIST = "a list now: [model] (what true was), [loss] or [] (what false was)"
 """Why ``train.compile: true`` (or false), the switch it was before, is refused."""
 
@@ -70,9 +73,14 @@ class TrainConfig:
     """Padded tokens a side per device micro-batch (its rows x the longer side's padded
     length); accumulation reaches tokens_per_step."""
     warmup_steps: int = 4000
-    """Linear warmup steps of the inverse-square-root schedule."""
+    """Linear warmup steps to the schedule's peak, d_model^-0.5 x warmup_steps^-0.5 x lr_scale."""
     lr_scale: float = 1.0
     """Multiplier on the paper's learning-rate formula."""
+    decay: Decay = "inverse_sqrt"
+    """The learning rate after the warmup. inverse_sqrt: the paper's, with the inverse square root
+    of the step. linear: linearly to zero at ``steps``, for a run whose length is set in advance
+    (the Multi30k laptop recipe's; docs/log/multi30k-laptop.md measures it against the paper's).
+    ``steps`` is part of this schedule: a resume that changes it changes the rates ahead."""
     adam_betas: tuple[float, float] = (0.9, 0.98)
     """Adam beta1, beta2."""
     adam_eps: float = 1e-9
@@ -196,6 +204,9 @@ class TrainConfig:
         self._check_workers()
         self._at_least(0, "elastic_check_seconds")
         self._at_least(1, "warmup_steps")
+        if self.decay == "linear" and self.warmup_steps > self.steps:
+            why = f"{self.warmup_steps} exceeds steps {self.steps} (decay: linear ends at steps)"
+            raise ConfigError("warmup_steps", why)
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError("torch_threads", f"{self.torch_threads} must be >= 1 or null")
         self._at_least(0, "prefetch")

@@ -82,7 +82,12 @@ class Trainer:
             module, tuple(config.adam_betas), config.adam_eps, fused=fused
         )
         self.scheduler = make_scheduler(
-            self.optimizer, module.config.d_model, config.warmup_steps, config.lr_scale
+            self.optimizer,
+            module.config.d_model,
+            config.warmup_steps,
+            config.lr_scale,
+            config.decay,
+            config.steps,
         )
         self.per_step = config.batches_per_step(world_size)  # micro-batches, all ranks
         self.accumulation = -(-self.per_step // world_size)  # the most a rank takes

@@ -71,8 +71,11 @@ class Recipe:
     update_freq: int = 2
     """Batches accumulated into one update: 2 x 4,096 = 8,192 tokens an update."""
     lr: float = 5e-3
-    """Peak learning rate, reached after ``warmup`` updates, then inverse square root."""
+    """Peak learning rate, reached after ``warmup`` updates, then ``decay``."""
     warmup: int = 2000
+    decay: str = "inverse_sqrt"
+    """After the peak: inverse_sqrt (the paper's), or linear to zero at the run's last update
+    (fairseq's polynomial_decay at power 1)."""
     label_smoothing: float = 0.1
     clip_norm: float = 25.0
     adam_betas: tuple[float, float] = (0.9, 0.98)

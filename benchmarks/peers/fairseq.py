@@ -51,6 +51,17 @@ def preprocess_command(
     return cmd
 
 
+def schedule_flags(recipe: Recipe, updates: int) -> list[str]:
+    """fairseq-train's learning-rate scheduler for ``recipe`` over ``updates`` updates."""
+    warmup = ["--warmup-updates", str(recipe.warmup)]
+    if recipe.decay == "inverse_sqrt":
+        return ["--lr-scheduler", "inverse_sqrt", *warmup, "--warmup-init-lr", "1e-07"]
+    if recipe.decay == "linear":
+        return ["--lr-scheduler", "polynomial_decay", *warmup, "--power", "1",
+                "--end-learning-rate", "0", "--total-num-update", str(updates)]  # fmt: skip
+    raise ValueError(f"decay {recipe.decay!r}: fairseq's flags for it are not known here")
+
+
 def train_command(
     peer: Peer,
     data_bin: Path,
@@ -92,8 +103,7 @@ def train_command(
         "--label-smoothing", str(recipe.label_smoothing),
         "--optimizer", "adam", "--adam-betas", str(tuple(recipe.adam_betas)),
         "--adam-eps", str(recipe.adam_eps),
-        "--lr", str(recipe.lr), "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", str(recipe.warmup), "--warmup-init-lr", "1e-07",
+        "--lr", str(recipe.lr), *schedule_flags(recipe, updates),
         "--clip-norm", str(recipe.clip_norm),
         "--max-tokens", str(recipe.max_tokens),
         "--update-freq", str(recipe.update_freq // processes),

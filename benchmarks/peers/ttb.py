@@ -129,6 +129,7 @@ def fairseq_settings(config) -> tuple[Shape, Recipe]:
         update_freq=train.tokens_per_step // train.max_tokens_per_batch,
         lr=peak,
         warmup=train.warmup_steps,
+        decay=train.decay,
         label_smoothing=model.label_smoothing,
         clip_norm=train.clip_norm or 0.0,
         adam_betas=train.adam_betas,

@@ -406,3 +406,15 @@ def test_values_take_their_fields_types_so_fingerprints_do_not_depend_on_spellin
     assert type(spelled.train.lr_scale) is float and spelled.train.adam_betas == (1.0, 0.98)
     assert type(spelled.train.adam_betas[0]) is float and spelled == typed
     assert fingerprint(spelled) == fingerprint(typed)
+
+
+def test_train_decay_is_checked_by_name_and_linear_must_end_after_its_warmup():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"name": "r", "train": {"decay": "cosine"}})
+    assert str(err.value).startswith("train.decay: 'cosine' is not one of")
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"name": "r", "train": {"decay": "linear", "steps": 200}})
+    assert str(err.value) == (
+        "train.warmup_steps: 4000 exceeds steps 200 (decay: linear ends at steps)"
+    )
+    assert TrainConfig(decay="linear", steps=4000).decay == "linear"

@@ -93,6 +93,17 @@ def test_fairseq_train_command_is_the_recipe():
         PEER, Path("bin"), Path("ck"), Shape(), Recipe(), 30, 10, gpu=True, fp16=True
     )
     assert "--fp16" in gpu and "--cpu" not in gpu
+    linear = peers_fairseq.train_command(
+        PEER, Path("bin"), Path("ck"), Shape(), Recipe(warmup=5, decay="linear"), 30, 10
+    )
+    # linear to zero at the run's last update, as ours decays (fairseq: lr * (1 - done)^power)
+    for flag in ("--lr-scheduler polynomial_decay", "--warmup-updates 5", "--power 1",
+                 "--end-learning-rate 0", "--total-num-update 30"):  # fmt: skip
+        assert flag in " ".join(linear), flag
+    with pytest.raises(ValueError, match="decay 'cosine'"):
+        peers_fairseq.train_command(
+            PEER, Path("b"), Path("c"), Shape(), Recipe(decay="cosine"), 30, 10
+        )
     only = peers_fairseq.preprocess_command(
         PEER, Path("t"), ("en", "de"), Path("d"), splits=("train",)
     )
@@ -365,7 +376,7 @@ def test_time_to_bleu_gives_fairseq_the_laptop_recipe_s_model_and_schedule(tmp_p
     assert recipe.max_tokens * recipe.update_freq == train.tokens_per_step == 2048
     ours_peak = learning_rate(train.warmup_steps, model.d_model, train.warmup_steps, train.lr_scale)
     assert recipe.lr == pytest.approx(ours_peak, rel=1e-9)
-    assert recipe.warmup == train.warmup_steps
+    assert (recipe.warmup, recipe.decay) == (train.warmup_steps, train.decay)
     assert (recipe.adam_betas, recipe.adam_eps) == (train.adam_betas, train.adam_eps)
     cmd = peers_fairseq.train_command(
         PEER, tmp_path, tmp_path, shape, recipe, 3600, 50, rank=(0, 2, 1234)

@@ -73,3 +73,53 @@ def test_scheduler_first_update_uses_step_one():
         sched.step()
     assert seen == pytest.approx([_paper(s, 512, 10) for s in (1, 2, 3)])
     assert lr_lambda(512, 10)(0) == pytest.approx(_paper(1, 512, 10))
+
+
+def test_linear_decay_keeps_the_warmup_and_peak_then_reaches_zero_at_the_end():
+    paper = [learning_rate(s, 128, 300, 0.6) for s in range(1, 301)]
+    linear = [learning_rate(s, 128, 300, 0.6, "linear", 2000) for s in range(1, 2001)]
+    assert linear[:300] == pytest.approx(paper, rel=1e-12), "the same warmup to the same peak"
+    after = linear[299:]
+    assert all(a > b for a, b in zip(after, after[1:], strict=False)), "then falls every step"
+    # evenly, to 1/1701 of the peak at the last update: no update is wasted at zero
+    steps = [b - a for a, b in zip(after, after[1:], strict=False)]
+    assert max(steps) == pytest.approx(min(steps), rel=1e-9)
+    assert linear[-1] == pytest.approx(paper[-1] / 1701, rel=1e-9)
+    assert learning_rate(2001, 128, 300, 0.6, "linear", 2000) == 0.0
+
+
+def test_linear_decay_needs_its_end_and_an_unknown_decay_is_refused():
+    with pytest.raises(ValueError, match="total_steps"):
+        lr_lambda(128, 300, decay="linear")
+    with pytest.raises(ValueError, match="total_steps >= warmup_steps, got 200"):
+        lr_lambda(128, 300, decay="linear", total_steps=200)
+    with pytest.raises(ValueError, match="'cosine' is not one of inverse_sqrt, linear"):
+        learning_rate(5, 128, 300, decay="cosine")  # type: ignore[arg-type]
+
+
+def test_a_scheduler_with_linear_decay_steps_the_optimizer_down_to_zero():
+    opt = make_optimizer(torch.nn.Linear(2, 2))
+    sched = make_scheduler(opt, 64, warmup_steps=2, decay="linear", total_steps=4)
+    rates = []
+    for _ in range(5):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    peak = learning_rate(2, 64, 2)
+    assert rates == pytest.approx([peak / 2, peak, peak * 2 / 3, peak / 3, 0.0], rel=1e-9)
+
+
+def test_the_total_names_the_run_to_resume_only_where_it_sets_the_rates():
+    from tasks.framework.config import config_from_dict
+    from tasks.train import resume_key
+
+    def key(decay, steps):
+        config = config_from_dict(
+            {"name": "r", "train": {"decay": decay, "steps": steps, "warmup_steps": 10}}
+        )
+        return resume_key(config, {"shard": "s", "tokenizer": "t"})
+
+    # the paper's schedule: more steps continue the same run; linear: 300 steps is another run
+    assert key("inverse_sqrt", 200) == key("inverse_sqrt", 300)
+    assert key("linear", 200) != key("linear", 300)
+    assert key("linear", 200) != key("inverse_sqrt", 200)
