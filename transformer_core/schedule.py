@@ -19,7 +19,6 @@ from typing import Literal
 import torch
 from torch import nn
 
-
 Decay = Literal["inverse_sqrt", "linear"]
 DECAYS: tuple[Decay, ...] = ("inverse_sqrt", "linear")
 
