@@ -14,11 +14,12 @@ a given test2016 BLEU rather than tokens a second.
    update, a checkpoint every 100 updates and no validation (ours: one dev pass at the recipe's
    last step). A toolkit still training at the budget's end is stopped there.
 3. At every ``--eval-minutes`` of the budget, each toolkit's last ``average.last`` (the
-   recipe's 4) checkpoints written by that minute are averaged, each by its own tool (ours: the
-   average stage's; fairseq: the mean of its checkpoints' ``model`` tensors, which its
-   scripts/average_checkpoints.py computes but its wheel does not ship), and decoded the same
-   way: beam 5, fairseq's length normalisation (``--lenpen 1``) and limits (``--max-len-a 1
-   --max-len-b 50``): fairseq-generate, and our translator at ``peers.ours.fairseq_decoding``.
+   recipe's: 1, its rate decays to zero) checkpoints written by that minute are averaged, each
+   by its own tool (ours: the average stage's; fairseq: the mean of its checkpoints' ``model``
+   tensors, which its scripts/average_checkpoints.py computes but its wheel does not ship),
+   and decoded the same way: beam 5, fairseq's length normalisation (``--lenpen 1``) and
+   limits (``--max-len-a 1 --max-len-b 50``): fairseq-generate, and our translator at
+   ``peers.ours.fairseq_decoding``.
    Dev (val, 1,014 captions) and test2016 (1,000) are scored by sacreBLEU against the cased
    references.
 
@@ -236,6 +237,11 @@ def trained_before(folder: Path) -> dict[str, Any]:
     return {k: Path(v) for k, v in record.items()} | {"checkpoints": found}
 
 
+def averaged(last: int) -> str:
+    """What is decoded at each minute, in words."""
+    return "the last checkpoint" if last == 1 else f"the last {last} checkpoints averaged"
+
+
 def chosen(checkpoints: list[tuple[int, float, Path]], minute: float, last: int) -> list[Path]:
     """The last ``last`` checkpoints written by ``minute``."""
     return [p for _, at, p in checkpoints if at <= minute][-last:]
@@ -438,7 +444,7 @@ def main(args) -> int:
             f"{end.get('ours_test2016', 0):.2f} after {end['ours_updates']:,} updates, fairseq "
             f"{end.get('fairseq_test2016', 0):.2f} after {end['fairseq_updates']:,})",
             what="time to fairseq's final test2016 BLEU, ours/fairseq: the laptop recipe trained "
-            f"by each toolkit for {budget:g} minutes on the same 2 cores, the last 4 checkpoints "
-            "averaged and decoded alike (beam 5, fairseq's length penalty) every minute",
+            f"by each toolkit for {budget:g} minutes on the same 2 cores, {averaged(last)} and "
+            "decoded alike (beam 5, fairseq's length penalty) every minute",
         )
     return 0
