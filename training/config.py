@@ -7,6 +7,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from transformer_core.config import Decay
 from transformer_core.config_checks import OMITTED_AT_DEFAULT, ConfigError, check_choices
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -21,9 +22,6 @@ Precision = Literal["auto", "float32", "bf16"]
 
 Compiled = Literal["model", "loss"]
 """What ``train.compile`` can name: the model (with its loss) or the loss alone."""
-
-Decay = Literal["inverse_sqrt", "linear"]
-"""The learning rate after the warmup (``train.decay``; ``transformer_core.schedule``)."""
 
 COMPILE_IS_A_LIST = "a list now: [model] (what true was), [loss] or [] (what false was)"
 """Why ``train.compile: true`` (or false), the switch it was before, is refused."""

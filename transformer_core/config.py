@@ -11,6 +11,9 @@ from typing import Any, Literal
 from transformer_core.config_checks import ConfigError, check_choices
 from transformer_core.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+Decay = Literal["inverse_sqrt", "linear"]
+"""The learning rate after the warmup (``train.decay``; ``transformer_core.schedule``)."""
+
 __all__ = [
     "BOS_ID",
     "EOS_ID",

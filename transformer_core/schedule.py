@@ -14,13 +14,14 @@ after it (docs/log/multi30k-laptop.md measures it against the paper's).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import get_args
 
 import torch
 from torch import nn
 
-Decay = Literal["inverse_sqrt", "linear"]
-DECAYS: tuple[Decay, ...] = ("inverse_sqrt", "linear")
+from transformer_core.config import Decay
+
+DECAYS: tuple[Decay, ...] = get_args(Decay)
 
 
 def learning_rate(
