@@ -175,10 +175,18 @@ def test_a_cluster_started_after_a_local_ray_runs_this_process_s_actors(tmp_path
     assert done.stdout.strip().splitlines()[-1:] == ["pong"], done.stderr[-3000:]
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie; one that exits between the two looks is gone, not an error."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _wait_gone(processes: list[psutil.Process], seconds: float) -> list[psutil.Process]:
     deadline = time.time() + seconds
     while time.time() < deadline:
-        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in processes if _alive(p)]
         if not alive:
             return []
         time.sleep(0.5)
