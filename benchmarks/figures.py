@@ -138,9 +138,12 @@ def machine(cpuinfo: str | None = None) -> str:
     fields = dict(
         (key.strip(), value.strip())
         for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())
-        if key.strip() in ("model name", "flags")
+        if key.strip() in ("model name", "flags", "cpu family", "model")
     )  # the first processor's: later ones overwrite with the same
     model = fields.get("model name") or platform.processor() or platform.machine()
+    if not any(c.isdigit() for c in model) and fields.get("cpu family", "").isdigit():
+        # A VM's name without a number ("AMD EPYC") hides the generation: family and model say it.
+        model += f", family {fields['cpu family']} model {fields.get('model', '?')}"
     flags = set(fields.get("flags", "").split())
     sets = [name for flag, name in ISA if flag in flags]
     return f"{os.cpu_count()}-core {model}" + (f" ({', '.join(sets)})" if sets else "")

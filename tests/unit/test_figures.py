@@ -247,3 +247,7 @@ def test_a_cpu_is_named_with_the_instruction_sets_its_kernels_use() -> None:
     assert (
         figures.machine("model name\t: Old CPU\nflags\t\t: fpu sse2\n") == f"{cores}-core Old CPU"
     )
+    zen5 = "cpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: avx2\n"
+    assert figures.machine(zen5) == f"{cores}-core AMD EPYC, family 26 model 2 (AVX2)"
+    named = "cpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC 9654 96-Core Processor\n"
+    assert figures.machine(named) == f"{cores}-core AMD EPYC 9654 96-Core Processor"
